@@ -1,0 +1,652 @@
+//! The fan-out engine: publish, subscribe, unsubscribe, stats and shutdown.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use futures::future::join_all;
+use parking_lot::RwLock;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::Error;
+use crate::event::{Event, PublishInput, new_id};
+use crate::name::Pattern;
+use crate::router::{GroupTargets, Router, Targets};
+use crate::stats::{BusCounters, BusStats, ChannelEntry, ChannelStats, ChannelTable, SubscriptionInfo};
+use crate::subscription::{CloseReason, Offer, Overflow, Subscription, SubscriptionSpec};
+use crate::transport::{Fanout, LocalFanout, Transport};
+
+/// Most channels and patterns in one subscription.
+pub const MAX_SUBSCRIBE_CHANNELS: usize = 64;
+/// Largest `max_batch` a subscriber may ask for.
+pub const MAX_BATCH_LIMIT: usize = 10_000;
+/// Longest group or subscription name, in bytes.
+pub const MAX_LABEL_BYTES: usize = 256;
+/// Approximate byte budget of one batch: keeps stream messages far below the 4 MiB
+/// that gRPC clients accept by default (a single larger event still goes alone).
+pub const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// Engine settings (the `eventbus` section of the configuration).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BusConfig {
+    /// Queue capacity of a subscription that asks for 0.
+    pub default_queue_capacity: usize,
+    /// Largest queue capacity a subscription may ask for.
+    pub max_queue_capacity: usize,
+    /// How long a DROP_NEWEST publish waits for room in a full queue.
+    pub offer_timeout: Duration,
+    /// Policy of a subscription that does not choose one.
+    pub overflow: Overflow,
+    /// Events per stream message for a subscription that asks for 0.
+    pub max_batch: usize,
+    /// Largest payload accepted.
+    pub max_payload_bytes: usize,
+    /// Channels tracked for stats before idle ones are forgotten.
+    pub max_channels: usize,
+}
+
+impl Default for BusConfig {
+    fn default() -> Self {
+        Self {
+            default_queue_capacity: 10_000,
+            max_queue_capacity: 1_000_000,
+            offer_timeout: Duration::from_millis(100),
+            overflow: Overflow::DropNewest,
+            max_batch: 256,
+            max_payload_bytes: 1 << 20,
+            max_channels: 10_000,
+        }
+    }
+}
+
+/// What a subscriber asks for (`SubscribeRequest`, wire-free).
+#[derive(Debug, Clone, Default)]
+pub struct SubscribeOptions {
+    /// Exact channels and/or patterns.
+    pub channels: Vec<String>,
+    /// Group to join; empty means none.
+    pub group: String,
+    /// 0 means the default capacity.
+    pub queue_capacity: usize,
+    /// `None` means the configured default.
+    pub overflow: Option<Overflow>,
+    /// 0 means the configured default.
+    pub max_batch: usize,
+    /// Free label.
+    pub name: String,
+    /// Client address.
+    pub peer: String,
+}
+
+/// Outcome of an accepted publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// Id given to the event.
+    pub event_id: String,
+    /// Subscriptions (or, remotely, instances) that took it.
+    pub delivered: u32,
+    /// Matching subscriptions that could not take it.
+    pub failed: u32,
+    /// Time spent, including waits for full queues.
+    pub duration: Duration,
+}
+
+/// The event bus: a cheap handle, clone it freely.
+#[derive(Debug, Clone)]
+pub struct Bus {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    config: BusConfig,
+    instance_id: String,
+    started_at: SystemTime,
+    /// Written on subscribe/unsubscribe only; publishers read it only when their
+    /// channel's cached targets are stale.
+    router: RwLock<Router>,
+    /// Bumped under the router write lock on every change.
+    generation: AtomicU64,
+    channels: ChannelTable,
+    counters: Arc<BusCounters>,
+    shutting_down: AtomicBool,
+    /// `None` in `in_memory` mode: publishes are routed locally, no boxing.
+    transport: Option<Arc<dyn Transport>>,
+    /// Signalled whenever a subscription leaves (shutdown waits on it).
+    removed: Notify,
+}
+
+impl Bus {
+    /// An in-memory bus.
+    pub fn new(config: BusConfig) -> Self {
+        Self { inner: Arc::new(Inner::new(config, None)) }
+    }
+
+    /// A bus whose publishes go through a shared transport. `make` receives the
+    /// handle the transport uses to deliver events it receives to local subscribers.
+    pub fn with_transport(config: BusConfig, make: impl FnOnce(LocalFanout) -> Arc<dyn Transport>) -> Self {
+        let inner = Arc::new_cyclic(|weak| {
+            let transport = make(LocalFanout { bus: weak.clone() });
+            Inner::new(config, Some(transport))
+        });
+        Self { inner }
+    }
+
+    /// Settings in force.
+    pub fn config(&self) -> &BusConfig {
+        &self.inner.config
+    }
+
+    /// Unique id of this instance.
+    pub fn instance_id(&self) -> &str {
+        &self.inner.instance_id
+    }
+
+    /// Validates and publishes one event.
+    pub async fn publish(&self, input: PublishInput) -> Result<Published, Error> {
+        let start = Instant::now();
+        if self.is_shutting_down() {
+            return Err(Error::ShuttingDown);
+        }
+        let event = input.into_event(self.inner.config.max_payload_bytes)?;
+        let event_id = event.id.clone();
+        let fanout = match &self.inner.transport {
+            None => self.inner.dispatch_local(event, true).await,
+            Some(transport) => {
+                let channel = self.inner.channel(&event.channel);
+                let at = event.timestamp;
+                let fanout = transport.publish(Arc::new(event)).await?;
+                channel.counters.mark_published(at);
+                self.inner.counters.published.fetch_add(1, Ordering::Relaxed);
+                fanout
+            }
+        };
+        Ok(Published { event_id, delivered: fanout.delivered, failed: fanout.failed, duration: start.elapsed() })
+    }
+
+    /// Opens a subscription. It is live (matched by every later publish) on return.
+    pub fn subscribe(&self, opts: SubscribeOptions) -> Result<SubscriptionHandle, Error> {
+        let spec = self.inner.spec(opts)?;
+        let sub = Arc::new(Subscription::new(new_id().into(), spec, Arc::clone(&self.inner.counters)));
+        {
+            let mut router = self.inner.router.write();
+            // Checked under the lock so a subscription cannot slip past shutdown's drain.
+            if self.is_shutting_down() {
+                return Err(Error::ShuttingDown);
+            }
+            let watch = router.add(Arc::clone(&sub));
+            self.inner.generation.fetch_add(1, Ordering::Release);
+            if let Some(transport) = &self.inner.transport {
+                watch.iter().for_each(|f| transport.watch(f));
+            }
+        }
+        Ok(SubscriptionHandle { sub, bus: self.clone() })
+    }
+
+    /// Closes a subscription by id; its stream ends normally.
+    pub fn unsubscribe(&self, id: &str) -> Result<(), Error> {
+        if self.inner.remove(id, CloseReason::Unsubscribed) {
+            Ok(())
+        } else {
+            Err(Error::UnknownSubscription(id.to_owned()))
+        }
+    }
+
+    /// Totals since start.
+    pub fn stats(&self) -> BusStats {
+        let c = &self.inner.counters;
+        BusStats {
+            total_published: c.published.load(Ordering::Relaxed),
+            total_delivered: c.delivered.load(Ordering::Relaxed),
+            total_failed: c.failed.load(Ordering::Relaxed),
+            total_dropped: c.dropped.load(Ordering::Relaxed),
+            active_subscriptions: self.inner.router.read().len() as u64,
+            active_channels: self.inner.channels.len() as u64,
+            started_at: self.inner.started_at,
+            mode: self.mode(),
+            instance_id: self.inner.instance_id.clone(),
+        }
+    }
+
+    /// `in_memory`, or the transport's mode.
+    pub fn mode(&self) -> &'static str {
+        self.inner.transport.as_ref().map_or("in_memory", |t| t.mode())
+    }
+
+    /// Tracked channels with their counters, sorted by name.
+    pub fn channels(&self) -> Vec<ChannelStats> {
+        let mut out: Vec<ChannelStats> = self
+            .inner
+            .channels
+            .all()
+            .iter()
+            .map(|entry| ChannelStats::of(entry, self.inner.targets(entry).subscriber_count() as u64))
+            .collect();
+        out.sort_by(|a, b| a.channel.cmp(&b.channel));
+        out
+    }
+
+    /// Open subscriptions, oldest first.
+    pub fn subscriptions(&self) -> Vec<SubscriptionInfo> {
+        let router = self.inner.router.read();
+        let mut out: Vec<SubscriptionInfo> = router.all().map(|s| info(s)).collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// True once shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// Starts shutdown: new publishes and subscribes are refused, and every
+    /// subscription delivers what it has queued, then ends with `ShuttingDown`.
+    pub fn begin_shutdown(&self) {
+        let router = self.inner.router.write();
+        self.inner.shutting_down.store(true, Ordering::Release);
+        router.all().for_each(|s| s.drain());
+    }
+
+    /// Resolves once no subscription is left (all drained and gone).
+    pub async fn drained(&self) {
+        loop {
+            let notified = self.inner.removed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.inner.router.read().len() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Ends every remaining subscription now (drain timed out).
+    pub fn close_all(&self) {
+        let ids: Vec<Arc<str>> = self.inner.router.read().all().map(|s| Arc::clone(&s.id)).collect();
+        for id in ids {
+            self.inner.remove(&id, CloseReason::ShuttingDown);
+        }
+    }
+}
+
+fn info(s: &Subscription) -> SubscriptionInfo {
+    SubscriptionInfo {
+        id: s.id.to_string(),
+        channels: s.spec.filters.iter().map(|f| f.as_str().to_owned()).collect(),
+        group: s.spec.group.as_deref().map(str::to_owned),
+        name: s.spec.name.clone(),
+        pending: s.pending() as u64,
+        capacity: s.spec.capacity as u64,
+        delivered: s.delivered(),
+        dropped: s.dropped(),
+        overflow: s.spec.overflow,
+        peer: s.spec.peer.clone(),
+        created_at: s.created_at,
+    }
+}
+
+fn check_label(field: &'static str, value: &str) -> Result<(), Error> {
+    let why = if value.len() > MAX_LABEL_BYTES {
+        "longer than 256 bytes"
+    } else if value.chars().any(char::is_control) {
+        "contains control characters"
+    } else {
+        return Ok(());
+    };
+    let shown: String = value.chars().take(40).collect();
+    Err(Error::InvalidOption { field, message: format!("{shown:?} is {why}") })
+}
+
+impl Inner {
+    fn new(config: BusConfig, transport: Option<Arc<dyn Transport>>) -> Self {
+        Self {
+            channels: ChannelTable::new(config.max_channels),
+            config,
+            instance_id: new_id(),
+            started_at: SystemTime::now(),
+            router: RwLock::default(),
+            generation: AtomicU64::new(0),
+            counters: Arc::default(),
+            shutting_down: AtomicBool::new(false),
+            transport,
+            removed: Notify::new(),
+        }
+    }
+
+    /// Applies defaults and limits to a subscribe request.
+    fn spec(&self, opts: SubscribeOptions) -> Result<SubscriptionSpec, Error> {
+        if opts.channels.is_empty() {
+            return Err(Error::NoChannels);
+        }
+        if opts.channels.len() > MAX_SUBSCRIBE_CHANNELS {
+            return Err(Error::TooManyChannels { count: opts.channels.len(), limit: MAX_SUBSCRIBE_CHANNELS });
+        }
+        let mut filters: Vec<Pattern> = Vec::with_capacity(opts.channels.len());
+        for name in &opts.channels {
+            let filter = Pattern::parse(name)?;
+            if !filters.contains(&filter) {
+                filters.push(filter);
+            }
+        }
+        let capacity = match opts.queue_capacity {
+            0 => self.config.default_queue_capacity,
+            n if n > self.config.max_queue_capacity => {
+                return Err(Error::QueueTooLarge { requested: n, limit: self.config.max_queue_capacity });
+            }
+            n => n,
+        };
+        let max_batch = match opts.max_batch {
+            0 => self.config.max_batch,
+            n if n > MAX_BATCH_LIMIT => {
+                return Err(Error::InvalidOption {
+                    field: "max_batch",
+                    message: format!("{n} is above the limit of {MAX_BATCH_LIMIT}"),
+                });
+            }
+            n => n,
+        };
+        check_label("group", &opts.group)?;
+        check_label("name", &opts.name)?;
+        Ok(SubscriptionSpec {
+            filters,
+            group: (!opts.group.is_empty()).then(|| opts.group.into()),
+            name: opts.name,
+            peer: opts.peer,
+            capacity,
+            overflow: opts.overflow.unwrap_or(self.config.overflow),
+            max_batch,
+        })
+    }
+
+    fn channel(&self, name: &str) -> Arc<ChannelEntry> {
+        let (entry, over_bound) = self.channels.get_or_insert(name);
+        if over_bound {
+            self.channels.evict_idle(|e| self.targets(e).subscriber_count() == 0);
+        }
+        entry
+    }
+
+    /// The channel's cached targets, recomputed if the router changed since.
+    fn targets(&self, entry: &ChannelEntry) -> Arc<Targets> {
+        let generation = self.generation.load(Ordering::Acquire);
+        if let Some(t) = entry.targets.read().as_ref() {
+            if t.generation == generation {
+                return Arc::clone(t);
+            }
+        }
+        let router = self.router.read();
+        let generation = self.generation.load(Ordering::Acquire);
+        let fresh = Arc::new(router.targets(&entry.name, generation));
+        drop(router);
+        *entry.targets.write() = Some(Arc::clone(&fresh));
+        fresh
+    }
+
+    /// Routes an event received from the transport to local subscriptions.
+    pub(crate) async fn dispatch(&self, event: Event) -> Fanout {
+        self.dispatch_local(event, false).await
+    }
+
+    /// Offers the event to every matching subscription (one member per group). Queues
+    /// with room are served first; only then does the publish wait, for all full
+    /// DROP_NEWEST queues at once, up to `offer_timeout`.
+    async fn dispatch_local(&self, mut event: Event, count_publish: bool) -> Fanout {
+        let entry = self.channel(&event.channel);
+        if count_publish {
+            entry.counters.mark_published(event.timestamp);
+            self.counters.published.fetch_add(1, Ordering::Relaxed);
+        }
+        event.counters = Some(Arc::clone(&entry.counters));
+        let event = Arc::new(event);
+        let targets = self.targets(&entry);
+
+        let mut fanout = Fanout::default();
+        let mut full: Vec<&Arc<Subscription>> = Vec::new();
+        let chosen = targets.groups.iter().map(pick_member);
+        for sub in targets.solo.iter().chain(chosen) {
+            match sub.try_offer(&event) {
+                Offer::Accepted => fanout.delivered += 1,
+                Offer::Rejected => fanout.failed += 1,
+                Offer::Disconnected => {
+                    fanout.failed += 1;
+                    self.remove(&sub.id, CloseReason::SlowConsumer);
+                }
+                Offer::MustWait => full.push(sub),
+                Offer::Closed => {}
+            }
+        }
+        if !full.is_empty() {
+            let deadline = Instant::now() + self.config.offer_timeout;
+            for outcome in join_all(full.iter().map(|s| s.offer_wait(&event, deadline))).await {
+                match outcome {
+                    Offer::Accepted => fanout.delivered += 1,
+                    Offer::Rejected | Offer::Disconnected => fanout.failed += 1,
+                    Offer::MustWait | Offer::Closed => {}
+                }
+            }
+        }
+        let (delivered, failed) = (u64::from(fanout.delivered), u64::from(fanout.failed));
+        entry.counters.delivered.fetch_add(delivered, Ordering::Relaxed);
+        self.counters.delivered.fetch_add(delivered, Ordering::Relaxed);
+        if failed > 0 {
+            entry.counters.failed.fetch_add(failed, Ordering::Relaxed);
+            self.counters.failed.fetch_add(failed, Ordering::Relaxed);
+        }
+        fanout
+    }
+
+    /// Takes a subscription out of the router and closes it. False if unknown.
+    fn remove(&self, id: &str, reason: CloseReason) -> bool {
+        let removed = {
+            let mut router = self.router.write();
+            let removed = router.remove(id);
+            if let Some((_, unwatch)) = &removed {
+                self.generation.fetch_add(1, Ordering::Release);
+                if let Some(transport) = &self.transport {
+                    unwatch.iter().for_each(|f| transport.unwatch(f));
+                }
+            }
+            removed
+        };
+        let Some((sub, _)) = removed else { return false };
+        sub.close(reason);
+        self.removed.notify_waiters();
+        true
+    }
+}
+
+/// One member of a group: round-robin, skipping members whose queue is full; if all
+/// are full, the round-robin choice (whose overflow policy then applies).
+fn pick_member(group: &GroupTargets) -> &Arc<Subscription> {
+    let n = group.members.len();
+    let start = group.cursor.fetch_add(1, Ordering::Relaxed) % n;
+    (0..n)
+        .map(|i| &group.members[(start + i) % n])
+        .find(|m| m.has_room())
+        .unwrap_or(&group.members[start])
+}
+
+/// An open subscription, owned by whoever streams it. Dropping it unsubscribes.
+#[derive(Debug)]
+pub struct SubscriptionHandle {
+    sub: Arc<Subscription>,
+    bus: Bus,
+}
+
+impl SubscriptionHandle {
+    /// The subscription id.
+    pub fn id(&self) -> &str {
+        &self.sub.id
+    }
+
+    /// Waits for events and moves up to `max_batch` of them into `out` (which should
+    /// be empty). `Err` says why the subscription ended, once nothing is left to deliver.
+    pub async fn next_batch(&self, out: &mut Vec<Arc<Event>>) -> Result<(), CloseReason> {
+        self.sub.next_batch(MAX_BATCH_BYTES, out).await
+    }
+}
+
+impl Drop for SubscriptionHandle {
+    fn drop(&mut self) {
+        self.bus.inner.remove(&self.sub.id, CloseReason::Unsubscribed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use parking_lot::Mutex;
+
+    use super::*;
+    use crate::transport::{PublishFuture, TransportError};
+
+    fn opts(channels: &[&str]) -> SubscribeOptions {
+        SubscribeOptions { channels: channels.iter().map(|c| c.to_string()).collect(), ..Default::default() }
+    }
+
+    fn input(channel: &str, payload: &'static [u8]) -> PublishInput {
+        PublishInput { channel: channel.into(), payload: payload.into(), ..Default::default() }
+    }
+
+    /// A loopback "remote" transport: records watch/unwatch and feeds publishes back
+    /// through `LocalFanout`, as a Redis transport would on receipt.
+    #[derive(Debug)]
+    struct Loopback {
+        local: LocalFanout,
+        watched: Mutex<Vec<String>>,
+        down: AtomicBool,
+    }
+
+    impl Transport for Loopback {
+        fn mode(&self) -> &'static str {
+            "loopback"
+        }
+        fn publish(&self, event: Arc<Event>) -> PublishFuture<'_> {
+            Box::pin(async move {
+                if self.down.load(Ordering::Relaxed) {
+                    return Err(TransportError { transport: "loopback", reason: "down".into() });
+                }
+                let fanout = self.local.dispatch((*event).clone()).await;
+                Ok(Fanout { delivered: 1, failed: fanout.failed })
+            })
+        }
+        fn watch(&self, filter: &Pattern) {
+            self.watched.lock().push(filter.to_string());
+        }
+        fn unwatch(&self, filter: &Pattern) {
+            self.watched.lock().retain(|f| f != filter.as_str());
+        }
+    }
+
+    #[tokio::test]
+    async fn transport_seam_carries_publishes_and_interest() {
+        let mut transport = None;
+        let bus = Bus::with_transport(BusConfig::default(), |local| {
+            let t = Arc::new(Loopback { local, watched: Mutex::default(), down: AtomicBool::new(false) });
+            transport = Some(Arc::clone(&t));
+            t
+        });
+        let transport = transport.unwrap();
+        assert_eq!(bus.mode(), "loopback");
+
+        let a = bus.subscribe(opts(&["orders.*", "orders.created"])).unwrap();
+        let b = bus.subscribe(opts(&["orders.*"])).unwrap();
+        assert_eq!(*transport.watched.lock(), vec!["orders.*", "orders.created"], "each filter watched once");
+
+        let published = bus.publish(input("orders.created", b"x")).await.unwrap();
+        assert_eq!(published.delivered, 1, "remote mode reports what the transport reports");
+        for handle in [&a, &b] {
+            let mut out = Vec::new();
+            handle.next_batch(&mut out).await.unwrap();
+            assert_eq!(out.len(), 1, "once, though two filters match");
+            assert_eq!(out[0].id, published.event_id);
+        }
+        drop(a);
+        assert_eq!(*transport.watched.lock(), vec!["orders.*"]);
+        drop(b);
+        assert!(transport.watched.lock().is_empty());
+
+        transport.down.store(true, Ordering::Relaxed);
+        assert!(matches!(bus.publish(input("orders.created", b"x")).await, Err(Error::Transport(_))));
+        assert_eq!(bus.stats().total_published, 1, "a failed transport publish is not counted");
+    }
+
+    #[tokio::test]
+    async fn groups_split_and_ungrouped_get_copies() {
+        let bus = Bus::new(BusConfig::default());
+        let group = |g: &str| SubscribeOptions { group: g.into(), ..opts(&["jobs.>"]) };
+        let members = [bus.subscribe(group("w")).unwrap(), bus.subscribe(group("w")).unwrap()];
+        let other = bus.subscribe(group("audit")).unwrap();
+        let solo = bus.subscribe(opts(&["jobs.*"])).unwrap();
+        for _ in 0..10 {
+            let p = bus.publish(input("jobs.run", b"j")).await.unwrap();
+            assert_eq!(p.delivered, 3, "one per group plus the solo subscription");
+        }
+        let pending: Vec<u64> = bus.subscriptions().iter().map(|s| s.pending).collect();
+        assert_eq!(pending.iter().sum::<u64>(), 30);
+        let w: Vec<usize> = members.iter().map(|m| m.sub.pending()).collect();
+        assert_eq!(w, vec![5, 5], "round-robin between members with room");
+        assert_eq!(other.sub.pending(), 10);
+        assert_eq!(solo.sub.pending(), 10);
+    }
+
+    #[tokio::test]
+    async fn group_prefers_members_with_room() {
+        let bus = Bus::new(BusConfig::default());
+        let member = |cap| SubscribeOptions {
+            group: "g".into(),
+            queue_capacity: cap,
+            overflow: Some(Overflow::DropOldest),
+            ..opts(&["a"])
+        };
+        let small = bus.subscribe(member(1)).unwrap();
+        let big = bus.subscribe(member(100)).unwrap();
+        for _ in 0..20 {
+            bus.publish(input("a", b"")).await.unwrap();
+        }
+        assert_eq!(small.sub.pending() + big.sub.pending(), 20, "nothing dropped while one member has room");
+        assert_eq!(bus.stats().total_dropped, 0);
+    }
+
+    #[tokio::test]
+    async fn unsubscribe_and_drop_free_everything() {
+        let bus = Bus::new(BusConfig::default());
+        for _ in 0..1000 {
+            let handle = bus.subscribe(opts(&["a.>", "b"])).unwrap();
+            bus.publish(input("a.x", b"1")).await.unwrap();
+            drop(handle);
+        }
+        assert_eq!(bus.stats().active_subscriptions, 0);
+        assert_eq!(bus.stats().total_dropped, 1000, "queued events of closed subscriptions are counted lost");
+        assert_eq!(bus.channels()[0].subscriber_count, 0);
+        assert!(matches!(bus.unsubscribe("nope"), Err(Error::UnknownSubscription(_))));
+    }
+
+    #[tokio::test]
+    async fn channel_table_is_bounded() {
+        let bus = Bus::new(BusConfig { max_channels: 100, ..BusConfig::default() });
+        let _keep = bus.subscribe(opts(&["c.0"])).unwrap();
+        for i in 0..1000 {
+            bus.publish(input(&format!("c.{i}"), b"")).await.unwrap();
+        }
+        let channels = bus.channels();
+        assert!(channels.len() <= 100, "{} tracked", channels.len());
+        assert!(channels.iter().any(|c| c.channel == "c.0"), "a channel with a subscriber is kept");
+    }
+
+    #[tokio::test]
+    async fn shutdown_refuses_new_work_and_drains() {
+        let bus = Bus::new(BusConfig::default());
+        let handle = bus.subscribe(opts(&["a"])).unwrap();
+        bus.publish(input("a", b"1")).await.unwrap();
+        bus.begin_shutdown();
+        assert!(matches!(bus.publish(input("a", b"2")).await, Err(Error::ShuttingDown)));
+        assert!(matches!(bus.subscribe(opts(&["a"])), Err(Error::ShuttingDown)));
+        let mut out = Vec::new();
+        handle.next_batch(&mut out).await.unwrap();
+        assert_eq!(out.len(), 1, "queued events are flushed");
+        assert_eq!(handle.next_batch(&mut Vec::new()).await, Err(CloseReason::ShuttingDown));
+        drop(handle);
+        bus.drained().await;
+    }
+}

@@ -1,0 +1,40 @@
+//! Errors of the core, one variant per case a caller (the RPC layer) maps to a status.
+
+use crate::event::MetadataError;
+use crate::name::NameError;
+use crate::transport::TransportError;
+
+/// Everything a publish, subscribe or admin call can be refused for.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A malformed channel or pattern.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// Payload over `max_payload_bytes`.
+    #[error("payload is {size} bytes; the limit is max_payload_bytes = {limit}")]
+    PayloadTooLarge { size: usize, limit: usize },
+    /// Metadata over its limits.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    /// Subscribe with an empty channel list.
+    #[error("subscribe needs at least one channel or pattern")]
+    NoChannels,
+    /// Subscribe with too many channels.
+    #[error("subscribe takes at most {limit} channels and patterns; got {count}")]
+    TooManyChannels { count: usize, limit: usize },
+    /// Queue capacity over `max_queue_capacity`.
+    #[error("queue_capacity {requested} is above max_queue_capacity = {limit}")]
+    QueueTooLarge { requested: usize, limit: usize },
+    /// A subscribe option out of range (group, name, max_batch).
+    #[error("invalid {field}: {message}")]
+    InvalidOption { field: &'static str, message: String },
+    /// Unsubscribe of an id no subscription has.
+    #[error("no subscription with id {0:?}")]
+    UnknownSubscription(String),
+    /// New work refused because the broker is stopping.
+    #[error("the broker is shutting down")]
+    ShuttingDown,
+    /// The fan-out transport (Redis) could not take the event.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}

@@ -1,0 +1,169 @@
+//! The event envelope and the checks a publish goes through before it is accepted.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+
+use crate::error::Error;
+use crate::name::validate_channel;
+use crate::stats::ChannelCounters;
+
+/// Most metadata entries on one event.
+pub const MAX_METADATA_ENTRIES: usize = 64;
+/// Longest metadata key, in bytes.
+pub const MAX_METADATA_KEY_BYTES: usize = 128;
+/// Longest metadata value, in bytes.
+pub const MAX_METADATA_VALUE_BYTES: usize = 4096;
+
+/// An event as subscribers see it. Shared (`Arc<Event>`) by every queue it lands in;
+/// the payload is `Bytes`, so fan-out never copies it.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// UUIDv7: unique across instances and restarts, and sorted by time.
+    pub id: String,
+    /// Exact channel it was published on.
+    pub channel: String,
+    /// When the broker accepted it.
+    pub timestamp: SystemTime,
+    /// The publisher's `source`, else its peer address.
+    pub source: String,
+    /// Opaque payload.
+    pub payload: Bytes,
+    /// Free-form key/value pairs.
+    pub metadata: HashMap<String, String>,
+    /// MIME type of the payload, possibly empty.
+    pub content_type: String,
+    /// Counters of the channel on this instance, attached when the event is routed
+    /// here, so a drop far from the publish (DROP_OLDEST, a closing queue) is counted
+    /// against its channel without a lookup.
+    pub(crate) counters: Option<Arc<ChannelCounters>>,
+}
+
+impl Event {
+    /// Rough size on the wire, used to keep stream messages well under gRPC limits.
+    pub fn approx_size(&self) -> usize {
+        let meta: usize = self.metadata.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+        self.payload.len() + meta + self.channel.len() + self.source.len() + self.content_type.len() + 64
+    }
+
+    pub(crate) fn counters(&self) -> Option<&ChannelCounters> {
+        self.counters.as_deref()
+    }
+}
+
+/// What a publisher hands to [`crate::Bus::publish`].
+#[derive(Debug, Clone, Default)]
+pub struct PublishInput {
+    /// Exact channel name.
+    pub channel: String,
+    /// Opaque payload.
+    pub payload: Bytes,
+    /// Free-form key/value pairs (see the `MAX_METADATA_*` limits).
+    pub metadata: HashMap<String, String>,
+    /// MIME type of the payload.
+    pub content_type: String,
+    /// Publisher-given source; empty means `peer`.
+    pub source: String,
+    /// The publisher's address, the fallback source.
+    pub peer: String,
+}
+
+/// Why a publish's metadata was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetadataError {
+    #[error("metadata has {count} entries; the limit is {MAX_METADATA_ENTRIES}")]
+    TooManyEntries { count: usize },
+    #[error("metadata key {key:?} is {len} bytes; keys are 1 to {MAX_METADATA_KEY_BYTES} bytes")]
+    BadKey { key: String, len: usize },
+    #[error("metadata value of key {key:?} is {len} bytes; the limit is {MAX_METADATA_VALUE_BYTES}")]
+    ValueTooLong { key: String, len: usize },
+}
+
+impl PublishInput {
+    /// Checks the SPEC §2 limits and turns the input into an event with a fresh id.
+    pub(crate) fn into_event(self, max_payload_bytes: usize) -> Result<Event, Error> {
+        validate_channel(&self.channel)?;
+        if self.payload.len() > max_payload_bytes {
+            return Err(Error::PayloadTooLarge { size: self.payload.len(), limit: max_payload_bytes });
+        }
+        validate_metadata(&self.metadata)?;
+        let source = if self.source.is_empty() { self.peer } else { self.source };
+        Ok(Event {
+            id: new_id(),
+            channel: self.channel,
+            timestamp: SystemTime::now(),
+            source,
+            payload: self.payload,
+            metadata: self.metadata,
+            content_type: self.content_type,
+            counters: None,
+        })
+    }
+}
+
+fn validate_metadata(metadata: &HashMap<String, String>) -> Result<(), MetadataError> {
+    if metadata.len() > MAX_METADATA_ENTRIES {
+        return Err(MetadataError::TooManyEntries { count: metadata.len() });
+    }
+    for (key, value) in metadata {
+        if key.is_empty() || key.len() > MAX_METADATA_KEY_BYTES {
+            let shown: String = key.chars().take(40).collect();
+            return Err(MetadataError::BadKey { key: shown, len: key.len() });
+        }
+        if value.len() > MAX_METADATA_VALUE_BYTES {
+            return Err(MetadataError::ValueTooLong { key: key.clone(), len: value.len() });
+        }
+    }
+    Ok(())
+}
+
+/// A new time-ordered unique id (UUIDv7).
+pub fn new_id() -> String {
+    uuid::Uuid::now_v7().hyphenated().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(channel: &str) -> PublishInput {
+        PublishInput { channel: channel.into(), peer: "127.0.0.1:1".into(), ..Default::default() }
+    }
+
+    #[test]
+    fn source_defaults_to_peer() {
+        let ev = input("a.b").into_event(10).unwrap();
+        assert_eq!(ev.source, "127.0.0.1:1");
+        let ev = PublishInput { source: "billing".into(), ..input("a.b") }.into_event(10).unwrap();
+        assert_eq!(ev.source, "billing");
+    }
+
+    #[test]
+    fn limits_are_enforced() {
+        let big = PublishInput { payload: Bytes::from(vec![0; 11]), ..input("a") };
+        assert!(matches!(big.into_event(10), Err(Error::PayloadTooLarge { size: 11, limit: 10 })));
+        let mut meta = HashMap::new();
+        meta.insert(String::new(), "v".into());
+        let bad = PublishInput { metadata: meta, ..input("a") };
+        assert!(matches!(bad.into_event(10), Err(Error::Metadata(MetadataError::BadKey { .. }))));
+        let many: HashMap<_, _> = (0..65).map(|i| (format!("k{i}"), String::new())).collect();
+        let bad = PublishInput { metadata: many, ..input("a") };
+        assert!(matches!(
+            bad.into_event(10),
+            Err(Error::Metadata(MetadataError::TooManyEntries { count: 65 }))
+        ));
+        let long: HashMap<_, _> = [("k".to_owned(), "v".repeat(4097))].into();
+        let bad = PublishInput { metadata: long, ..input("a") };
+        assert!(matches!(bad.into_event(10), Err(Error::Metadata(MetadataError::ValueTooLong { .. }))));
+    }
+
+    #[test]
+    fn ids_are_unique_and_time_ordered() {
+        let a = new_id();
+        let b = new_id();
+        assert_ne!(a, b);
+        assert!(a < b, "UUIDv7 sorts by creation time");
+    }
+}

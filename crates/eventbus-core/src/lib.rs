@@ -1,0 +1,32 @@
+//! # Socle EventBus core
+//!
+//! Everything about routing events, nothing about the wire (no gRPC, no Redis):
+//!
+//! - [`name`]: channel and pattern rules (SPEC §1–§2) and their error messages.
+//! - `trie`: the token trie that matches a channel against every filter at once.
+//! - `router`: subscriptions, groups and the per-channel routing result.
+//! - [`subscription`]: bounded queues and the overflow policies (SPEC §4).
+//! - [`bus`]: the engine that ties them together — publish, subscribe, stats, shutdown.
+//! - [`stats`]: counters per bus, channel and subscription; the bounded channel table.
+//! - [`transport`]: the seam a distributed fan-out (Redis) plugs into.
+//! - [`event`]: the event envelope and publish-time checks.
+//! - [`error`]: what a call can be refused for.
+
+pub mod bus;
+pub mod error;
+pub mod event;
+pub mod name;
+pub mod stats;
+pub mod subscription;
+pub mod transport;
+
+mod router;
+mod trie;
+
+pub use bus::{Bus, BusConfig, Published, SubscribeOptions, SubscriptionHandle};
+pub use error::Error;
+pub use event::{Event, PublishInput};
+pub use name::{NameError, Pattern};
+pub use stats::{BusStats, ChannelStats, SubscriptionInfo};
+pub use subscription::{CloseReason, Overflow};
+pub use transport::{Fanout, LocalFanout, Transport, TransportError};

@@ -1,0 +1,73 @@
+//! The seam between the router and the fan-out medium.
+//!
+//! In `in_memory` mode there is no transport: a publish is routed straight to local
+//! queues. A distributed mode (Redis Pub/Sub) implements [`Transport`]: publishes go
+//! out through it, events it receives come back in through [`LocalFanout::dispatch`],
+//! and [`Transport::watch`]/[`Transport::unwatch`] tell it which filters local
+//! subscriptions need (called once per filter on first use and last release).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+
+use crate::bus::Inner;
+use crate::event::Event;
+use crate::name::Pattern;
+
+/// How a publish went: subscriptions (or instances, for a remote transport) that took
+/// the event, and matching ones that could not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fanout {
+    /// Copies accepted.
+    pub delivered: u32,
+    /// Copies refused (full queue, slow-consumer disconnect).
+    pub failed: u32,
+}
+
+/// A transport could not carry an event (for example Redis is unreachable).
+#[derive(Debug, thiserror::Error)]
+#[error("{transport} is unavailable: {reason}")]
+pub struct TransportError {
+    /// Which transport, e.g. `redis`.
+    pub transport: &'static str,
+    /// What went wrong, for the client and the logs.
+    pub reason: String,
+}
+
+/// Future returned by [`Transport::publish`].
+pub type PublishFuture<'a> = Pin<Box<dyn Future<Output = Result<Fanout, TransportError>> + Send + 'a>>;
+
+/// A fan-out medium shared by several broker instances.
+pub trait Transport: Send + Sync + fmt::Debug + 'static {
+    /// Short name reported as the bus mode, e.g. `redis`.
+    fn mode(&self) -> &'static str;
+
+    /// Sends an accepted event to every instance. Must fail rather than report
+    /// success for an event that went nowhere.
+    fn publish(&self, event: Arc<Event>) -> PublishFuture<'_>;
+
+    /// A local subscription now needs events matching `filter`.
+    fn watch(&self, filter: &Pattern);
+
+    /// No local subscription needs `filter` any more.
+    fn unwatch(&self, filter: &Pattern);
+}
+
+/// Handle a transport uses to hand received events to this instance's subscriptions.
+/// Holds the bus weakly, so a transport never keeps a stopped bus alive.
+#[derive(Debug, Clone)]
+pub struct LocalFanout {
+    pub(crate) bus: Weak<Inner>,
+}
+
+impl LocalFanout {
+    /// Routes an event that arrived from the transport to the matching local
+    /// subscriptions. Returns zero counts when the bus is gone.
+    pub async fn dispatch(&self, event: Event) -> Fanout {
+        match self.bus.upgrade() {
+            Some(inner) => inner.dispatch(event).await,
+            None => Fanout::default(),
+        }
+    }
+}

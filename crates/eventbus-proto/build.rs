@@ -1,0 +1,19 @@
+//! Generates the `eventbus.v1` types with a vendored `protoc`, so no system install is needed.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let proto = root.join("eventbus/v1/eventbus.proto");
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+
+    let mut config = tonic_prost_build::Config::new();
+    config.protoc_executable(protoc);
+    tonic_prost_build::configure()
+        // Payloads are shared between subscribers, never copied.
+        .bytes(".eventbus.v1")
+        .file_descriptor_set_path(out.join("eventbus_descriptor.bin"))
+        .compile_with_config(config, &[proto], &[root])?;
+    Ok(())
+}
