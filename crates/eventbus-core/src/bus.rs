@@ -461,10 +461,7 @@ impl Inner {
 fn pick_member(group: &GroupTargets) -> &Arc<Subscription> {
     let n = group.members.len();
     let start = group.cursor.fetch_add(1, Ordering::Relaxed) % n;
-    (0..n)
-        .map(|i| &group.members[(start + i) % n])
-        .find(|m| m.has_room())
-        .unwrap_or(&group.members[start])
+    (0..n).map(|i| &group.members[(start + i) % n]).find(|m| m.has_room()).unwrap_or(&group.members[start])
 }
 
 /// An open subscription, owned by whoever streams it. Dropping it unsubscribes.

@@ -150,10 +150,7 @@ mod tests {
         assert!(matches!(bad.into_event(10), Err(Error::Metadata(MetadataError::BadKey { .. }))));
         let many: HashMap<_, _> = (0..65).map(|i| (format!("k{i}"), String::new())).collect();
         let bad = PublishInput { metadata: many, ..input("a") };
-        assert!(matches!(
-            bad.into_event(10),
-            Err(Error::Metadata(MetadataError::TooManyEntries { count: 65 }))
-        ));
+        assert!(matches!(bad.into_event(10), Err(Error::Metadata(MetadataError::TooManyEntries { count: 65 }))));
         let long: HashMap<_, _> = [("k".to_owned(), "v".repeat(4097))].into();
         let bad = PublishInput { metadata: long, ..input("a") };
         assert!(matches!(bad.into_event(10), Err(Error::Metadata(MetadataError::ValueTooLong { .. }))));

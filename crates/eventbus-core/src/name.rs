@@ -57,15 +57,13 @@ impl fmt::Display for NameProblem {
                 write!(f, "it has {count} tokens; the limit is {MAX_TOKENS}")
             }
             Self::EmptyToken { position } => write!(f, "token {position} is empty"),
-            Self::BadCharacter { ch, position } => write!(
-                f,
-                "token {position} contains {ch:?}; tokens are printable ASCII without space, '.', '*' or '>'"
-            ),
+            Self::BadCharacter { ch, position } => {
+                write!(f, "token {position} contains {ch:?}; tokens are printable ASCII without space, '.', '*' or '>'")
+            }
             Self::Wildcard => f.write_str("wildcards '*' and '>' are only allowed in subscriptions"),
-            Self::PartialWildcard { position } => write!(
-                f,
-                "token {position} mixes a wildcard with other characters; '*' and '>' must be whole tokens"
-            ),
+            Self::PartialWildcard { position } => {
+                write!(f, "token {position} mixes a wildcard with other characters; '*' and '>' must be whole tokens")
+            }
             Self::GtNotLast => f.write_str("'>' may only be the last token"),
             Self::Reserved => f.write_str("channels starting with '$' are reserved for the broker"),
         }

@@ -105,11 +105,7 @@ impl ChannelTable {
         let mut map = shard.write();
         let entry = map.entry(name.into()).or_insert_with(|| {
             self.len.fetch_add(1, Ordering::Relaxed);
-            Arc::new(ChannelEntry {
-                name: name.into(),
-                counters: Arc::default(),
-                targets: RwLock::new(None),
-            })
+            Arc::new(ChannelEntry { name: name.into(), counters: Arc::default(), targets: RwLock::new(None) })
         });
         (Arc::clone(entry), self.len() > self.max_channels)
     }

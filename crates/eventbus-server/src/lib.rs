@@ -1,0 +1,21 @@
+//! # eventbusd
+//!
+//! The Socle EventBus daemon around [`eventbus_core::Bus`]:
+//!
+//! - [`config`]: layered settings (defaults, file, environment, flags) and validation.
+//! - [`server`]: listener binding, serving and the shutdown drain.
+//! - `grpc`: the `EventBus` and `Admin` services, thin adapters over the bus.
+//! - `convert`: core ↔ wire conversions and the single error → status mapping.
+//! - [`telemetry`]: logging setup.
+//! - [`shutdown`]: SIGINT/SIGTERM handling.
+
+pub mod config;
+pub mod server;
+pub mod shutdown;
+pub mod telemetry;
+
+mod convert;
+mod grpc;
+
+pub use config::Settings;
+pub use server::{Server, ServerError};
