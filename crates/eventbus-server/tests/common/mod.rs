@@ -1,0 +1,149 @@
+//! Shared harness: a real server on 127.0.0.1:0 and real tonic clients.
+#![allow(dead_code, unreachable_pub)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use eventbus_proto::pb::{self, admin_client::AdminClient, event_bus_client::EventBusClient, subscribe_response::Kind};
+use eventbus_server::{Server, ServerError, Settings};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
+use tonic::transport::{Channel, Endpoint};
+
+/// Bound on every wait in the tests: generous for a loaded 2-core machine, and
+/// reached only when something is broken.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub shutdown: CancellationToken,
+    pub task: JoinHandle<Result<(), ServerError>>,
+}
+
+pub fn test_settings() -> Settings {
+    let mut settings = Settings::default();
+    settings.server.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    settings.server.http_addr = "127.0.0.1:0".parse().unwrap();
+    settings
+}
+
+pub async fn start() -> TestServer {
+    start_with(|_| {}).await
+}
+
+pub async fn start_with(tweak: impl FnOnce(&mut Settings)) -> TestServer {
+    let mut settings = test_settings();
+    tweak(&mut settings);
+    let server = Server::bind(settings).await.expect("bind");
+    let addr = server.grpc_addr();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(server.run(shutdown.clone()));
+    TestServer { addr, shutdown, task }
+}
+
+impl TestServer {
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint::from_shared(format!("http://{}", self.addr)).unwrap().connect_timeout(DEADLINE)
+    }
+
+    pub async fn channel(&self) -> Channel {
+        self.endpoint().connect().await.expect("connect")
+    }
+
+    pub async fn client(&self) -> EventBusClient<Channel> {
+        EventBusClient::new(self.channel().await)
+    }
+
+    pub async fn admin(&self) -> AdminClient<Channel> {
+        AdminClient::new(self.channel().await)
+    }
+
+    /// Opens a subscription and waits for its `started` message.
+    pub async fn subscribe(&self, req: pb::SubscribeRequest) -> Subscriber {
+        subscribe_on(&mut self.client().await, req).await
+    }
+
+    /// Stops the server and waits for it to finish.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        within(self.task).await.expect("join").expect("server result");
+    }
+}
+
+pub struct Subscriber {
+    pub id: String,
+    pub stream: Streaming<pb::SubscribeResponse>,
+}
+
+pub async fn subscribe_on(client: &mut EventBusClient<Channel>, req: pb::SubscribeRequest) -> Subscriber {
+    let mut stream = within(client.subscribe(req)).await.expect("subscribe").into_inner();
+    let first = within(stream.message()).await.expect("first message").expect("stream open");
+    match first.kind {
+        Some(Kind::Started(s)) => Subscriber { id: s.subscription_id, stream },
+        other => panic!("first message must be started, got {other:?}"),
+    }
+}
+
+impl Subscriber {
+    /// Reads exactly `n` events (across batches).
+    pub async fn take(&mut self, n: usize) -> Vec<pb::Event> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            match within(self.stream.message()).await {
+                Ok(Some(pb::SubscribeResponse { kind: Some(Kind::Events(batch)) })) => {
+                    assert!(!batch.events.is_empty(), "batches are never empty");
+                    out.extend(batch.events);
+                }
+                other => panic!("expected events after {} of {n}, got {other:?}", out.len()),
+            }
+        }
+        assert_eq!(out.len(), n, "more events than expected arrived in the last batch");
+        out
+    }
+
+    /// Reads until the stream ends; returns the events and the final status (None = OK).
+    pub async fn until_end(&mut self) -> (Vec<pb::Event>, Option<tonic::Status>) {
+        let mut out = Vec::new();
+        loop {
+            match within(self.stream.message()).await {
+                Ok(Some(pb::SubscribeResponse { kind: Some(Kind::Events(batch)) })) => out.extend(batch.events),
+                Ok(Some(other)) => panic!("unexpected message {other:?}"),
+                Ok(None) => return (out, None),
+                Err(status) => return (out, Some(status)),
+            }
+        }
+    }
+}
+
+pub fn sub(channels: &[&str]) -> pb::SubscribeRequest {
+    pb::SubscribeRequest { channels: channels.iter().map(|c| c.to_string()).collect(), ..Default::default() }
+}
+
+pub fn event(channel: &str, payload: impl Into<bytes::Bytes>) -> pb::PublishRequest {
+    pb::PublishRequest { channel: channel.into(), payload: payload.into(), ..Default::default() }
+}
+
+/// Awaits `fut`, failing the test past [`DEADLINE`].
+pub async fn within<F: Future>(fut: F) -> F::Output {
+    tokio::time::timeout(DEADLINE, fut).await.expect("timed out")
+}
+
+/// Polls `check` until it returns true, failing the test past [`DEADLINE`].
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+pub async fn subscription_ids(admin: &mut AdminClient<Channel>) -> Vec<String> {
+    let list = admin.list_subscriptions(pb::ListSubscriptionsRequest {}).await.unwrap().into_inner();
+    list.subscriptions.into_iter().map(|s| s.id).collect()
+}
