@@ -370,10 +370,10 @@ impl Inner {
     /// The channel's cached targets, recomputed if the router changed since.
     fn targets(&self, entry: &ChannelEntry) -> Arc<Targets> {
         let generation = self.generation.load(Ordering::Acquire);
-        if let Some(t) = entry.targets.read().as_ref() {
-            if t.generation == generation {
-                return Arc::clone(t);
-            }
+        if let Some(t) = entry.targets.read().as_ref()
+            && t.generation == generation
+        {
+            return Arc::clone(t);
         }
         let router = self.router.read();
         let generation = self.generation.load(Ordering::Acquire);

@@ -105,12 +105,12 @@ impl Router {
                 }
             }
         }
-        if let Some(group) = &sub.spec.group {
-            if let Some(g) = self.groups.get_mut(group) {
-                g.members -= 1;
-                if g.members == 0 {
-                    self.groups.remove(group);
-                }
+        if let Some(group) = &sub.spec.group
+            && let Some(g) = self.groups.get_mut(group)
+        {
+            g.members -= 1;
+            if g.members == 0 {
+                self.groups.remove(group);
             }
         }
         Some((sub, unwatch))

@@ -256,7 +256,8 @@ impl Settings {
         if e.offer_timeout_ms > 60_000 {
             return invalid("eventbus.offer_timeout_ms", format!("{} is above 60000", e.offer_timeout_ms));
         }
-        if !e.redis.url.is_empty() && !(e.redis.url.starts_with("redis://") || e.redis.url.starts_with("rediss://")) {
+        let url = &e.redis.url;
+        if !(url.is_empty() || url.starts_with("redis://") || url.starts_with("rediss://")) {
             return invalid("eventbus.redis.url", "must start with redis:// or rediss://".into());
         }
         if e.redis.prefix.is_empty() {

@@ -1,5 +1,7 @@
 //! Publish/subscribe semantics of SPEC §2–§4 against the real server and a real client.
 
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
 mod common;
 
 use std::collections::HashSet;

@@ -4,6 +4,8 @@
 //! opened with the smallest HTTP/2 windows so the server can only push a couple of
 //! 32 KiB events before the subscription's own queue starts to fill.
 
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
 mod common;
 
 use common::*;

@@ -1,0 +1,151 @@
+//! The `eventbusd` binary itself: start-up line, configuration layers, errors, signals.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+
+use common::*;
+use eventbus_proto::pb::event_bus_client::EventBusClient;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+use tonic::Code;
+
+const BIN: &str = env!("CARGO_BIN_EXE_eventbusd");
+
+struct Daemon {
+    child: Child,
+    stdout: Lines<BufReader<ChildStdout>>,
+    grpc_addr: String,
+}
+
+/// Runs eventbusd in an empty directory (so no ./config/default.yaml is picked up).
+fn command(dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Spawns the daemon and waits for its `started` line to learn the gRPC address.
+async fn spawn(mut cmd: Command) -> Daemon {
+    let mut child = cmd.spawn().expect("spawn eventbusd");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let grpc_addr = within(async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if line.contains("eventbusd started") {
+                return field(&line, "grpc_addr");
+            }
+        }
+        panic!("eventbusd exited before starting");
+    })
+    .await;
+    Daemon { child, stdout, grpc_addr }
+}
+
+/// Value of `key=value` in a text log line.
+fn field(line: &str, key: &str) -> String {
+    let start = line.find(&format!("{key}=")).unwrap_or_else(|| panic!("no {key} in {line}")) + key.len() + 1;
+    line[start..].split_whitespace().next().unwrap().trim_matches('"').to_owned()
+}
+
+async fn client(addr: &str) -> EventBusClient<tonic::transport::Channel> {
+    within(EventBusClient::connect(format!("http://{addr}"))).await.unwrap()
+}
+
+#[tokio::test]
+async fn starts_serves_and_stops_cleanly_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = spawn(command(dir.path(), &["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])).await;
+    let mut client = client(&daemon.grpc_addr).await;
+    let resp = client.publish(event("daemon.up", &b"hi"[..])).await.unwrap().into_inner();
+    assert!(!resp.event_id.is_empty());
+
+    let pid = daemon.child.id().unwrap().to_string();
+    let kill = std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(kill.success());
+    let status = within(daemon.child.wait()).await.unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    let mut rest = Vec::new();
+    while let Some(line) = daemon.stdout.next_line().await.unwrap() {
+        rest.push(line);
+    }
+    assert!(rest.iter().any(|l| l.contains("signal=\"SIGTERM\"")), "{rest:?}");
+    assert!(rest.iter().any(|l| l.contains("eventbusd stopped")), "{rest:?}");
+}
+
+#[tokio::test]
+async fn file_then_environment_then_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("eventbus.yaml");
+    std::fs::write(
+        &file,
+        "server:\n  grpc_addr: \"127.0.0.1:0\"\n  http_addr: \"127.0.0.1:0\"\neventbus:\n  max_payload_bytes: 10\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+
+    // The file alone: the limit is 10.
+    let daemon = spawn(command(dir.path(), &["--config", file])).await;
+    let err = client(&daemon.grpc_addr).await.publish(event("cfg", vec![0u8; 11])).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(err.message().contains("= 10"), "{}", err.message());
+
+    // The environment overrides the file: 20.
+    let mut cmd = command(dir.path(), &["--config", file]);
+    cmd.env("EVENTBUS__EVENTBUS__MAX_PAYLOAD_BYTES", "20");
+    let daemon = spawn(cmd).await;
+    let mut c = client(&daemon.grpc_addr).await;
+    c.publish(event("cfg", vec![0u8; 11])).await.unwrap();
+    let err = c.publish(event("cfg", vec![0u8; 21])).await.unwrap_err();
+    assert!(err.message().contains("= 20"), "{}", err.message());
+
+    // Flags override the environment: the bad variable never gets used.
+    let mut cmd = command(dir.path(), &["--config", file, "--grpc-addr", "127.0.0.1:0"]);
+    cmd.env("EVENTBUS__SERVER__GRPC_ADDR", "not-an-address");
+    let daemon = spawn(cmd).await;
+    assert!(daemon.grpc_addr.starts_with("127.0.0.1:"));
+}
+
+#[tokio::test]
+async fn configuration_errors_stop_startup_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    // (environment, arguments, what the error must name)
+    type Case = (&'static [(&'static str, &'static str)], &'static [&'static str], &'static str);
+    let cases: [Case; 4] = [
+        (&[("EVENTBUS__SERVER__GRPC_PORT", "1")], &[], "grpc_port"),
+        (&[("EVENTBUS__EVENTBUS__MAX_BATCH", "0")], &[], "eventbus.max_batch"),
+        (&[("EVENTBUS_MODE", "clustered")], &[], "eventbus.mode"),
+        (&[], &["--config", "missing.yaml"], "missing.yaml"),
+    ];
+    for (env, args, needle) in cases {
+        let mut cmd = command(dir.path(), args);
+        cmd.envs(env.iter().copied());
+        let out = within(cmd.output()).await.unwrap();
+        assert_eq!(out.status.code(), Some(2), "{needle}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("configuration error") && err.contains(needle), "{needle}: {err}");
+        assert_eq!(err.lines().count(), 1, "one clear line: {err}");
+    }
+}
+
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd =
+        command(dir.path(), &["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"]);
+    let mut child = cmd.spawn().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = within(stdout.next_line()).await.unwrap().expect("a log line");
+    let value: serde_json::Value = serde_json::from_str(&line).expect("JSON log line");
+    assert_eq!(value["message"], "eventbusd started", "{line}");
+    assert!(value["grpc_addr"].as_str().unwrap().starts_with("127.0.0.1:"), "{line}");
+    assert_eq!(value["level"], "INFO");
+}
