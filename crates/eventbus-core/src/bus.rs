@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::event::{Event, PublishInput, new_id};
 use crate::name::Pattern;
 use crate::router::{GroupTargets, Router, Targets};
-use crate::stats::{BusCounters, BusStats, ChannelEntry, ChannelStats, ChannelTable, SubscriptionInfo};
+use crate::stats::{BusCounters, BusStats, ChannelEntry, ChannelStats, ChannelTable, LabelStats, SubscriptionInfo};
 use crate::subscription::{CloseReason, Offer, Overflow, Subscription, SubscriptionSpec};
 use crate::transport::{Fanout, LocalFanout, Transport};
 
@@ -44,6 +44,9 @@ pub struct BusConfig {
     pub max_payload_bytes: usize,
     /// Channels tracked for stats before idle ones are forgotten.
     pub max_channels: usize,
+    /// Channels counted under their own metrics label (the rest share `_other`);
+    /// `None` keeps no label counters (metrics off).
+    pub max_channel_labels: Option<usize>,
 }
 
 impl Default for BusConfig {
@@ -56,6 +59,7 @@ impl Default for BusConfig {
             max_batch: 256,
             max_payload_bytes: 1 << 20,
             max_channels: 10_000,
+            max_channel_labels: Some(1000),
         }
     }
 }
@@ -227,6 +231,11 @@ impl Bus {
         out
     }
 
+    /// Counters per channel metrics label (capped; see [`BusConfig::max_channel_labels`]).
+    pub fn label_stats(&self) -> Vec<LabelStats> {
+        self.inner.channels.label_stats()
+    }
+
     /// Open subscriptions, oldest first.
     pub fn subscriptions(&self) -> Vec<SubscriptionInfo> {
         let router = self.inner.router.read();
@@ -301,7 +310,7 @@ fn check_label(field: &'static str, value: &str) -> Result<(), Error> {
 impl Inner {
     fn new(config: BusConfig, transport: Option<Arc<dyn Transport>>) -> Self {
         Self {
-            channels: ChannelTable::new(config.max_channels),
+            channels: ChannelTable::new(config.max_channels, config.max_channel_labels),
             config,
             instance_id: new_id(),
             started_at: SystemTime::now(),
@@ -427,10 +436,10 @@ impl Inner {
             }
         }
         let (delivered, failed) = (u64::from(fanout.delivered), u64::from(fanout.failed));
-        entry.counters.delivered.fetch_add(delivered, Ordering::Relaxed);
+        entry.counters.add_delivered(delivered);
         self.counters.delivered.fetch_add(delivered, Ordering::Relaxed);
         if failed > 0 {
-            entry.counters.failed.fetch_add(failed, Ordering::Relaxed);
+            entry.counters.add_failed(failed);
             self.counters.failed.fetch_add(failed, Ordering::Relaxed);
         }
         fanout

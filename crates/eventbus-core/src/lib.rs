@@ -27,6 +27,6 @@ pub use bus::{Bus, BusConfig, Published, SubscribeOptions, SubscriptionHandle};
 pub use error::Error;
 pub use event::{Event, PublishInput};
 pub use name::{NameError, Pattern};
-pub use stats::{BusStats, ChannelStats, SubscriptionInfo};
+pub use stats::{BusStats, ChannelStats, LabelStats, OTHER_LABEL, SubscriptionInfo};
 pub use subscription::{CloseReason, Overflow};
 pub use transport::{Fanout, LocalFanout, Transport, TransportError};

@@ -27,7 +27,7 @@ pub(crate) struct BusCounters {
     pub(crate) dropped: AtomicU64,
 }
 
-/// Counters of one channel.
+/// Counters of one channel on this instance.
 #[derive(Debug, Default)]
 pub(crate) struct ChannelCounters {
     pub(crate) published: AtomicU64,
@@ -36,6 +36,9 @@ pub(crate) struct ChannelCounters {
     pub(crate) dropped: AtomicU64,
     /// Microseconds since the Unix epoch; 0 = never.
     pub(crate) last_published_us: AtomicI64,
+    /// The channel's metrics label, if labels are kept: outlives the channel's
+    /// eviction, so label counters only ever grow.
+    label: Option<Arc<LabelCounters>>,
 }
 
 impl ChannelCounters {
@@ -43,12 +46,104 @@ impl ChannelCounters {
         self.published.fetch_add(1, Ordering::Relaxed);
         let us = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
         self.last_published_us.fetch_max(us, Ordering::Relaxed);
+        if let Some(label) = &self.label {
+            label.published.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn add_delivered(&self, n: u64) {
+        self.delivered.fetch_add(n, Ordering::Relaxed);
+        if let Some(label) = &self.label {
+            label.delivered.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn add_failed(&self, n: u64) {
+        self.failed.fetch_add(n, Ordering::Relaxed);
+        if let Some(label) = &self.label {
+            label.failed.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn add_dropped(&self, n: u64) {
+        self.dropped.fetch_add(n, Ordering::Relaxed);
+        if let Some(label) = &self.label {
+            label.dropped.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     fn last_published(&self) -> Option<SystemTime> {
         match self.last_published_us.load(Ordering::Relaxed) {
             0 => None,
             us => Some(UNIX_EPOCH + Duration::from_micros(us as u64)),
+        }
+    }
+}
+
+/// Monotonic counters of one metrics label (a channel, or [`OTHER_LABEL`]).
+#[derive(Debug, Default)]
+pub(crate) struct LabelCounters {
+    published: AtomicU64,
+    delivered: AtomicU64,
+    failed: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// Label that channels past the label cap share.
+pub const OTHER_LABEL: &str = "_other";
+
+/// Channel labels for metrics: the first `max` distinct channels get their own, the
+/// rest share [`OTHER_LABEL`]. Never shrinks, so exported counters never go down, and
+/// never grows past `max + 1` entries, so a flood of names cannot blow up memory.
+#[derive(Debug)]
+pub(crate) struct LabelTable {
+    max: usize,
+    labels: RwLock<HashMap<Box<str>, Arc<LabelCounters>>>,
+    other: Arc<LabelCounters>,
+}
+
+impl LabelTable {
+    fn new(max: usize) -> Self {
+        Self { max, labels: RwLock::default(), other: Arc::default() }
+    }
+
+    fn assign(&self, channel: &str) -> Arc<LabelCounters> {
+        if let Some(c) = self.labels.read().get(channel) {
+            return Arc::clone(c);
+        }
+        let mut labels = self.labels.write();
+        if labels.len() >= self.max && !labels.contains_key(channel) {
+            return Arc::clone(&self.other);
+        }
+        Arc::clone(labels.entry(channel.into()).or_default())
+    }
+
+    fn snapshot(&self) -> Vec<LabelStats> {
+        let labels = self.labels.read();
+        let mut out: Vec<LabelStats> = labels.iter().map(|(name, c)| LabelStats::of(name, c)).collect();
+        out.push(LabelStats::of(OTHER_LABEL, &self.other));
+        out
+    }
+}
+
+/// Counters of one channel label, for metrics export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelStats {
+    pub label: String,
+    pub published: u64,
+    pub delivered: u64,
+    pub failed: u64,
+    pub dropped: u64,
+}
+
+impl LabelStats {
+    fn of(label: &str, c: &LabelCounters) -> Self {
+        Self {
+            label: label.to_owned(),
+            published: c.published.load(Ordering::Relaxed),
+            delivered: c.delivered.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            dropped: c.dropped.load(Ordering::Relaxed),
         }
     }
 }
@@ -72,13 +167,16 @@ pub(crate) struct ChannelTable {
     hasher: std::collections::hash_map::RandomState,
     len: AtomicUsize,
     max_channels: usize,
+    /// Metrics labels; `None` when metrics are off, so the hot path skips them.
+    labels: Option<LabelTable>,
     /// Held while evicting, so concurrent inserts past the cap evict once.
     evicting: Mutex<()>,
 }
 
 impl ChannelTable {
-    pub(crate) fn new(max_channels: usize) -> Self {
+    pub(crate) fn new(max_channels: usize, max_labels: Option<usize>) -> Self {
         Self {
+            labels: max_labels.map(LabelTable::new),
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             hasher: Default::default(),
             len: AtomicUsize::new(0),
@@ -105,9 +203,16 @@ impl ChannelTable {
         let mut map = shard.write();
         let entry = map.entry(name.into()).or_insert_with(|| {
             self.len.fetch_add(1, Ordering::Relaxed);
-            Arc::new(ChannelEntry { name: name.into(), counters: Arc::default(), targets: RwLock::new(None) })
+            let label = self.labels.as_ref().map(|l| l.assign(name));
+            let counters = Arc::new(ChannelCounters { label, ..ChannelCounters::default() });
+            Arc::new(ChannelEntry { name: name.into(), counters, targets: RwLock::new(None) })
         });
         (Arc::clone(entry), self.len() > self.max_channels)
+    }
+
+    /// Counters per metrics label, `_other` last; empty when labels are off.
+    pub(crate) fn label_stats(&self) -> Vec<LabelStats> {
+        self.labels.as_ref().map(LabelTable::snapshot).unwrap_or_default()
     }
 
     /// Every entry, for listings and cache invalidation.
@@ -210,7 +315,7 @@ mod tests {
 
     #[test]
     fn table_evicts_idle_oldest_first_and_keeps_busy() {
-        let table = ChannelTable::new(10);
+        let table = ChannelTable::new(10, None);
         for i in 0..11 {
             let (entry, over) = table.get_or_insert(&format!("c{i}"));
             entry.counters.mark_published(UNIX_EPOCH + Duration::from_secs(100 + i));
@@ -223,5 +328,24 @@ mod tests {
         assert!(names.contains(&"c0".to_owned()));
         assert!(!names.contains(&"c1".to_owned()) && !names.contains(&"c2".to_owned()));
         assert_eq!(table.len(), 9);
+    }
+
+    #[test]
+    fn labels_are_capped_and_survive_eviction() {
+        let table = ChannelTable::new(2, Some(3));
+        for i in 0..10 {
+            let (entry, _) = table.get_or_insert(&format!("c{i}"));
+            entry.counters.mark_published(UNIX_EPOCH + Duration::from_secs(1 + i));
+            entry.counters.add_delivered(2);
+            table.evict_idle(|_| true);
+        }
+        let (entry, _) = table.get_or_insert("c0");
+        entry.counters.mark_published(UNIX_EPOCH + Duration::from_secs(100));
+        let labels = table.label_stats();
+        assert_eq!(labels.len(), 4, "3 channels and _other");
+        let c0 = labels.iter().find(|l| l.label == "c0").unwrap();
+        assert_eq!((c0.published, c0.delivered), (2, 2), "kept across eviction and re-creation");
+        let other = labels.last().unwrap();
+        assert_eq!((other.label.as_str(), other.published, other.delivered), (OTHER_LABEL, 7, 14));
     }
 }

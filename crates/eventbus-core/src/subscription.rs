@@ -183,7 +183,7 @@ impl Subscription {
         self.dropped.fetch_add(n, Ordering::Relaxed);
         self.bus.dropped.fetch_add(n, Ordering::Relaxed);
         if let Some(c) = event.counters() {
-            c.dropped.fetch_add(n, Ordering::Relaxed);
+            c.add_dropped(n);
         }
     }
 

@@ -292,6 +292,7 @@ impl Settings {
             max_batch: e.max_batch,
             max_payload_bytes: e.max_payload_bytes,
             max_channels: e.max_tracked_channels,
+            max_channel_labels: e.metrics.enabled.then_some(e.metrics.max_channel_labels),
         }
     }
 
