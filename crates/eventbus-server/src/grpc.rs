@@ -9,6 +9,7 @@ use futures::{Stream, StreamExt, stream};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert::{self, status};
+use crate::metrics::Metrics;
 
 type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -21,20 +22,35 @@ fn peer<T>(req: &Request<T>) -> String {
 #[derive(Debug, Clone)]
 pub(crate) struct EventBusService {
     bus: Bus,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl EventBusService {
-    pub(crate) fn new(bus: Bus) -> Self {
-        Self { bus }
+    pub(crate) fn new(bus: Bus, metrics: Option<Arc<Metrics>>) -> Self {
+        Self { bus, metrics }
     }
+}
+
+/// Publishes one request, recording its duration.
+async fn publish_one(
+    bus: &Bus,
+    metrics: Option<&Metrics>,
+    req: pb::PublishRequest,
+    peer: String,
+) -> Result<pb::PublishResponse, Status> {
+    let published = bus.publish(convert::publish_input(req, peer)).await.map_err(status)?;
+    if let Some(metrics) = metrics {
+        metrics.observe_publish(published.duration);
+    }
+    Ok(convert::publish_response(published))
 }
 
 #[tonic::async_trait]
 impl pb::event_bus_server::EventBus for EventBusService {
     async fn publish(&self, req: Request<pb::PublishRequest>) -> Result<Response<pb::PublishResponse>, Status> {
         let peer = peer(&req);
-        let published = self.bus.publish(convert::publish_input(req.into_inner(), peer)).await.map_err(status)?;
-        Ok(Response::new(convert::publish_response(published)))
+        let response = publish_one(&self.bus, self.metrics.as_deref(), req.into_inner(), peer).await?;
+        Ok(Response::new(response))
     }
 
     type PublishStreamStream = RpcStream<pb::PublishResponse>;
@@ -44,13 +60,13 @@ impl pb::event_bus_server::EventBus for EventBusService {
         req: Request<Streaming<pb::PublishRequest>>,
     ) -> Result<Response<Self::PublishStreamStream>, Status> {
         let peer = peer(&req);
-        let state = (req.into_inner(), self.bus.clone(), peer);
+        let state = (req.into_inner(), self.clone(), peer);
         // One request at a time, in order: the response order and the per-publisher
         // event order both follow from it. An error ends the stream.
-        let responses = stream::try_unfold(state, |(mut inbound, bus, peer)| async move {
+        let responses = stream::try_unfold(state, |(mut inbound, svc, peer)| async move {
             let Some(req) = inbound.message().await? else { return Ok(None) };
-            let published = bus.publish(convert::publish_input(req, peer.clone())).await.map_err(status)?;
-            Ok(Some((convert::publish_response(published), (inbound, bus, peer))))
+            let response = publish_one(&svc.bus, svc.metrics.as_deref(), req, peer.clone()).await?;
+            Ok(Some((response, (inbound, svc, peer))))
         });
         Ok(Response::new(Box::pin(responses)))
     }
@@ -65,26 +81,34 @@ impl pb::event_bus_server::EventBus for EventBusService {
             kind: Some(Kind::Started(pb::SubscriptionStarted { subscription_id: handle.id().to_owned() })),
         };
         tracing::debug!(subscription = handle.id(), "subscription started");
-        let batches = stream::unfold(Some((handle, Vec::new())), next_batch);
+        let batches = stream::unfold(Some(Streamer { handle, buf: Vec::new(), metrics: self.metrics.clone() }), next_batch);
         Ok(Response::new(Box::pin(stream::once(async { Ok(started) }).chain(batches))))
     }
 }
 
-/// One stream message: the next batch, or the status that ends the stream. The handle
-/// lives inside the stream, so a client that goes away drops it and unsubscribes.
-async fn next_batch(
-    state: Option<(SubscriptionHandle, Vec<Arc<Event>>)>,
-) -> Option<(Result<pb::SubscribeResponse, Status>, Option<(SubscriptionHandle, Vec<Arc<Event>>)>)> {
-    let (handle, mut buf) = state?;
-    match handle.next_batch(&mut buf).await {
+/// What a subscription stream carries between messages. The handle lives inside the
+/// stream, so a client that goes away drops it and unsubscribes.
+struct Streamer {
+    handle: SubscriptionHandle,
+    buf: Vec<Arc<Event>>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// One stream message: the next batch, or the status that ends the stream.
+async fn next_batch(state: Option<Streamer>) -> Option<(Result<pb::SubscribeResponse, Status>, Option<Streamer>)> {
+    let mut s = state?;
+    match s.handle.next_batch(&mut s.buf).await {
         Ok(()) => {
-            let events = buf.drain(..).map(|e| convert::event(&e)).collect();
+            if let Some(metrics) = &s.metrics {
+                metrics.observe_delivery(&s.buf);
+            }
+            let events = s.buf.drain(..).map(|e| convert::event(&e)).collect();
             let msg = pb::SubscribeResponse { kind: Some(Kind::Events(pb::EventBatch { events })) };
-            Some((Ok(msg), Some((handle, buf))))
+            Some((Ok(msg), Some(s)))
         }
         Err(reason) => {
-            tracing::debug!(subscription = handle.id(), ?reason, "subscription ended");
-            convert::close_status(reason).map(|s| (Err(s), None))
+            tracing::debug!(subscription = s.handle.id(), ?reason, "subscription ended");
+            convert::close_status(reason).map(|status| (Err(status), None))
         }
     }
 }

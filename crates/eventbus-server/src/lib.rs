@@ -4,12 +4,16 @@
 //!
 //! - [`config`]: layered settings (defaults, file, environment, flags) and validation.
 //! - [`server`]: listener binding, serving and the shutdown drain.
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz` and the admin REST routes.
+//! - [`metrics`]: Prometheus registry; reads the bus's own counters at scrape time.
 //! - `grpc`: the `EventBus` and `Admin` services, thin adapters over the bus.
 //! - `convert`: core ↔ wire conversions and the single error → status mapping.
 //! - [`telemetry`]: logging setup.
 //! - [`shutdown`]: SIGINT/SIGTERM handling.
 
 pub mod config;
+pub mod http;
+pub mod metrics;
 pub mod server;
 pub mod shutdown;
 pub mod telemetry;

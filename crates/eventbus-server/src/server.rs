@@ -1,10 +1,14 @@
 //! Binding listeners, serving, and the shutdown drain (SPEC §4).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use eventbus_core::Bus;
-use eventbus_proto::pb;
+use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
+use tonic::server::NamedService;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 use futures::StreamExt;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -13,6 +17,8 @@ use tracing::{info, warn};
 
 use crate::config::Settings;
 use crate::grpc::{AdminService, EventBusService};
+use crate::http::{self, HttpState, Readiness};
+use crate::metrics::Metrics;
 
 /// After the drain, how long open connections get to close before the server stops
 /// regardless (a client holding a publish stream open must not block exit forever).
@@ -32,8 +38,14 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot set up metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("cannot set up gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
-    Serve(#[from] tonic::transport::Error),
+    Grpc(#[from] tonic::transport::Error),
+    #[error("HTTP server failed: {0}")]
+    Http(#[source] std::io::Error),
 }
 
 /// A broker with its listeners bound, ready to [`run`](Server::run).
@@ -43,17 +55,25 @@ pub struct Server {
     bus: Bus,
     grpc: TcpListener,
     grpc_addr: SocketAddr,
+    http: TcpListener,
+    http_addr: SocketAddr,
+}
+
+async fn listen(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let bind_error = |source| ServerError::Bind { what, addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, local))
 }
 
 impl Server {
     /// Builds the bus and binds the listeners named in `settings` (port 0 picks a free
-    /// port; see [`Server::grpc_addr`]).
+    /// port; see [`Server::grpc_addr`] and [`Server::http_addr`]).
     pub async fn bind(settings: Settings) -> Result<Self, ServerError> {
-        let addr = settings.server.grpc_addr;
-        let grpc = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { what: "gRPC", addr, source })?;
-        let grpc_addr = grpc.local_addr().map_err(|source| ServerError::Bind { what: "gRPC", addr, source })?;
+        let (grpc, grpc_addr) = listen("gRPC", settings.server.grpc_addr).await?;
+        let (http, http_addr) = listen("HTTP", settings.server.http_addr).await?;
         let bus = Bus::new(settings.bus_config());
-        Ok(Self { settings, bus, grpc, grpc_addr })
+        Ok(Self { settings, bus, grpc, grpc_addr, http, http_addr })
     }
 
     /// The bound gRPC address.
@@ -61,20 +81,43 @@ impl Server {
         self.grpc_addr
     }
 
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
     /// The bus this server serves.
     pub fn bus(&self) -> &Bus {
         &self.bus
     }
 
-    /// Serves until `shutdown` is cancelled, then drains: new calls get UNAVAILABLE,
-    /// subscribers receive what is queued for up to `shutdown_timeout_ms`, remaining
-    /// streams end with UNAVAILABLE, and the listeners close.
+    /// Serves until `shutdown` is cancelled, then drains: readiness and gRPC health go
+    /// false, new calls get UNAVAILABLE, subscribers receive what is queued for up to
+    /// `shutdown_timeout_ms`, remaining streams end with UNAVAILABLE, and the
+    /// listeners close.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServerError> {
-        let Self { settings, bus, grpc, grpc_addr } = self;
+        let Self { settings, bus, grpc, grpc_addr, http, http_addr } = self;
+        let metrics = match settings.eventbus.metrics.enabled {
+            true => Some(Arc::new(Metrics::new(&settings.eventbus.metrics.prefix, bus.clone())?)),
+            false => None,
+        };
+        let readiness = Readiness::new(true);
+        let (health, health_service) = tonic_health::server::health_reporter();
+        set_health(&health, ServingStatus::Serving).await;
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        // grpcurl before 1.9 and many tools still speak only v1alpha.
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
+
         let max_request = settings.eventbus.max_payload_bytes + REQUEST_OVERHEAD;
-        let event_bus = pb::event_bus_server::EventBusServer::new(EventBusService::new(bus.clone()))
+        let event_bus = EventBusServer::new(EventBusService::new(bus.clone(), metrics.clone()))
             .max_decoding_message_size(max_request);
-        let admin = pb::admin_server::AdminServer::new(AdminService::new(bus.clone()));
+        let admin = AdminServer::new(AdminService::new(bus.clone()));
 
         // Small stream messages must not wait for more: latency over coalescing.
         let incoming = TcpListenerStream::new(grpc).map(|conn| {
@@ -84,29 +127,58 @@ impl Server {
         });
 
         let stopped = CancellationToken::new();
-        let drain = drain(bus.clone(), shutdown, settings.shutdown_timeout(), stopped.clone());
-        let serve = tonic::transport::Server::builder()
+        let on_stop = Stopping { readiness: readiness.clone(), health };
+        let drain = drain(bus.clone(), shutdown, settings.shutdown_timeout(), on_stop, stopped.clone());
+        let grpc_server = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
             .add_service(event_bus)
             .add_service(admin)
             .serve_with_incoming_shutdown(incoming, drain);
 
-        info!(%grpc_addr, mode = bus.mode(), instance_id = bus.instance_id(), "eventbusd started");
+        let app = http::router(HttpState { bus: bus.clone(), metrics, readiness });
+        let http_server = axum::serve(http, app.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(stopped.clone().cancelled_owned());
+
+        info!(%grpc_addr, %http_addr, mode = bus.mode(), instance_id = bus.instance_id(), "eventbusd started");
+        let grace = async {
+            stopped.cancelled().await;
+            tokio::time::sleep(CLOSE_GRACE).await;
+        };
+        let serve_both = async {
+            let (grpc_result, http_result) = tokio::join!(grpc_server, http_server.into_future());
+            grpc_result?;
+            http_result.map_err(ServerError::Http)
+        };
         tokio::select! {
-            result = serve => result?,
-            () = async { stopped.cancelled().await; tokio::time::sleep(CLOSE_GRACE).await } => {
-                warn!(grace = ?CLOSE_GRACE, "connections still open after shutdown; closing them");
-            }
+            result = serve_both => result?,
+            () = grace => warn!(grace = ?CLOSE_GRACE, "connections still open after shutdown; closing them"),
         }
         info!("eventbusd stopped");
         Ok(())
     }
 }
 
+/// What flips when shutdown begins.
+struct Stopping {
+    readiness: Readiness,
+    health: HealthReporter,
+}
+
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    health.set_service_status("", status).await;
+    health.set_service_status(<EventBusServer<EventBusService> as NamedService>::NAME, status).await;
+    health.set_service_status(<AdminServer<AdminService> as NamedService>::NAME, status).await;
+}
+
 /// Resolves when the gRPC server should stop accepting: after the bus has drained or
 /// the drain timed out and the remaining streams were ended.
-async fn drain(bus: Bus, shutdown: CancellationToken, timeout: Duration, stopped: CancellationToken) {
+async fn drain(bus: Bus, shutdown: CancellationToken, timeout: Duration, on_stop: Stopping, stopped: CancellationToken) {
     shutdown.cancelled().await;
-    info!(pending_subscriptions = bus.stats().active_subscriptions, "shutting down: draining subscriptions");
+    info!(subscriptions = bus.stats().active_subscriptions, "shutting down: draining subscriptions");
+    on_stop.readiness.set(false);
+    set_health(&on_stop.health, ServingStatus::NotServing).await;
     bus.begin_shutdown();
     if tokio::time::timeout(timeout, bus.drained()).await.is_err() {
         warn!(

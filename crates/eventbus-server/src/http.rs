@@ -1,0 +1,277 @@
+//! The HTTP listener (SPEC §6): `/metrics`, `/healthz`, `/readyz` and the admin REST
+//! routes. Publishing goes through the same [`Bus::publish`] validation as gRPC; core
+//! errors become HTTP codes in [`ApiError::from`] only.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::SystemTime;
+
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use eventbus_core::{Bus, Error, PublishInput};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::metrics::Metrics;
+
+/// Whether the instance should receive traffic. Flipped off when shutdown begins.
+#[derive(Debug, Clone)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn new(ready: bool) -> Self {
+        Self(Arc::new(AtomicBool::new(ready)))
+    }
+
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Release);
+    }
+
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct HttpState {
+    pub(crate) bus: Bus,
+    pub(crate) metrics: Option<Arc<Metrics>>,
+    pub(crate) readiness: Readiness,
+}
+
+pub(crate) fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/admin/eventbus/stats", get(stats))
+        .route("/admin/eventbus/channels", get(channels))
+        .route("/admin/eventbus/subscriptions", get(subscriptions))
+        .route("/admin/eventbus/subscriptions/{id}", delete(unsubscribe))
+        .route("/admin/eventbus/publish", post(publish))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
+        })
+        .with_state(state)
+}
+
+/// An error answered as `{"error": "..."}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self { status, message: message.into() }
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(err: Error) -> Self {
+        let status = match &err {
+            Error::Name(_)
+            | Error::Metadata(_)
+            | Error::NoChannels
+            | Error::TooManyChannels { .. }
+            | Error::QueueTooLarge { .. }
+            | Error::InvalidOption { .. } => StatusCode::BAD_REQUEST,
+            Error::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::UnknownSubscription(_) => StatusCode::NOT_FOUND,
+            Error::ShuttingDown | Error::Transport(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Self::new(status, err.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
+async fn metrics(State(state): State<HttpState>) -> Result<Response, ApiError> {
+    let Some(metrics) = &state.metrics else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "metrics are disabled (eventbus.metrics.enabled: false)"));
+    };
+    let text = metrics.render().map_err(|e| {
+        tracing::error!(%e, "cannot render metrics");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "cannot render metrics")
+    })?;
+    Ok(([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response())
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn readyz(State(state): State<HttpState>) -> Response {
+    if state.readiness.get() {
+        (StatusCode::OK, Json(json!({ "status": "ready" }))).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "not ready", "reason": "shutting down" })))
+            .into_response()
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    prost_types::Timestamp::from(t).to_string()
+}
+
+#[derive(Debug, Serialize)]
+struct StatsBody {
+    total_published: u64,
+    total_delivered: u64,
+    total_failed: u64,
+    total_dropped: u64,
+    active_subscriptions: u64,
+    active_channels: u64,
+    started_at: String,
+    mode: &'static str,
+    instance_id: String,
+}
+
+async fn stats(State(state): State<HttpState>) -> Json<StatsBody> {
+    let s = state.bus.stats();
+    Json(StatsBody {
+        total_published: s.total_published,
+        total_delivered: s.total_delivered,
+        total_failed: s.total_failed,
+        total_dropped: s.total_dropped,
+        active_subscriptions: s.active_subscriptions,
+        active_channels: s.active_channels,
+        started_at: rfc3339(s.started_at),
+        mode: s.mode,
+        instance_id: s.instance_id,
+    })
+}
+
+#[derive(Debug, Serialize)]
+struct ChannelBody {
+    channel: String,
+    published_count: u64,
+    delivered_count: u64,
+    subscriber_count: u64,
+    last_published_at: Option<String>,
+}
+
+async fn channels(State(state): State<HttpState>) -> Json<serde_json::Value> {
+    let channels: Vec<ChannelBody> = state
+        .bus
+        .channels()
+        .into_iter()
+        .map(|c| ChannelBody {
+            channel: c.channel,
+            published_count: c.published_count,
+            delivered_count: c.delivered_count,
+            subscriber_count: c.subscriber_count,
+            last_published_at: c.last_published_at.map(rfc3339),
+        })
+        .collect();
+    Json(json!({ "channels": channels }))
+}
+
+#[derive(Debug, Serialize)]
+struct SubscriptionBody {
+    id: String,
+    channels: Vec<String>,
+    group: Option<String>,
+    name: String,
+    pending: u64,
+    capacity: u64,
+    delivered: u64,
+    dropped: u64,
+    overflow: &'static str,
+    peer: String,
+    created_at: String,
+}
+
+async fn subscriptions(State(state): State<HttpState>) -> Json<serde_json::Value> {
+    let subscriptions: Vec<SubscriptionBody> = state
+        .bus
+        .subscriptions()
+        .into_iter()
+        .map(|s| SubscriptionBody {
+            id: s.id,
+            channels: s.channels,
+            group: s.group,
+            name: s.name,
+            pending: s.pending,
+            capacity: s.capacity,
+            delivered: s.delivered,
+            dropped: s.dropped,
+            overflow: s.overflow.as_str(),
+            peer: s.peer,
+            created_at: rfc3339(s.created_at),
+        })
+        .collect();
+    Json(json!({ "subscriptions": subscriptions }))
+}
+
+async fn unsubscribe(State(state): State<HttpState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    state.bus.unsubscribe(&id)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /admin/eventbus/publish` body. The payload is any JSON value, stored as its
+/// JSON text with content type `application/json`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishBody {
+    channel: String,
+    #[serde(default)]
+    payload: Option<serde_json::Value>,
+    #[serde(default)]
+    metadata: HashMap<String, String>,
+    #[serde(default)]
+    source: String,
+}
+
+#[derive(Debug, Serialize)]
+struct PublishedBody {
+    event_id: String,
+    delivered_count: u32,
+    failed_count: u32,
+    duration_us: u64,
+}
+
+/// The body is parsed by hand rather than with `Json<T>`, so any content type (curl's
+/// `-d` sends a form type) is accepted and every parse failure is a 400 naming it.
+async fn publish(
+    State(state): State<HttpState>,
+    peer: axum::extract::ConnectInfo<std::net::SocketAddr>,
+    body: Bytes,
+) -> Result<Json<PublishedBody>, ApiError> {
+    let body: PublishBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))?;
+    let payload = match &body.payload {
+        Some(value) => serde_json::to_vec(value)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid payload: {e}")))?,
+        None => Vec::new(),
+    };
+    let input = PublishInput {
+        channel: body.channel,
+        payload: payload.into(),
+        metadata: body.metadata,
+        content_type: "application/json".to_owned(),
+        source: body.source,
+        peer: peer.0.to_string(),
+    };
+    let published = state.bus.publish(input).await?;
+    if let Some(metrics) = &state.metrics {
+        metrics.observe_publish(published.duration);
+    }
+    Ok(Json(PublishedBody {
+        event_id: published.event_id,
+        delivered_count: published.delivered,
+        failed_count: published.failed,
+        duration_us: published.duration.as_micros() as u64,
+    }))
+}
