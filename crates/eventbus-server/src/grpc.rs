@@ -81,7 +81,8 @@ impl pb::event_bus_server::EventBus for EventBusService {
             kind: Some(Kind::Started(pb::SubscriptionStarted { subscription_id: handle.id().to_owned() })),
         };
         tracing::debug!(subscription = handle.id(), "subscription started");
-        let batches = stream::unfold(Some(Streamer { handle, buf: Vec::new(), metrics: self.metrics.clone() }), next_batch);
+        let batches =
+            stream::unfold(Some(Streamer { handle, buf: Vec::new(), metrics: self.metrics.clone() }), next_batch);
         Ok(Response::new(Box::pin(stream::once(async { Ok(started) }).chain(batches))))
     }
 }

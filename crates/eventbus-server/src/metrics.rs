@@ -11,13 +11,15 @@ use std::time::{Duration, SystemTime};
 use eventbus_core::{Bus, Event};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 /// Bucket bounds from 10 µs to 10 s: in-process fan-out sits in the microseconds, a
 /// publish waiting on a full queue in the hundreds of milliseconds.
 const LATENCY_BUCKETS: &[f64] = &[
-    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
-    0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
 /// The registry and the metrics observed outside the bus.
@@ -90,14 +92,22 @@ struct BusCollector {
 
 impl BusCollector {
     fn new(prefix: &str, bus: Bus) -> Result<Self, prometheus::Error> {
-        let counter = |name: &str, help: &str| IntCounterVec::new(Opts::new(format!("{prefix}_{name}"), help), &["channel"]);
-        let gauge = |name: &str, help: &str| IntGaugeVec::new(Opts::new(format!("{prefix}_{name}"), help), &["subscription"]);
+        let counter =
+            |name: &str, help: &str| IntCounterVec::new(Opts::new(format!("{prefix}_{name}"), help), &["channel"]);
+        let gauge =
+            |name: &str, help: &str| IntGaugeVec::new(Opts::new(format!("{prefix}_{name}"), help), &["subscription"]);
         Ok(Self {
             bus,
             published: counter("published_total", "Events published, per channel.")?,
             delivered: counter("delivered_total", "Event copies queued to subscriptions, per channel.")?,
-            failed: counter("failed_total", "Event copies matching subscriptions could not take at publish, per channel.")?,
-            dropped: counter("dropped_total", "Events lost (full queue, drop_oldest eviction, closed subscription), per channel.")?,
+            failed: counter(
+                "failed_total",
+                "Event copies matching subscriptions could not take at publish, per channel.",
+            )?,
+            dropped: counter(
+                "dropped_total",
+                "Events lost (full queue, drop_oldest eviction, closed subscription), per channel.",
+            )?,
             active: IntGauge::new(format!("{prefix}_subscriptions_active"), "Open subscriptions.")?,
             queue_size: gauge("queue_size", "Events queued in a subscription, not yet written to its stream.")?,
             queue_capacity: gauge("queue_capacity", "Queue capacity of a subscription.")?,

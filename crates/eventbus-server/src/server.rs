@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use eventbus_core::Bus;
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
-use tonic::server::NamedService;
-use tonic_health::ServingStatus;
-use tonic_health::server::HealthReporter;
 use futures::StreamExt;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::server::NamedService;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
 use crate::config::Settings;
@@ -174,7 +174,13 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
 
 /// Resolves when the gRPC server should stop accepting: after the bus has drained or
 /// the drain timed out and the remaining streams were ended.
-async fn drain(bus: Bus, shutdown: CancellationToken, timeout: Duration, on_stop: Stopping, stopped: CancellationToken) {
+async fn drain(
+    bus: Bus,
+    shutdown: CancellationToken,
+    timeout: Duration,
+    on_stop: Stopping,
+    stopped: CancellationToken,
+) {
     shutdown.cancelled().await;
     info!(subscriptions = bus.stats().active_subscriptions, "shutting down: draining subscriptions");
     on_stop.readiness.set(false);

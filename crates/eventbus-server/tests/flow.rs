@@ -1,8 +1,7 @@
 //! Flow control: overflow policies with a slow consumer, and the shutdown drain (SPEC §4).
 //!
-//! A slow consumer is a real client that stops reading its stream. Its connection is
-//! opened with the smallest HTTP/2 windows so the server can only push a couple of
-//! 32 KiB events before the subscription's own queue starts to fill.
+//! A slow consumer is a real client that stops reading its stream (see
+//! `common::slow_subscriber`); 32 KiB events fill its HTTP/2 window after a couple.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
 
@@ -10,6 +9,7 @@ mod common;
 
 use common::*;
 use eventbus_proto::pb::{self, event_bus_client::EventBusClient};
+
 use tonic::Code;
 
 const BIG: usize = 32 * 1024;
@@ -22,18 +22,6 @@ fn payload(i: u32) -> Vec<u8> {
 
 fn index(e: &pb::Event) -> u32 {
     u32::from_be_bytes([e.payload[0], e.payload[1], e.payload[2], e.payload[3]])
-}
-
-async fn slow_subscriber(server: &TestServer, overflow: pb::OverflowPolicy, capacity: u32) -> Subscriber {
-    let channel = server
-        .endpoint()
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(65_535)
-        .connect()
-        .await
-        .unwrap();
-    let req = pb::SubscribeRequest { queue_capacity: capacity, overflow: overflow as i32, ..sub(&["flow.>"]) };
-    subscribe_on(&mut EventBusClient::new(channel), req).await
 }
 
 async fn subscription(server: &TestServer, id: &str) -> Option<pb::SubscriptionInfo> {
@@ -58,7 +46,7 @@ async fn publish_until_refused(client: &mut EventBusClient<tonic::transport::Cha
 #[tokio::test]
 async fn drop_newest_waits_drops_and_never_stalls_others() {
     let server = start_with(|s| s.eventbus.offer_timeout_ms = 20).await;
-    let mut slow = slow_subscriber(&server, pb::OverflowPolicy::DropNewest, 4).await;
+    let mut slow = slow_subscriber(&server, "flow.>", pb::OverflowPolicy::DropNewest, 4).await;
     let mut fast = server.subscribe(sub(&["flow.>"])).await;
     let mut client = server.client().await;
 
@@ -88,7 +76,7 @@ async fn drop_newest_waits_drops_and_never_stalls_others() {
 #[tokio::test]
 async fn drop_oldest_keeps_the_newest() {
     let server = start().await;
-    let mut slow = slow_subscriber(&server, pb::OverflowPolicy::DropOldest, 4).await;
+    let mut slow = slow_subscriber(&server, "flow.>", pb::OverflowPolicy::DropOldest, 4).await;
     let mut client = server.client().await;
     let n = 60;
     for i in 0..n {
@@ -109,7 +97,7 @@ async fn drop_oldest_keeps_the_newest() {
 #[tokio::test]
 async fn disconnect_ends_a_slow_consumer_with_resource_exhausted() {
     let server = start().await;
-    let mut slow = slow_subscriber(&server, pb::OverflowPolicy::Disconnect, 4).await;
+    let mut slow = slow_subscriber(&server, "flow.>", pb::OverflowPolicy::Disconnect, 4).await;
     let mut fast = server.subscribe(sub(&["flow.>"])).await;
     let mut client = server.client().await;
     let sent = publish_until_refused(&mut client).await;
@@ -129,7 +117,7 @@ async fn disconnect_ends_a_slow_consumer_with_resource_exhausted() {
 #[tokio::test]
 async fn shutdown_flushes_queued_events_then_ends_streams_unavailable() {
     let server = start().await;
-    let mut slow = slow_subscriber(&server, pb::OverflowPolicy::DropNewest, 1000).await;
+    let mut slow = slow_subscriber(&server, "flow.>", pb::OverflowPolicy::DropNewest, 1000).await;
     let mut client = server.client().await;
     for i in 0..20 {
         client.publish(event("flow.x", payload(i))).await.unwrap();
@@ -158,7 +146,7 @@ async fn shutdown_flushes_queued_events_then_ends_streams_unavailable() {
 #[tokio::test]
 async fn shutdown_timeout_ends_streams_that_do_not_drain() {
     let server = start_with(|s| s.server.shutdown_timeout_ms = 200).await;
-    let mut stuck = slow_subscriber(&server, pb::OverflowPolicy::DropNewest, 1000).await;
+    let mut stuck = slow_subscriber(&server, "flow.>", pb::OverflowPolicy::DropNewest, 1000).await;
     let mut client = server.client().await;
     for i in 0..20 {
         client.publish(event("flow.x", payload(i))).await.unwrap();

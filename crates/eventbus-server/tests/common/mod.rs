@@ -18,6 +18,7 @@ pub const DEADLINE: Duration = Duration::from_secs(10);
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    pub http: SocketAddr,
     pub shutdown: CancellationToken,
     pub task: JoinHandle<Result<(), ServerError>>,
 }
@@ -38,9 +39,10 @@ pub async fn start_with(tweak: impl FnOnce(&mut Settings)) -> TestServer {
     tweak(&mut settings);
     let server = Server::bind(settings).await.expect("bind");
     let addr = server.grpc_addr();
+    let http = server.http_addr();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(server.run(shutdown.clone()));
-    TestServer { addr, shutdown, task }
+    TestServer { addr, http, shutdown, task }
 }
 
 impl TestServer {
@@ -63,6 +65,11 @@ impl TestServer {
     /// Opens a subscription and waits for its `started` message.
     pub async fn subscribe(&self, req: pb::SubscribeRequest) -> Subscriber {
         subscribe_on(&mut self.client().await, req).await
+    }
+
+    /// URL of an HTTP route.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
     }
 
     /// Stops the server and waits for it to finish.
@@ -146,4 +153,24 @@ where
 pub async fn subscription_ids(admin: &mut AdminClient<Channel>) -> Vec<String> {
     let list = admin.list_subscriptions(pb::ListSubscriptionsRequest {}).await.unwrap().into_inner();
     list.subscriptions.into_iter().map(|s| s.id).collect()
+}
+
+/// A subscriber that does not read: its connection has the smallest HTTP/2 windows
+/// (64 KiB), so once a few large events are in flight, the server cannot write more
+/// and the subscription's own queue fills up.
+pub async fn slow_subscriber(
+    server: &TestServer,
+    pattern: &str,
+    overflow: pb::OverflowPolicy,
+    capacity: u32,
+) -> Subscriber {
+    let channel = server
+        .endpoint()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let req = pb::SubscribeRequest { queue_capacity: capacity, overflow: overflow as i32, ..sub(&[pattern]) };
+    subscribe_on(&mut EventBusClient::new(channel), req).await
 }

@@ -1,0 +1,277 @@
+//! The operations surface (SPEC §3, §6): Prometheus metrics, admin REST, probes, gRPC
+//! health and reflection — real server, real HTTP and gRPC clients.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::*;
+use eventbus_proto::pb;
+use prometheus_parse::{Scrape, Value};
+use reqwest::StatusCode;
+use serde_json::{Value as Json, json};
+use tonic::Code;
+use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+
+/// Fetches and parses the whole exposition; a malformed line fails the test.
+async fn scrape(server: &TestServer) -> Scrape {
+    let resp = within(reqwest::get(server.url("/metrics"))).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let content_type = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(content_type.starts_with("text/plain"), "{content_type}");
+    let text = resp.text().await.unwrap();
+    for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        let (name, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("malformed sample line {line:?}"));
+        assert!(value.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&value), "{line}");
+        assert!(!name.is_empty());
+    }
+    Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("valid Prometheus text format")
+}
+
+/// A counter or gauge sample (0 when absent, as Prometheus treats a new series).
+fn sample(scrape: &Scrape, name: &str, label: Option<(&str, &str)>) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+        .map(|s| match s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+            _ => panic!("{name} is not a counter or gauge"),
+        })
+        .sum()
+}
+
+fn histogram_count(scrape: &Scrape, name: &str) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name)
+        .map(|s| match &s.value {
+            Value::Histogram(buckets) => buckets.iter().map(|b| b.count).fold(0.0, f64::max),
+            _ => panic!("{name} is not a histogram"),
+        })
+        .unwrap_or(0.0)
+}
+
+const P: &str = "socle_eventbus";
+
+#[tokio::test]
+async fn metrics_move_exactly_with_traffic() {
+    let server = start().await;
+    let mut reader = server.subscribe(sub(&["m.a"])).await;
+    let before = scrape(&server).await;
+    let mut client = server.client().await;
+    for _ in 0..3 {
+        client.publish(event("m.a", &b"1"[..])).await.unwrap();
+    }
+    for _ in 0..2 {
+        client.publish(event("m.b", &b"2"[..])).await.unwrap();
+    }
+    reader.take(3).await;
+    let after = scrape(&server).await;
+    let delta = |name: &str, channel: &str| {
+        let n = format!("{P}_{name}");
+        sample(&after, &n, Some(("channel", channel))) - sample(&before, &n, Some(("channel", channel)))
+    };
+    assert_eq!(delta("published_total", "m.a"), 3.0);
+    assert_eq!(delta("published_total", "m.b"), 2.0);
+    assert_eq!(delta("delivered_total", "m.a"), 3.0);
+    assert_eq!(delta("delivered_total", "m.b"), 0.0);
+    assert_eq!(delta("failed_total", "m.a") + delta("dropped_total", "m.a"), 0.0);
+    assert_eq!(sample(&after, &format!("{P}_subscriptions_active"), None), 1.0);
+    let publishes = |s: &Scrape| histogram_count(s, &format!("{P}_publish_duration_seconds"));
+    assert_eq!(publishes(&after) - publishes(&before), 5.0);
+    assert_eq!(histogram_count(&after, &format!("{P}_delivery_latency_seconds")), 3.0);
+    assert!(sample(&after, "process_resident_memory_bytes", None) > 0.0, "process metrics are exported");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn queue_gauges_and_drops_show_a_stuck_consumer() {
+    let server = start_with(|s| s.eventbus.offer_timeout_ms = 20).await;
+    let slow = slow_subscriber(&server, "q.>", pb::OverflowPolicy::DropNewest, 4).await;
+    let mut client = server.client().await;
+    let mut refused = false;
+    for _ in 0..500 {
+        let resp = client.publish(event("q.x", vec![0u8; 32 * 1024])).await.unwrap().into_inner();
+        if resp.failed_count == 1 {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "the queue never filled");
+    let m = scrape(&server).await;
+    let by_sub = Some(("subscription", slow.id.as_str()));
+    assert_eq!(sample(&m, &format!("{P}_queue_size"), by_sub), 4.0, "paused consumer: queue full");
+    assert_eq!(sample(&m, &format!("{P}_queue_capacity"), by_sub), 4.0);
+    assert_eq!(sample(&m, &format!("{P}_dropped_total"), Some(("channel", "q.x"))), 1.0);
+    assert_eq!(sample(&m, &format!("{P}_failed_total"), Some(("channel", "q.x"))), 1.0);
+    drop(slow);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn channel_labels_are_capped() {
+    let server = start_with(|s| s.eventbus.metrics.max_channel_labels = 1000).await;
+    let mut client = server.client().await;
+    let reqs: Vec<pb::PublishRequest> = (0..5000).map(|i| event(&format!("flood.{i}"), &b""[..])).collect();
+    let mut responses = client.publish_stream(tokio_stream::iter(reqs)).await.unwrap().into_inner();
+    let mut n = 0;
+    while within(responses.message()).await.unwrap().is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 5000);
+    let m = scrape(&server).await;
+    let name = format!("{P}_published_total");
+    let labels: HashSet<&str> =
+        m.samples.iter().filter(|s| s.metric == name).filter_map(|s| s.labels.get("channel")).collect();
+    assert!(labels.len() <= 1001, "{} label values", labels.len());
+    assert_eq!(sample(&m, &name, None), 5000.0, "nothing lost by folding");
+    assert_eq!(sample(&m, &name, Some(("channel", "_other"))), 4000.0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_can_be_turned_off() {
+    let server = start_with(|s| s.eventbus.metrics.enabled = false).await;
+    let resp = reqwest::get(server.url("/metrics")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert!(resp.json::<Json>().await.unwrap()["error"].as_str().unwrap().contains("disabled"));
+    assert_eq!(reqwest::get(server.url("/healthz")).await.unwrap().status(), StatusCode::OK);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn admin_rest_routes_and_their_errors() {
+    let server = start_with(|s| s.eventbus.max_payload_bytes = 64).await;
+    let http = reqwest::Client::new();
+    let mut reader = server.subscribe(pb::SubscribeRequest { name: "rest".into(), ..sub(&["rest.>"]) }).await;
+
+    // Publish through REST: same validation as gRPC, payload stored as JSON.
+    let resp = http
+        .post(server.url("/admin/eventbus/publish"))
+        .json(&json!({"channel": "rest.created", "payload": {"id": 1}, "metadata": {"k": "v"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body: Json = resp.json().await.unwrap();
+    assert_eq!(body["delivered_count"], 1);
+    let got = reader.take(1).await.remove(0);
+    assert_eq!(got.id, body["event_id"].as_str().unwrap());
+    assert_eq!(got.payload.as_ref(), br#"{"id":1}"#);
+    assert_eq!(got.content_type, "application/json");
+    assert_eq!(got.metadata["k"], "v");
+
+    let post = |body: &'static str| {
+        let http = http.clone();
+        let url = server.url("/admin/eventbus/publish");
+        async move {
+            let resp = http.post(url).body(body).send().await.unwrap();
+            let status = resp.status();
+            (status, resp.json::<Json>().await.unwrap()["error"].as_str().unwrap_or_default().to_owned())
+        }
+    };
+    let (status, error) = post("{not json").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error.contains("invalid JSON"), "{error}");
+    let (status, error) = post(r#"{"payload": 1}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error.contains("channel"), "{error}");
+    let (status, error) = post(r#"{"channel": "rest.*"}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error.contains("rest.*"), "{error}");
+    let (status, error) = post(
+        r#"{"channel": "rest.big", "payload": "0123456789012345678901234567890123456789012345678901234567890123"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(error.contains("64"), "{error}");
+
+    let stats: Json = http.get(server.url("/admin/eventbus/stats")).send().await.unwrap().json().await.unwrap();
+    assert_eq!((stats["total_published"].as_u64(), stats["active_subscriptions"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(stats["mode"], "in_memory");
+    let channels: Json = http.get(server.url("/admin/eventbus/channels")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(channels["channels"][0]["channel"], "rest.created");
+    assert_eq!(channels["channels"][0]["subscriber_count"], 1);
+    let subs: Json = http.get(server.url("/admin/eventbus/subscriptions")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(subs["subscriptions"][0]["id"], reader.id.as_str());
+    assert_eq!(subs["subscriptions"][0]["name"], "rest");
+    assert_eq!(subs["subscriptions"][0]["overflow"], "drop_newest");
+
+    // DELETE ends the stream with OK; a second DELETE is a 404.
+    let url = server.url(&format!("/admin/eventbus/subscriptions/{}", reader.id));
+    assert_eq!(http.delete(&url).send().await.unwrap().status(), StatusCode::NO_CONTENT);
+    assert!(reader.until_end().await.1.is_none());
+    let resp = http.delete(&url).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert!(resp.json::<Json>().await.unwrap()["error"].as_str().unwrap().contains(&reader.id));
+
+    let resp = http.put(server.url("/admin/eventbus/stats")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let resp = http.get(server.url("/admin/eventbus/publish")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let resp = http.get(server.url("/nope")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert!(resp.json::<Json>().await.unwrap()["error"].is_string());
+    server.stop().await;
+}
+
+async fn health_of(server: &TestServer, service: &str) -> ServingStatus {
+    let mut health = HealthClient::new(server.channel().await);
+    let resp = health.check(HealthCheckRequest { service: service.into() }).await.unwrap().into_inner();
+    ServingStatus::try_from(resp.status).unwrap()
+}
+
+#[tokio::test]
+async fn readiness_and_health_flip_when_shutdown_begins() {
+    let server = start().await;
+    assert_eq!(reqwest::get(server.url("/readyz")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(health_of(&server, "").await, ServingStatus::Serving);
+    assert_eq!(health_of(&server, "eventbus.v1.EventBus").await, ServingStatus::Serving);
+    assert_eq!(health_of(&server, "eventbus.v1.Admin").await, ServingStatus::Serving);
+
+    // A consumer with queued events keeps the drain (and the listeners) going.
+    let mut slow = slow_subscriber(&server, "r.>", pb::OverflowPolicy::DropNewest, 100).await;
+    let mut client = server.client().await;
+    for _ in 0..10 {
+        client.publish(event("r.x", vec![0u8; 32 * 1024])).await.unwrap();
+    }
+    server.shutdown.cancel();
+    eventually("/readyz to answer 503", || async {
+        reqwest::get(server.url("/readyz")).await.unwrap().status() == StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    assert_eq!(reqwest::get(server.url("/healthz")).await.unwrap().status(), StatusCode::OK, "still alive");
+    assert_eq!(health_of(&server, "").await, ServingStatus::NotServing);
+    let (events, status) = slow.until_end().await;
+    assert_eq!(events.len(), 10);
+    assert_eq!(status.map(|s| s.code()), Some(Code::Unavailable));
+    within(server.task).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn reflection_lists_the_services() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let server = start().await;
+    let mut client = ServerReflectionClient::new(server.channel().await);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = client.server_reflection_info(tokio_stream::iter([req])).await.unwrap().into_inner();
+    let resp = within(responses.message()).await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else { panic!("{resp:?}") };
+    let names: HashSet<String> = list.service.into_iter().map(|s| s.name).collect();
+    for wanted in ["eventbus.v1.EventBus", "eventbus.v1.Admin", "grpc.health.v1.Health"] {
+        assert!(names.contains(wanted), "{wanted} missing from {names:?}");
+    }
+    server.stop().await;
+}
