@@ -275,3 +275,65 @@ async fn reflection_lists_the_services() {
     }
     server.stop().await;
 }
+
+/// Names of every metric family the server exports (histogram series included).
+async fn exported_names(server: &TestServer) -> HashSet<String> {
+    let text = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.split(['{', ' ']).next().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn grafana_dashboard_uses_only_exported_metrics() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/grafana/eventbus-dashboard.json");
+    let dashboard: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).expect("valid JSON");
+    assert!(dashboard["title"].is_string() && dashboard["panels"].is_array());
+
+    // Every family present: traffic, a subscription, a delivery.
+    let server = start().await;
+    let mut reader = server.subscribe(sub(&["d.x"])).await;
+    server.client().await.publish(event("d.x", &b""[..])).await.unwrap();
+    reader.take(1).await;
+    let exported = exported_names(&server).await;
+
+    let mut used = HashSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        assert!(panel["title"].is_string());
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("socle_eventbus_") || word.starts_with("process_") {
+                    assert!(exported.contains(word), "panel {} uses {word}, which is not exported", panel["title"]);
+                    used.insert(word.to_owned());
+                }
+            }
+        }
+    }
+    for family in ["published_total", "delivered_total", "dropped_total", "subscriptions_active", "queue_size"] {
+        assert!(used.contains(&format!("{P}_{family}")), "no panel shows {family}");
+    }
+    assert!(used.contains(&format!("{P}_delivery_latency_seconds_bucket")), "no latency quantile panel");
+    server.stop().await;
+}
+
+#[test]
+fn prometheus_config_scrapes_the_metrics_port() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/prometheus.yml");
+    let config = config::Config::builder()
+        .add_source(config::File::new(path, config::FileFormat::Yaml))
+        .build()
+        .expect("valid YAML");
+    let jobs: Vec<config::Value> = config.get("scrape_configs").unwrap();
+    let job = jobs[0].clone().into_table().unwrap();
+    assert_eq!(job["job_name"].clone().into_string().unwrap(), "eventbusd");
+    assert_eq!(job["metrics_path"].clone().into_string().unwrap(), "/metrics");
+    let http_port = eventbus_server::Settings::default().server.http_addr.port();
+    let statics = job["static_configs"].clone().into_array().unwrap();
+    let targets = statics[0].clone().into_table().unwrap()["targets"].clone().into_array().unwrap();
+    for target in targets {
+        let target = target.into_string().unwrap();
+        assert!(target.ends_with(&format!(":{http_port}")), "{target} is not the metrics port {http_port}");
+    }
+}
