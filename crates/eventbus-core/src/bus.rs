@@ -15,7 +15,7 @@ use crate::name::Pattern;
 use crate::router::{GroupTargets, Router, Targets};
 use crate::stats::{BusCounters, BusStats, ChannelEntry, ChannelStats, ChannelTable, LabelStats, SubscriptionInfo};
 use crate::subscription::{CloseReason, Offer, Overflow, Subscription, SubscriptionSpec};
-use crate::transport::{Fanout, LocalFanout, Transport};
+use crate::transport::{Fanout, LocalFanout, Transport, TransportStatus};
 
 /// Most channels and patterns in one subscription.
 pub const MAX_SUBSCRIBE_CHANNELS: usize = 64;
@@ -211,6 +211,11 @@ impl Bus {
             mode: self.mode(),
             instance_id: self.inner.instance_id.clone(),
         }
+    }
+
+    /// The transport's connection state; `None` in `in_memory` mode (always ready).
+    pub fn transport_status(&self) -> Option<tokio::sync::watch::Receiver<TransportStatus>> {
+        self.inner.transport.as_ref().map(|t| t.status())
     }
 
     /// `in_memory`, or the transport's mode.
@@ -541,6 +546,9 @@ mod tests {
         }
         fn unwatch(&self, filter: &Pattern) {
             self.watched.lock().retain(|f| f != filter.as_str());
+        }
+        fn status(&self) -> tokio::sync::watch::Receiver<TransportStatus> {
+            tokio::sync::watch::channel(TransportStatus { connected: true, reconnects: 0 }).1
         }
     }
 

@@ -42,6 +42,19 @@ pub struct Event {
 }
 
 impl Event {
+    /// An event from all its fields: what a transport rebuilds from the wire.
+    pub fn from_parts(
+        id: String,
+        channel: String,
+        timestamp: SystemTime,
+        source: String,
+        payload: Bytes,
+        metadata: HashMap<String, String>,
+        content_type: String,
+    ) -> Self {
+        Self { id, channel, timestamp, source, payload, metadata, content_type, counters: None }
+    }
+
     /// Rough size on the wire, used to keep stream messages well under gRPC limits.
     pub fn approx_size(&self) -> usize {
         let meta: usize = self.metadata.iter().map(|(k, v)| k.len() + v.len() + 4).sum();

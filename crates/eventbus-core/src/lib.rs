@@ -29,4 +29,4 @@ pub use event::{Event, PublishInput};
 pub use name::{NameError, Pattern};
 pub use stats::{BusStats, ChannelStats, LabelStats, OTHER_LABEL, SubscriptionInfo};
 pub use subscription::{CloseReason, Overflow};
-pub use transport::{Fanout, LocalFanout, Transport, TransportError};
+pub use transport::{Fanout, LocalFanout, Transport, TransportError, TransportStatus};

@@ -35,6 +35,15 @@ pub struct TransportError {
     pub reason: String,
 }
 
+/// Connection state of a transport, for readiness and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TransportStatus {
+    /// Whether the transport can carry events now.
+    pub connected: bool,
+    /// Successful reconnections after a lost connection, since start.
+    pub reconnects: u64,
+}
+
 /// Future returned by [`Transport::publish`].
 pub type PublishFuture<'a> = Pin<Box<dyn Future<Output = Result<Fanout, TransportError>> + Send + 'a>>;
 
@@ -52,6 +61,9 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
 
     /// No local subscription needs `filter` any more.
     fn unwatch(&self, filter: &Pattern);
+
+    /// Follows the connection state (readiness, health and metrics use it).
+    fn status(&self) -> tokio::sync::watch::Receiver<TransportStatus>;
 }
 
 /// Handle a transport uses to hand received events to this instance's subscriptions.

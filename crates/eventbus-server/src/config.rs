@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
 use eventbus_core::{BusConfig, Overflow};
+use eventbus_redis::RedisOptions;
 use serde::Deserialize;
 
 /// The shipped defaults, embedded so the binary runs from any directory.
@@ -269,11 +270,10 @@ impl Settings {
                 format!("{:?} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)", e.metrics.prefix),
             );
         }
-        if e.mode == Mode::Redis {
-            return invalid(
-                "eventbus.mode",
-                "redis is not available in this version of eventbusd; use in_memory".into(),
-            );
+        if e.mode == Mode::Redis
+            && let Err(err) = self.redis_settings().client()
+        {
+            return invalid("eventbus.redis", format!("cannot use these Redis settings: {err}"));
         }
         if let Err(err) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return invalid("log.level", format!("{:?}: {err}", self.log.level));
@@ -293,6 +293,19 @@ impl Settings {
             max_payload_bytes: e.max_payload_bytes,
             max_channels: e.max_tracked_channels,
             max_channel_labels: e.metrics.enabled.then_some(e.metrics.max_channel_labels),
+        }
+    }
+
+    /// Where Redis is, for the redis mode.
+    pub fn redis_settings(&self) -> RedisOptions {
+        let r = &self.eventbus.redis;
+        RedisOptions {
+            url: (!r.url.is_empty()).then(|| r.url.clone()),
+            host: r.host.clone(),
+            port: r.port,
+            password: (!r.password.is_empty()).then(|| r.password.clone()),
+            database: i64::from(r.database),
+            prefix: r.prefix.clone(),
         }
     }
 

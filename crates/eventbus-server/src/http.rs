@@ -13,27 +13,48 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use eventbus_core::{Bus, Error, PublishInput};
+use eventbus_core::{Bus, Error, PublishInput, TransportStatus};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tokio::sync::watch;
 
 use crate::metrics::Metrics;
 
-/// Whether the instance should receive traffic. Flipped off when shutdown begins.
+/// Whether the instance should receive traffic: not shutting down, and (redis mode)
+/// connected to Redis.
 #[derive(Debug, Clone)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness {
+    shutting_down: Arc<AtomicBool>,
+    transport: Option<watch::Receiver<TransportStatus>>,
+}
 
 impl Readiness {
-    pub fn new(ready: bool) -> Self {
-        Self(Arc::new(AtomicBool::new(ready)))
+    pub fn new(transport: Option<watch::Receiver<TransportStatus>>) -> Self {
+        Self { shutting_down: Arc::default(), transport }
     }
 
-    pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::Release);
+    /// Shutdown has begun: not ready from now on.
+    pub fn shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// Why the instance is not ready, if it is not.
+    pub fn reason(&self) -> Option<&'static str> {
+        if self.is_shutting_down() {
+            Some("shutting down")
+        } else if self.transport.as_ref().is_some_and(|t| !t.borrow().connected) {
+            Some("not connected to Redis")
+        } else {
+            None
+        }
     }
 
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.reason().is_none()
     }
 }
 
@@ -113,11 +134,11 @@ async fn healthz() -> Json<serde_json::Value> {
 }
 
 async fn readyz(State(state): State<HttpState>) -> Response {
-    if state.readiness.get() {
-        (StatusCode::OK, Json(json!({ "status": "ready" }))).into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "not ready", "reason": "shutting down" })))
-            .into_response()
+    match state.readiness.reason() {
+        None => (StatusCode::OK, Json(json!({ "status": "ready" }))).into_response(),
+        Some(reason) => {
+            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "not ready", "reason": reason }))).into_response()
+        }
     }
 }
 

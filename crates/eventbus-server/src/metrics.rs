@@ -12,7 +12,7 @@ use eventbus_core::{Bus, Event};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Bucket bounds from 10 µs to 10 s: in-process fan-out sits in the microseconds, a
@@ -88,6 +88,8 @@ struct BusCollector {
     active: IntGauge,
     queue_size: IntGaugeVec,
     queue_capacity: IntGaugeVec,
+    /// Redis mode only.
+    redis: Option<(IntGauge, IntCounter)>,
 }
 
 impl BusCollector {
@@ -97,7 +99,6 @@ impl BusCollector {
         let gauge =
             |name: &str, help: &str| IntGaugeVec::new(Opts::new(format!("{prefix}_{name}"), help), &["subscription"]);
         Ok(Self {
-            bus,
             published: counter("published_total", "Events published, per channel.")?,
             delivered: counter("delivered_total", "Event copies queued to subscriptions, per channel.")?,
             failed: counter(
@@ -111,6 +112,17 @@ impl BusCollector {
             active: IntGauge::new(format!("{prefix}_subscriptions_active"), "Open subscriptions.")?,
             queue_size: gauge("queue_size", "Events queued in a subscription, not yet written to its stream.")?,
             queue_capacity: gauge("queue_capacity", "Queue capacity of a subscription.")?,
+            redis: match bus.transport_status() {
+                None => None,
+                Some(_) => Some((
+                    IntGauge::new(format!("{prefix}_redis_connected"), "1 while connected to Redis, else 0.")?,
+                    IntCounter::new(
+                        format!("{prefix}_redis_reconnects_total"),
+                        "Reconnections to Redis after a lost connection.",
+                    )?,
+                )),
+            },
+            bus,
         })
     }
 
@@ -143,6 +155,15 @@ impl BusCollector {
         families.extend(active.collect());
         families.extend(size.collect());
         families.extend(capacity.collect());
+        if let (Some((connected, reconnects)), Some(status)) = (&self.redis, self.bus.transport_status()) {
+            let status = *status.borrow();
+            let connected = IntGauge::with_opts(opts_of(connected.desc()[0]))?;
+            connected.set(i64::from(status.connected));
+            let reconnects = IntCounter::with_opts(opts_of(reconnects.desc()[0]))?;
+            reconnects.inc_by(status.reconnects);
+            families.extend(connected.collect());
+            families.extend(reconnects.collect());
+        }
         Ok(families)
     }
 }
@@ -160,6 +181,10 @@ impl Collector for BusCollector {
         descs.extend(self.active.desc());
         descs.extend(self.queue_size.desc());
         descs.extend(self.queue_capacity.desc());
+        if let Some((connected, reconnects)) = &self.redis {
+            descs.extend(connected.desc());
+            descs.extend(reconnects.desc());
+        }
         descs
     }
 

@@ -4,8 +4,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventbus_core::Bus;
+use eventbus_core::{Bus, TransportStatus};
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
+use eventbus_redis::RedisTransport;
 use futures::StreamExt;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -15,7 +16,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
-use crate::config::Settings;
+use crate::config::{Mode, Settings};
 use crate::grpc::{AdminService, EventBusService};
 use crate::http::{self, HttpState, Readiness};
 use crate::metrics::Metrics;
@@ -44,6 +45,8 @@ pub enum ServerError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    #[error("invalid Redis settings: {0}")]
+    Redis(String),
     #[error("HTTP server failed: {0}")]
     Http(#[source] std::io::Error),
 }
@@ -53,6 +56,8 @@ pub enum ServerError {
 pub struct Server {
     settings: Settings,
     bus: Bus,
+    /// Stops the transport's background task (redis mode) once the server has stopped.
+    transport_stop: CancellationToken,
     grpc: TcpListener,
     grpc_addr: SocketAddr,
     http: TcpListener,
@@ -72,8 +77,18 @@ impl Server {
     pub async fn bind(settings: Settings) -> Result<Self, ServerError> {
         let (grpc, grpc_addr) = listen("gRPC", settings.server.grpc_addr).await?;
         let (http, http_addr) = listen("HTTP", settings.server.http_addr).await?;
-        let bus = Bus::new(settings.bus_config());
-        Ok(Self { settings, bus, grpc, grpc_addr, http, http_addr })
+        let transport_stop = CancellationToken::new();
+        let bus = match settings.eventbus.mode {
+            Mode::InMemory => Bus::new(settings.bus_config()),
+            Mode::Redis => {
+                let redis = settings.redis_settings();
+                let client = redis.client().map_err(|e| ServerError::Redis(e.to_string()))?;
+                info!(target = %redis.display_target(), prefix = %redis.prefix, "redis mode: connecting in the background");
+                let stop = transport_stop.clone();
+                Bus::with_transport(settings.bus_config(), |local| RedisTransport::start(client, &redis, local, stop))
+            }
+        };
+        Ok(Self { settings, bus, transport_stop, grpc, grpc_addr, http, http_addr })
     }
 
     /// The bound gRPC address.
@@ -96,14 +111,16 @@ impl Server {
     /// `shutdown_timeout_ms`, remaining streams end with UNAVAILABLE, and the
     /// listeners close.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServerError> {
-        let Self { settings, bus, grpc, grpc_addr, http, http_addr } = self;
+        let Self { settings, bus, transport_stop, grpc, grpc_addr, http, http_addr } = self;
+        // Stops the transport whichever way this function returns.
+        let _transport_guard = transport_stop.drop_guard();
         let metrics = match settings.eventbus.metrics.enabled {
             true => Some(Arc::new(Metrics::new(&settings.eventbus.metrics.prefix, bus.clone())?)),
             false => None,
         };
-        let readiness = Readiness::new(true);
+        let readiness = Readiness::new(bus.transport_status());
         let (health, health_service) = tonic_health::server::health_reporter();
-        set_health(&health, ServingStatus::Serving).await;
+        set_health(&health, health_status(readiness.get())).await;
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -127,6 +144,10 @@ impl Server {
         });
 
         let stopped = CancellationToken::new();
+        // gRPC health follows readiness (a Redis outage, then shutdown).
+        if let Some(status) = bus.transport_status() {
+            tokio::spawn(follow_transport(status, readiness.clone(), health.clone(), stopped.clone()));
+        }
         let on_stop = Stopping { readiness: readiness.clone(), health };
         let drain = drain(bus.clone(), shutdown, settings.shutdown_timeout(), on_stop, stopped.clone());
         let grpc_server = tonic::transport::Server::builder()
@@ -166,6 +187,29 @@ struct Stopping {
     health: HealthReporter,
 }
 
+fn health_status(ready: bool) -> ServingStatus {
+    if ready { ServingStatus::Serving } else { ServingStatus::NotServing }
+}
+
+/// Keeps gRPC health in step with the transport's connection until the server stops.
+async fn follow_transport(
+    mut status: tokio::sync::watch::Receiver<TransportStatus>,
+    readiness: Readiness,
+    health: HealthReporter,
+    stopped: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stopped.cancelled() => return,
+            changed = status.changed() => if changed.is_err() { return },
+        }
+        let connected = status.borrow_and_update().connected;
+        if !readiness.is_shutting_down() {
+            set_health(&health, health_status(connected)).await;
+        }
+    }
+}
+
 async fn set_health(health: &HealthReporter, status: ServingStatus) {
     health.set_service_status("", status).await;
     health.set_service_status(<EventBusServer<EventBusService> as NamedService>::NAME, status).await;
@@ -183,7 +227,7 @@ async fn drain(
 ) {
     shutdown.cancelled().await;
     info!(subscriptions = bus.stats().active_subscriptions, "shutting down: draining subscriptions");
-    on_stop.readiness.set(false);
+    on_stop.readiness.shutting_down();
     set_health(&on_stop.health, ServingStatus::NotServing).await;
     bus.begin_shutdown();
     if tokio::time::timeout(timeout, bus.drained()).await.is_err() {

@@ -1,0 +1,20 @@
+//! # Socle EventBus redis mode
+//!
+//! Several `eventbusd` instances share one fan-out through Redis Pub/Sub (SPEC §5).
+//! This crate implements the core's [`eventbus_core::Transport`]; the router, queues and
+//! overflow policies are the core's, unchanged.
+//!
+//! - [`transport`]: [`RedisTransport`]: publishes on a multiplexed connection, receives
+//!   on a dedicated pub/sub connection driven by one task that reconnects with capped
+//!   exponential backoff and restores the Redis subscriptions local demand needs.
+//! - `envelope`: the versioned wire envelope (magic prefix + protobuf `Event`), and the
+//!   raw form a foreign producer's plain `PUBLISH` takes.
+//! - `glob`: filters mapped to Redis channels and globs.
+//! - `dedup`: one copy per instance when an exact channel and patterns both match.
+
+mod dedup;
+mod envelope;
+mod glob;
+pub mod transport;
+
+pub use transport::{RedisOptions, RedisTransport};

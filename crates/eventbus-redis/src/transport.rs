@@ -1,0 +1,301 @@
+//! The Redis Pub/Sub transport.
+//!
+//! One task owns the pub/sub connection: it connects (retrying with capped exponential
+//! backoff), subscribes to what local subscriptions need, hands received events to the
+//! local router, and on any connection loss clears the publisher (so publishes fail
+//! fast with UNAVAILABLE instead of queueing) and starts over, restoring every Redis
+//! subscription. Local demand is a set, not a queue of commands: the task reconciles
+//! what Redis has with what is wanted, so nothing piles up while Redis is away.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use eventbus_core::name::validate_channel;
+use eventbus_core::transport::PublishFuture;
+use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Transport, TransportError, TransportStatus};
+use futures::StreamExt;
+use parking_lot::{Mutex, RwLock};
+use redis::aio::{MultiplexedConnection, PubSubSink};
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::dedup::Dedup;
+use crate::envelope;
+use crate::glob::{RedisFilter, event_channel, redis_channel, redis_filter};
+
+/// First reconnection delay; doubles up to [`MAX_BACKOFF`].
+const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Bound on connecting and on each command, so a hung Redis fails publishes instead of
+/// stalling them.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where Redis is (`eventbus.redis` configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// `redis://` or `rediss://` URL; wins over the fields below when set.
+    pub url: Option<String>,
+    pub host: String,
+    pub port: u16,
+    pub password: Option<String>,
+    pub database: i64,
+    /// Redis channel of event channel `C` is `{prefix}:C`.
+    pub prefix: String,
+}
+
+impl RedisOptions {
+    /// The client for these settings (no connection is made yet).
+    pub fn client(&self) -> Result<Client, redis::RedisError> {
+        if let Some(url) = &self.url {
+            return Client::open(url.as_str());
+        }
+        let mut redis = RedisConnectionInfo::default().set_db(self.database);
+        if let Some(password) = &self.password {
+            redis = redis.set_password(password);
+        }
+        let info = ConnectionAddr::Tcp(self.host.clone(), self.port).into_connection_info()?.set_redis_settings(redis);
+        Client::open(info)
+    }
+
+    /// Where it connects, without the password, for logs.
+    pub fn display_target(&self) -> String {
+        match &self.url {
+            Some(url) => match url.split_once('@') {
+                Some((scheme_user, host)) => {
+                    let scheme = scheme_user.split("://").next().unwrap_or("redis");
+                    format!("{scheme}://***@{host}")
+                }
+                None => url.clone(),
+            },
+            None => format!("{}:{}/{}", self.host, self.port, self.database),
+        }
+    }
+}
+
+/// Publishes to and receives from Redis for one broker instance.
+#[derive(Debug)]
+pub struct RedisTransport {
+    prefix: String,
+    target: String,
+    /// Set while connected; cloned per publish (a cheap handle).
+    publisher: RwLock<Option<MultiplexedConnection>>,
+    /// Filters local subscriptions need.
+    wanted: Mutex<BTreeSet<Pattern>>,
+    wanted_changed: Notify,
+    status: watch::Sender<TransportStatus>,
+}
+
+impl RedisTransport {
+    /// Creates the transport and starts its connection task, which runs until
+    /// `shutdown`. Returns at once: Redis may come up later. `client` comes from
+    /// [`RedisOptions::client`], which is where a bad URL is reported.
+    pub fn start(
+        client: Client,
+        settings: &RedisOptions,
+        local: LocalFanout,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        // rediss:// needs a TLS crypto provider; an error means one is installed already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let transport = Arc::new(Self {
+            prefix: settings.prefix.clone(),
+            target: settings.display_target(),
+            publisher: RwLock::new(None),
+            wanted: Mutex::default(),
+            wanted_changed: Notify::new(),
+            status: watch::Sender::new(TransportStatus::default()),
+        });
+        tokio::spawn(Arc::clone(&transport).run(client, local, shutdown));
+        transport
+    }
+
+    fn unavailable(&self, reason: impl Into<String>) -> TransportError {
+        TransportError { transport: "redis", reason: reason.into() }
+    }
+
+    async fn run(self: Arc<Self>, client: Client, local: LocalFanout, shutdown: CancellationToken) {
+        let mut backoff = INITIAL_BACKOFF;
+        let mut connected_before = false;
+        loop {
+            let session = tokio::select! {
+                () = shutdown.cancelled() => return,
+                session = self.connect(&client) => session,
+            };
+            match session {
+                Ok((publisher, sink, stream)) => {
+                    *self.publisher.write() = Some(publisher);
+                    self.status.send_modify(|s| {
+                        s.connected = true;
+                        if connected_before {
+                            s.reconnects += 1;
+                        }
+                    });
+                    info!(target = %self.target, "connected to Redis");
+                    connected_before = true;
+                    backoff = INITIAL_BACKOFF;
+                    let lost = self.serve(sink, stream, &local, &shutdown).await;
+                    *self.publisher.write() = None;
+                    self.status.send_modify(|s| s.connected = false);
+                    match lost {
+                        None => return,
+                        Some(reason) => {
+                            warn!(target = %self.target, %reason, "lost the Redis connection; reconnecting")
+                        }
+                    }
+                }
+                Err(err) => {
+                    warn!(target = %self.target, error = %err, retry_in = ?backoff, "cannot connect to Redis; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    /// Opens the publishing and receiving connections and subscribes to what is wanted.
+    async fn connect(
+        &self,
+        client: &Client,
+    ) -> Result<(MultiplexedConnection, PubSubSink, redis::aio::PubSubStream), String> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(COMMAND_TIMEOUT));
+        let publisher =
+            client.get_multiplexed_async_connection_with_config(&config).await.map_err(|e| e.to_string())?;
+        let pubsub = tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub())
+            .await
+            .map_err(|_| "timed out connecting the pub/sub connection".to_owned())?
+            .map_err(|e| e.to_string())?;
+        let (sink, stream) = pubsub.split();
+        Ok((publisher, sink, stream))
+    }
+
+    /// Receives until the connection is lost (returns why) or shutdown (returns None).
+    async fn serve(
+        &self,
+        mut sink: PubSubSink,
+        mut stream: redis::aio::PubSubStream,
+        local: &LocalFanout,
+        shutdown: &CancellationToken,
+    ) -> Option<String> {
+        let mut active = BTreeSet::new();
+        let mut dedup = Dedup::default();
+        loop {
+            if let Err(err) = self.reconcile(&mut sink, &mut active).await {
+                return Some(format!("subscribing failed: {err}"));
+            }
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return None,
+                    () = self.wanted_changed.notified() => break,
+                    msg = stream.next() => match msg {
+                        Some(msg) => self.receive(&msg, &mut dedup, local).await,
+                        None => return Some("connection closed".to_owned()),
+                    },
+                }
+            }
+        }
+    }
+
+    /// Brings the Redis subscriptions in line with what local subscriptions want.
+    async fn reconcile(&self, sink: &mut PubSubSink, active: &mut BTreeSet<Pattern>) -> redis::RedisResult<()> {
+        let wanted = self.wanted.lock().clone();
+        for filter in wanted.difference(active) {
+            match redis_filter(&self.prefix, filter) {
+                RedisFilter::Channel(c) => sink.subscribe(&c).await?,
+                RedisFilter::Glob(g) => sink.psubscribe(&g).await?,
+            }
+            debug!(%filter, "redis subscription added");
+        }
+        for filter in active.difference(&wanted) {
+            match redis_filter(&self.prefix, filter) {
+                RedisFilter::Channel(c) => sink.unsubscribe(&c).await?,
+                RedisFilter::Glob(g) => sink.punsubscribe(&g).await?,
+            }
+            debug!(%filter, "redis subscription removed");
+        }
+        *active = wanted;
+        Ok(())
+    }
+
+    async fn receive(&self, msg: &redis::Msg, dedup: &mut Dedup, local: &LocalFanout) {
+        let redis_channel = msg.get_channel_name();
+        let Some(channel) = event_channel(&self.prefix, redis_channel) else { return };
+        let source: Option<String> = msg.get_pattern().ok();
+        let payload = Bytes::copy_from_slice(msg.get_payload_bytes());
+        if !dedup.is_new(redis_channel, &payload, source.as_deref()) {
+            return;
+        }
+        if let Err(err) = validate_channel(channel) {
+            warn!(redis_channel, %err, "ignoring a Redis message on a channel the broker cannot route");
+            return;
+        }
+        let event: Event = envelope::decode(channel, payload);
+        local.dispatch(event).await;
+    }
+}
+
+impl Transport for RedisTransport {
+    fn mode(&self) -> &'static str {
+        "redis"
+    }
+
+    fn publish(&self, event: Arc<Event>) -> PublishFuture<'_> {
+        Box::pin(async move {
+            let Some(mut conn) = self.publisher.read().clone() else {
+                return Err(self.unavailable(format!("not connected to Redis at {}", self.target)));
+            };
+            let key = redis_channel(&self.prefix, &event.channel);
+            let receivers: i64 = redis::cmd("PUBLISH")
+                .arg(key)
+                .arg(envelope::encode(&event))
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.unavailable(format!("PUBLISH failed: {e}")))?;
+            Ok(Fanout { delivered: u32::try_from(receivers).unwrap_or(u32::MAX), failed: 0 })
+        })
+    }
+
+    fn watch(&self, filter: &Pattern) {
+        self.wanted.lock().insert(filter.clone());
+        self.wanted_changed.notify_one();
+    }
+
+    fn unwatch(&self, filter: &Pattern) {
+        self.wanted.lock().remove(filter);
+        self.wanted_changed.notify_one();
+    }
+
+    fn status(&self) -> watch::Receiver<TransportStatus> {
+        self.status.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_hides_the_password() {
+        let s = RedisOptions {
+            url: Some("redis://:secret@cache:6380/2".into()),
+            host: String::new(),
+            port: 0,
+            password: None,
+            database: 0,
+            prefix: "p".into(),
+        };
+        assert_eq!(s.display_target(), "redis://***@cache:6380/2");
+        let s = RedisOptions { url: None, host: "cache".into(), port: 6379, password: Some("x".into()), ..s };
+        assert_eq!(s.display_target(), "cache:6379/0");
+        assert!(s.client().is_ok());
+    }
+}
