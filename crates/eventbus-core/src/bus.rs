@@ -169,8 +169,9 @@ impl Bus {
         Ok(Published { event_id, delivered: fanout.delivered, failed: fanout.failed, duration: start.elapsed() })
     }
 
-    /// Opens a subscription. It is live (matched by every later publish) on return.
-    pub fn subscribe(&self, opts: SubscribeOptions) -> Result<SubscriptionHandle, Error> {
+    /// Opens a subscription. It is live (matched by every later publish, on any
+    /// instance sharing the transport) on return.
+    pub async fn subscribe(&self, opts: SubscribeOptions) -> Result<SubscriptionHandle, Error> {
         let spec = self.inner.spec(opts)?;
         let sub = Arc::new(Subscription::new(new_id().into(), spec, Arc::clone(&self.inner.counters)));
         {
@@ -185,7 +186,12 @@ impl Bus {
                 watch.iter().for_each(|f| transport.watch(f));
             }
         }
-        Ok(SubscriptionHandle { sub, bus: self.clone() })
+        // Built before waiting: if the caller gives up, dropping it unsubscribes.
+        let handle = SubscriptionHandle { sub, bus: self.clone() };
+        if let Some(transport) = &self.inner.transport {
+            transport.watched().await;
+        }
+        Ok(handle)
     }
 
     /// Closes a subscription by id; its stream ends normally.
@@ -547,6 +553,9 @@ mod tests {
         fn unwatch(&self, filter: &Pattern) {
             self.watched.lock().retain(|f| f != filter.as_str());
         }
+        fn watched(&self) -> crate::transport::WatchedFuture<'_> {
+            Box::pin(async {})
+        }
         fn status(&self) -> tokio::sync::watch::Receiver<TransportStatus> {
             tokio::sync::watch::channel(TransportStatus { connected: true, reconnects: 0 }).1
         }
@@ -563,8 +572,8 @@ mod tests {
         let transport = transport.unwrap();
         assert_eq!(bus.mode(), "loopback");
 
-        let a = bus.subscribe(opts(&["orders.*", "orders.created"])).unwrap();
-        let b = bus.subscribe(opts(&["orders.*"])).unwrap();
+        let a = bus.subscribe(opts(&["orders.*", "orders.created"])).await.unwrap();
+        let b = bus.subscribe(opts(&["orders.*"])).await.unwrap();
         assert_eq!(*transport.watched.lock(), vec!["orders.*", "orders.created"], "each filter watched once");
 
         let published = bus.publish(input("orders.created", b"x")).await.unwrap();
@@ -589,9 +598,9 @@ mod tests {
     async fn groups_split_and_ungrouped_get_copies() {
         let bus = Bus::new(BusConfig::default());
         let group = |g: &str| SubscribeOptions { group: g.into(), ..opts(&["jobs.>"]) };
-        let members = [bus.subscribe(group("w")).unwrap(), bus.subscribe(group("w")).unwrap()];
-        let other = bus.subscribe(group("audit")).unwrap();
-        let solo = bus.subscribe(opts(&["jobs.*"])).unwrap();
+        let members = [bus.subscribe(group("w")).await.unwrap(), bus.subscribe(group("w")).await.unwrap()];
+        let other = bus.subscribe(group("audit")).await.unwrap();
+        let solo = bus.subscribe(opts(&["jobs.*"])).await.unwrap();
         for _ in 0..10 {
             let p = bus.publish(input("jobs.run", b"j")).await.unwrap();
             assert_eq!(p.delivered, 3, "one per group plus the solo subscription");
@@ -613,8 +622,8 @@ mod tests {
             overflow: Some(Overflow::DropOldest),
             ..opts(&["a"])
         };
-        let small = bus.subscribe(member(1)).unwrap();
-        let big = bus.subscribe(member(100)).unwrap();
+        let small = bus.subscribe(member(1)).await.unwrap();
+        let big = bus.subscribe(member(100)).await.unwrap();
         for _ in 0..20 {
             bus.publish(input("a", b"")).await.unwrap();
         }
@@ -626,7 +635,7 @@ mod tests {
     async fn unsubscribe_and_drop_free_everything() {
         let bus = Bus::new(BusConfig::default());
         for _ in 0..1000 {
-            let handle = bus.subscribe(opts(&["a.>", "b"])).unwrap();
+            let handle = bus.subscribe(opts(&["a.>", "b"])).await.unwrap();
             bus.publish(input("a.x", b"1")).await.unwrap();
             drop(handle);
         }
@@ -639,7 +648,7 @@ mod tests {
     #[tokio::test]
     async fn channel_table_is_bounded() {
         let bus = Bus::new(BusConfig { max_channels: 100, ..BusConfig::default() });
-        let _keep = bus.subscribe(opts(&["c.0"])).unwrap();
+        let _keep = bus.subscribe(opts(&["c.0"])).await.unwrap();
         for i in 0..1000 {
             bus.publish(input(&format!("c.{i}"), b"")).await.unwrap();
         }
@@ -651,11 +660,11 @@ mod tests {
     #[tokio::test]
     async fn shutdown_refuses_new_work_and_drains() {
         let bus = Bus::new(BusConfig::default());
-        let handle = bus.subscribe(opts(&["a"])).unwrap();
+        let handle = bus.subscribe(opts(&["a"])).await.unwrap();
         bus.publish(input("a", b"1")).await.unwrap();
         bus.begin_shutdown();
         assert!(matches!(bus.publish(input("a", b"2")).await, Err(Error::ShuttingDown)));
-        assert!(matches!(bus.subscribe(opts(&["a"])), Err(Error::ShuttingDown)));
+        assert!(matches!(bus.subscribe(opts(&["a"])).await, Err(Error::ShuttingDown)));
         let mut out = Vec::new();
         handle.next_batch(&mut out).await.unwrap();
         assert_eq!(out.len(), 1, "queued events are flushed");

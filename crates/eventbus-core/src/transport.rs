@@ -44,6 +44,9 @@ pub struct TransportStatus {
     pub reconnects: u64,
 }
 
+/// Future returned by [`Transport::watched`].
+pub type WatchedFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
 /// Future returned by [`Transport::publish`].
 pub type PublishFuture<'a> = Pin<Box<dyn Future<Output = Result<Fanout, TransportError>> + Send + 'a>>;
 
@@ -61,6 +64,11 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
 
     /// No local subscription needs `filter` any more.
     fn unwatch(&self, filter: &Pattern);
+
+    /// Resolves once every filter passed to [`Transport::watch`] so far is in effect,
+    /// so a subscription is live everywhere before its `started` message. Resolves at
+    /// once while disconnected (the filters are restored on reconnect).
+    fn watched(&self) -> WatchedFuture<'_>;
 
     /// Follows the connection state (readiness, health and metrics use it).
     fn status(&self) -> tokio::sync::watch::Receiver<TransportStatus>;

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use eventbus_core::name::validate_channel;
-use eventbus_core::transport::PublishFuture;
+use eventbus_core::transport::{PublishFuture, WatchedFuture};
 use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Transport, TransportError, TransportStatus};
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
-use redis::aio::{MultiplexedConnection, PubSubSink};
+use redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -77,6 +77,22 @@ impl RedisOptions {
     }
 }
 
+/// Filters local subscriptions need, versioned so a subscriber can wait until Redis
+/// has the version that includes its own filters.
+#[derive(Debug, Default)]
+struct Wanted {
+    filters: BTreeSet<Pattern>,
+    version: u64,
+}
+
+/// A live connection pair, subscribed to what was wanted when it opened.
+struct Session {
+    publisher: MultiplexedConnection,
+    sink: PubSubSink,
+    stream: PubSubStream,
+    active: BTreeSet<Pattern>,
+}
+
 /// Publishes to and receives from Redis for one broker instance.
 #[derive(Debug)]
 pub struct RedisTransport {
@@ -85,8 +101,10 @@ pub struct RedisTransport {
     /// Set while connected; cloned per publish (a cheap handle).
     publisher: RwLock<Option<MultiplexedConnection>>,
     /// Filters local subscriptions need.
-    wanted: Mutex<BTreeSet<Pattern>>,
+    wanted: Mutex<Wanted>,
     wanted_changed: Notify,
+    /// Version of `wanted` last applied to Redis (for [`Transport::watched`]).
+    applied: watch::Sender<u64>,
     status: watch::Sender<TransportStatus>,
 }
 
@@ -108,6 +126,7 @@ impl RedisTransport {
             publisher: RwLock::new(None),
             wanted: Mutex::default(),
             wanted_changed: Notify::new(),
+            applied: watch::Sender::new(0),
             status: watch::Sender::new(TransportStatus::default()),
         });
         tokio::spawn(Arc::clone(&transport).run(client, local, shutdown));
@@ -127,7 +146,8 @@ impl RedisTransport {
                 session = self.connect(&client) => session,
             };
             match session {
-                Ok((publisher, sink, stream)) => {
+                Ok(Session { publisher, sink, stream, active }) => {
+                    // Subscriptions are restored before anyone is told we are back.
                     *self.publisher.write() = Some(publisher);
                     self.status.send_modify(|s| {
                         s.connected = true;
@@ -138,7 +158,7 @@ impl RedisTransport {
                     info!(target = %self.target, "connected to Redis");
                     connected_before = true;
                     backoff = INITIAL_BACKOFF;
-                    let lost = self.serve(sink, stream, &local, &shutdown).await;
+                    let lost = self.serve(sink, stream, active, &local, &shutdown).await;
                     *self.publisher.write() = None;
                     self.status.send_modify(|s| s.connected = false);
                     match lost {
@@ -161,10 +181,7 @@ impl RedisTransport {
     }
 
     /// Opens the publishing and receiving connections and subscribes to what is wanted.
-    async fn connect(
-        &self,
-        client: &Client,
-    ) -> Result<(MultiplexedConnection, PubSubSink, redis::aio::PubSubStream), String> {
+    async fn connect(&self, client: &Client) -> Result<Session, String> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(COMMAND_TIMEOUT));
@@ -174,40 +191,47 @@ impl RedisTransport {
             .await
             .map_err(|_| "timed out connecting the pub/sub connection".to_owned())?
             .map_err(|e| e.to_string())?;
-        let (sink, stream) = pubsub.split();
-        Ok((publisher, sink, stream))
+        let (mut sink, stream) = pubsub.split();
+        let mut active = BTreeSet::new();
+        tokio::time::timeout(COMMAND_TIMEOUT, self.reconcile(&mut sink, &mut active))
+            .await
+            .map_err(|_| "timed out subscribing".to_owned())?
+            .map_err(|e| format!("subscribing failed: {e}"))?;
+        Ok(Session { publisher, sink, stream, active })
     }
 
     /// Receives until the connection is lost (returns why) or shutdown (returns None).
     async fn serve(
         &self,
         mut sink: PubSubSink,
-        mut stream: redis::aio::PubSubStream,
+        mut stream: PubSubStream,
+        mut active: BTreeSet<Pattern>,
         local: &LocalFanout,
         shutdown: &CancellationToken,
     ) -> Option<String> {
-        let mut active = BTreeSet::new();
         let mut dedup = Dedup::default();
         loop {
-            if let Err(err) = self.reconcile(&mut sink, &mut active).await {
-                return Some(format!("subscribing failed: {err}"));
-            }
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => return None,
-                    () = self.wanted_changed.notified() => break,
-                    msg = stream.next() => match msg {
-                        Some(msg) => self.receive(&msg, &mut dedup, local).await,
-                        None => return Some("connection closed".to_owned()),
-                    },
+            tokio::select! {
+                () = shutdown.cancelled() => return None,
+                () = self.wanted_changed.notified() => {
+                    if let Err(err) = self.reconcile(&mut sink, &mut active).await {
+                        return Some(format!("subscribing failed: {err}"));
+                    }
                 }
+                msg = stream.next() => match msg {
+                    Some(msg) => self.receive(&msg, &mut dedup, local).await,
+                    None => return Some("connection closed".to_owned()),
+                },
             }
         }
     }
 
     /// Brings the Redis subscriptions in line with what local subscriptions want.
     async fn reconcile(&self, sink: &mut PubSubSink, active: &mut BTreeSet<Pattern>) -> redis::RedisResult<()> {
-        let wanted = self.wanted.lock().clone();
+        let (wanted, version) = {
+            let w = self.wanted.lock();
+            (w.filters.clone(), w.version)
+        };
         for filter in wanted.difference(active) {
             match redis_filter(&self.prefix, filter) {
                 RedisFilter::Channel(c) => sink.subscribe(&c).await?,
@@ -223,6 +247,7 @@ impl RedisTransport {
             debug!(%filter, "redis subscription removed");
         }
         *active = wanted;
+        self.applied.send_replace(version);
         Ok(())
     }
 
@@ -265,13 +290,36 @@ impl Transport for RedisTransport {
     }
 
     fn watch(&self, filter: &Pattern) {
-        self.wanted.lock().insert(filter.clone());
+        let mut wanted = self.wanted.lock();
+        wanted.filters.insert(filter.clone());
+        wanted.version += 1;
+        drop(wanted);
         self.wanted_changed.notify_one();
     }
 
     fn unwatch(&self, filter: &Pattern) {
-        self.wanted.lock().remove(filter);
+        let mut wanted = self.wanted.lock();
+        wanted.filters.remove(filter);
+        wanted.version += 1;
+        drop(wanted);
         self.wanted_changed.notify_one();
+    }
+
+    fn watched(&self) -> WatchedFuture<'_> {
+        Box::pin(async move {
+            let target = self.wanted.lock().version;
+            let mut applied = self.applied.subscribe();
+            let mut status = self.status.subscribe();
+            loop {
+                if *applied.borrow_and_update() >= target || !status.borrow_and_update().connected {
+                    return;
+                }
+                tokio::select! {
+                    changed = applied.changed() => if changed.is_err() { return },
+                    changed = status.changed() => if changed.is_err() { return },
+                }
+            }
+        })
     }
 
     fn status(&self) -> watch::Receiver<TransportStatus> {

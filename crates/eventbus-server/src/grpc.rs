@@ -76,7 +76,7 @@ impl pb::event_bus_server::EventBus for EventBusService {
     async fn subscribe(&self, req: Request<pb::SubscribeRequest>) -> Result<Response<Self::SubscribeStream>, Status> {
         let peer = peer(&req);
         let options = convert::subscribe_options(req.into_inner(), peer)?;
-        let handle = self.bus.subscribe(options).map_err(status)?;
+        let handle = self.bus.subscribe(options).await.map_err(status)?;
         let started = pb::SubscribeResponse {
             kind: Some(Kind::Started(pb::SubscriptionStarted { subscription_id: handle.id().to_owned() })),
         };

@@ -1,0 +1,282 @@
+//! Redis mode (SPEC §5) against a real `redis-server` each test starts on a free port.
+//!
+//! Without `redis-server` on the PATH these tests pass with a loud notice, unless
+//! `EVENTBUS_REQUIRE_REDIS=1` (set by `.ci/run`), which makes a missing binary a failure.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+
+use common::*;
+use eventbus_proto::pb;
+use eventbus_server::config::Mode;
+use reqwest::StatusCode;
+use tonic::Code;
+
+struct RedisProc {
+    port: u16,
+    binary: PathBuf,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+static SKIP_NOTICE: Once = Once::new();
+
+impl RedisProc {
+    /// Starts a private redis-server, or returns None (after a notice) when there is
+    /// none to start and it is not required.
+    async fn start() -> Option<Self> {
+        let Some(binary) = which_redis() else {
+            assert!(
+                std::env::var("EVENTBUS_REQUIRE_REDIS").as_deref() != Ok("1"),
+                "EVENTBUS_REQUIRE_REDIS=1 but redis-server is not on the PATH"
+            );
+            SKIP_NOTICE.call_once(|| {
+                eprintln!(
+                    "\n*** NOTICE: redis-server not found: the Redis mode tests were SKIPPED. ***\n\
+                     *** Install it (apt-get install redis-server) to run them, and set     ***\n\
+                     *** EVENTBUS_REQUIRE_REDIS=1 to make a missing redis-server a failure.  ***\n"
+                )
+            });
+            return None;
+        };
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut redis = Self { port, binary, dir: tempfile::tempdir().unwrap(), child: None };
+        redis.spawn().await;
+        Some(redis)
+    }
+
+    /// A port nobody listens on, for "Redis is down" at start-up.
+    fn reserve() -> Option<Self> {
+        let binary = which_redis()?;
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Some(Self { port, binary, dir: tempfile::tempdir().unwrap(), child: None })
+    }
+
+    async fn spawn(&mut self) {
+        let child = Command::new(&self.binary)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let url = self.url();
+        eventually("redis-server to answer PING", || {
+            let url = url.clone();
+            async move {
+                let Ok(client) = redis::Client::open(url) else { return false };
+                let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return false };
+                redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok()
+            }
+        })
+        .await;
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url()).unwrap().get_multiplexed_async_connection().await.unwrap()
+    }
+
+    /// Prefixed channels and pattern count this Redis has subscribers for.
+    async fn pubsub(&self) -> (Vec<String>, i64) {
+        let mut conn = self.conn().await;
+        let mut channels: Vec<String> =
+            redis::cmd("PUBSUB").arg("CHANNELS").arg("socle:eventbus:*").query_async(&mut conn).await.unwrap();
+        channels.sort();
+        let numpat: i64 = redis::cmd("PUBSUB").arg("NUMPAT").query_async(&mut conn).await.unwrap();
+        (channels, numpat)
+    }
+}
+
+fn which_redis() -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join("redis-server")).find(|p| p.is_file())
+}
+
+impl Drop for RedisProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn broker(redis: &RedisProc) -> TestServer {
+    let port = redis.port;
+    let server = start_with(|s| {
+        s.eventbus.mode = Mode::Redis;
+        s.eventbus.redis.host = "127.0.0.1".into();
+        s.eventbus.redis.port = port;
+        s.eventbus.offer_timeout_ms = 20;
+    })
+    .await;
+    wait_ready(&server, true).await;
+    server
+}
+
+async fn ready(server: &TestServer) -> bool {
+    reqwest::get(server.url("/readyz")).await.map(|r| r.status() == StatusCode::OK).unwrap_or(false)
+}
+
+async fn wait_ready(server: &TestServer, want: bool) {
+    let what = if want { "readiness" } else { "unreadiness" };
+    eventually(what, || async { ready(server).await == want }).await;
+}
+
+fn payload(e: &pb::Event) -> String {
+    String::from_utf8(e.payload.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn two_instances_share_one_fan_out() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let (a, b) = (broker(&redis).await, broker(&redis).await);
+    let mut on_a = a.subscribe(sub(&["orders.>"])).await;
+    // Overlapping exact channel and pattern: still one copy each.
+    let mut on_b = b.subscribe(sub(&["orders.created", "orders.*", "*.created"])).await;
+
+    for (server, name) in [(&a, "A"), (&b, "B")] {
+        let reqs: Vec<pb::PublishRequest> = (0..25).map(|i| event("orders.created", format!("{name}-{i}"))).collect();
+        let mut client = server.client().await;
+        let mut responses = client.publish_stream(tokio_stream::iter(reqs)).await.unwrap().into_inner();
+        while let Some(resp) = within(responses.message()).await.unwrap() {
+            assert!(resp.delivered_count >= 2, "Redis reached both instances: {resp:?}");
+        }
+    }
+    for s in [&mut on_a, &mut on_b] {
+        let got: Vec<String> = s.take(50).await.iter().map(payload).collect();
+        for name in ["A", "B"] {
+            let mine: Vec<&String> = got.iter().filter(|p| p.starts_with(name)).collect();
+            let want: Vec<String> = (0..25).map(|i| format!("{name}-{i}")).collect();
+            assert_eq!(mine, want.iter().collect::<Vec<_>>(), "each event once, in per-publisher order");
+        }
+    }
+    // Nothing else arrives: a last event is the next thing both see.
+    a.client().await.publish(event("orders.created", "last")).await.unwrap();
+    assert_eq!(payload(&on_a.take(1).await[0]), "last");
+    assert_eq!(payload(&on_b.take(1).await[0]), "last");
+
+    // Patterns are re-checked with token rules: `orders.*` must not get orders.eu.created.
+    b.client().await.publish(event("orders.eu.created", "deep")).await.unwrap();
+    b.client().await.publish(event("orders.created", "shallow")).await.unwrap();
+    assert_eq!(payload(&on_a.take(1).await[0]), "deep");
+    assert_eq!(payload(&on_a.take(1).await[0]), "shallow");
+    assert_eq!(payload(&on_b.take(1).await[0]), "shallow", "orders.eu.created matches none of B's filters");
+
+    let mut admin = a.admin().await;
+    let stats = admin.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(stats.mode, "redis");
+}
+
+#[tokio::test]
+async fn redis_subscriptions_follow_local_demand() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let a = broker(&redis).await;
+    assert_eq!(redis.pubsub().await, (vec![], 0));
+    let s1 = a.subscribe(sub(&["jobs.run", "jobs.>"])).await;
+    let s2 = a.subscribe(sub(&["jobs.run", "jobs.>"])).await;
+    assert_eq!(redis.pubsub().await, (vec!["socle:eventbus:jobs.run".to_owned()], 1), "shared, not per subscriber");
+    drop(s1);
+    let mut admin = a.admin().await;
+    eventually("the first subscription to go", || {
+        let mut admin = admin.clone();
+        async move { subscription_ids(&mut admin).await.len() == 1 }
+    })
+    .await;
+    assert_eq!(redis.pubsub().await.1, 1, "still needed by the second subscriber");
+    drop(s2);
+    eventually("Redis subscriptions to be released", || async { redis.pubsub().await == (vec![], 0) }).await;
+    assert!(subscription_ids(&mut admin).await.is_empty());
+}
+
+#[tokio::test]
+async fn foreign_publish_reaches_subscribers_as_raw_payload() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let a = broker(&redis).await;
+    let mut s = a.subscribe(sub(&["orders.*"])).await;
+    let mut conn = redis.conn().await;
+    let n: i64 = redis::cmd("PUBLISH")
+        .arg("socle:eventbus:orders.created")
+        .arg(r#"{"id":1}"#)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let e = s.take(1).await.remove(0);
+    assert_eq!(e.channel, "orders.created");
+    assert_eq!(payload(&e), r#"{"id":1}"#);
+    assert_eq!(e.source, "redis");
+    assert!(!e.id.is_empty() && e.timestamp.is_some());
+}
+
+#[tokio::test]
+async fn redis_outage_fails_publishes_then_recovers_the_same_streams() {
+    let Some(mut redis) = RedisProc::start().await else { return };
+    let (a, b) = (broker(&redis).await, broker(&redis).await);
+    let mut s = a.subscribe(sub(&["live.>"])).await;
+    b.client().await.publish(event("live.x", "before")).await.unwrap();
+    assert_eq!(payload(&s.take(1).await[0]), "before");
+
+    redis.kill();
+    wait_ready(&a, false).await;
+    let err = b.client().await.publish(event("live.x", "lost")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(err.message().contains("Redis"), "{}", err.message());
+    let metrics = reqwest::get(a.url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("socle_eventbus_redis_connected 0"), "{metrics}");
+
+    redis.spawn().await;
+    wait_ready(&a, true).await;
+    wait_ready(&b, true).await;
+    b.client().await.publish(event("live.x", "after")).await.unwrap();
+    assert_eq!(payload(&s.take(1).await[0]), "after", "the old stream gets new events");
+    let metrics = reqwest::get(a.url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("socle_eventbus_redis_connected 1"), "{metrics}");
+    assert!(metrics.contains("socle_eventbus_redis_reconnects_total 1"), "{metrics}");
+}
+
+#[tokio::test]
+async fn starts_while_redis_is_down_and_connects_when_it_comes_up() {
+    let Some(mut redis) = RedisProc::reserve() else {
+        RedisProc::start().await; // prints the notice, or fails when Redis is required
+        return;
+    };
+    let port = redis.port;
+    let a = start_with(|s| {
+        s.eventbus.mode = Mode::Redis;
+        s.eventbus.redis.url = format!("redis://127.0.0.1:{port}/0");
+    })
+    .await;
+    assert!(!ready(&a).await, "not ready without Redis");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(a.channel().await);
+    let check = || tonic_health::pb::HealthCheckRequest { service: String::new() };
+    let status = health.check(check()).await.unwrap().into_inner().status;
+    assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::NotServing as i32);
+    let err = a.client().await.publish(event("x", "y")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    // Subscribing works meanwhile; the Redis subscription is made once connected.
+    let mut s = a.subscribe(sub(&["late.*"])).await;
+
+    redis.spawn().await;
+    wait_ready(&a, true).await;
+    let status = health.check(check()).await.unwrap().into_inner().status;
+    assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    let resp = a.client().await.publish(event("late.x", "hello")).await.unwrap().into_inner();
+    assert_eq!(resp.delivered_count, 1);
+    assert_eq!(payload(&s.take(1).await[0]), "hello");
+}
