@@ -1,0 +1,139 @@
+//! The container, compose and Kubernetes files parse and agree with the configuration
+//! keys and ports the daemon really uses. (No Docker engine runs on the build machines,
+//! so this is what is verified of them here.)
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use eventbus_server::config::{Mode, Overrides, Settings};
+use yaml_rust2::{Yaml, YamlLoader};
+
+fn repo(path: &str) -> String {
+    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path);
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
+}
+
+fn yaml(path: &str) -> Yaml {
+    let mut docs = YamlLoader::load_from_str(&repo(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(docs.len(), 1, "{path}: one document");
+    docs.remove(0)
+}
+
+fn str_of<'a>(y: &'a Yaml, what: &str) -> &'a str {
+    y.as_str().unwrap_or_else(|| panic!("{what} is not a string: {y:?}"))
+}
+
+/// Loads a configuration the way eventbusd does, from a file and an environment.
+fn load(file_text: Option<&str>, env: HashMap<String, String>) -> Settings {
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = file_text.map(|text| {
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, text).unwrap();
+        path
+    });
+    Settings::load(&Overrides { config_file, ..Default::default() }, &env).expect("the daemon accepts it")
+}
+
+#[test]
+fn kubernetes_manifests_agree_with_the_configuration() {
+    let configmap = yaml("deploy/k8s/configmap.yaml");
+    let deployment = yaml("deploy/k8s/deployment.yaml");
+    let service = yaml("deploy/k8s/service.yaml");
+
+    assert_eq!(str_of(&configmap["kind"], "kind"), "ConfigMap");
+    let settings = load(Some(str_of(&configmap["data"]["config.yaml"], "config.yaml")), HashMap::new());
+    assert_eq!(settings.eventbus.mode, Mode::Redis);
+    let (grpc_port, http_port) = (settings.server.grpc_addr.port() as i64, settings.server.http_addr.port() as i64);
+
+    assert_eq!(deployment["spec"]["replicas"].as_i64(), Some(2));
+    let pod = &deployment["spec"]["template"]["spec"];
+    let grace_ms = pod["terminationGracePeriodSeconds"].as_i64().unwrap() * 1000;
+    assert!(grace_ms > settings.server.shutdown_timeout_ms as i64, "SIGKILL must come after the drain");
+    let container = &pod["containers"][0];
+    let ports: HashMap<&str, i64> = container["ports"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .map(|p| (str_of(&p["name"], "port name"), p["containerPort"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(ports, HashMap::from([("grpc", grpc_port), ("http", http_port)]));
+    assert_eq!(str_of(&container["readinessProbe"]["httpGet"]["path"], "readiness"), "/readyz");
+    assert_eq!(str_of(&container["readinessProbe"]["httpGet"]["port"], "readiness port"), "http");
+    assert_eq!(str_of(&container["livenessProbe"]["httpGet"]["path"], "liveness"), "/healthz");
+    assert!(container["resources"]["requests"]["cpu"].as_str().is_some());
+    assert!(container["resources"]["requests"]["memory"].as_str().is_some());
+
+    // The config file lands where EVENTBUS_CONFIG points.
+    let env = &container["env"][0];
+    assert_eq!(str_of(&env["name"], "env name"), "EVENTBUS_CONFIG");
+    let mount = str_of(&container["volumeMounts"][0]["mountPath"], "mountPath");
+    assert_eq!(str_of(&env["value"], "env value"), format!("{mount}/config.yaml"));
+    assert_eq!(pod["volumes"][0]["configMap"]["name"], configmap["metadata"]["name"]);
+
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(service["spec"]["selector"], *labels);
+    assert_eq!(deployment["spec"]["selector"]["matchLabels"], *labels);
+    for port in service["spec"]["ports"].as_vec().unwrap() {
+        let target = str_of(&port["targetPort"], "targetPort");
+        assert_eq!(port["port"].as_i64(), ports.get(target).copied(), "service port {target}");
+    }
+}
+
+#[test]
+fn compose_runs_two_redis_instances_the_daemon_accepts() {
+    let compose = yaml("docker-compose.yml");
+    let services = &compose["services"];
+    assert!(!services["redis"].is_badvalue());
+    let defaults = Settings::default();
+    for name in ["eventbusd-1", "eventbusd-2"] {
+        let svc = &services[name];
+        let env: HashMap<String, String> = svc["environment"]
+            .as_hash()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (str_of(k, "key").to_owned(), str_of(v, "value").to_owned()))
+            .collect();
+        let settings = load(None, env);
+        assert_eq!(settings.eventbus.mode, Mode::Redis, "{name}");
+        assert_eq!(settings.eventbus.redis.host, "redis", "{name} points at the redis service");
+        let container_ports: Vec<String> = svc["ports"]
+            .as_vec()
+            .unwrap()
+            .iter()
+            .map(|p| str_of(p, "port").rsplit(':').next().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            container_ports,
+            [defaults.server.grpc_addr.port().to_string(), defaults.server.http_addr.port().to_string()],
+            "{name}"
+        );
+    }
+    let mount = str_of(&services["prometheus"]["volumes"][0], "volume");
+    assert!(mount.starts_with("./deploy/prometheus.yml:"), "{mount}");
+    let prometheus = yaml("deploy/prometheus.yml");
+    for target in prometheus["scrape_configs"][0]["static_configs"][0]["targets"].as_vec().unwrap() {
+        let (host, port) = str_of(target, "target").split_once(':').unwrap();
+        assert!(!services[host].is_badvalue(), "scrape target {host} is a compose service");
+        assert_eq!(port, defaults.server.http_addr.port().to_string());
+    }
+}
+
+#[test]
+fn dockerfile_exposes_the_ports_and_runs_unprivileged() {
+    let dockerfile = repo("deploy/Dockerfile");
+    let defaults = Settings::default();
+    let (grpc, http) = (defaults.server.grpc_addr.port(), defaults.server.http_addr.port());
+    let line = |prefix: &str| {
+        dockerfile.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no {prefix} line")).to_owned()
+    };
+    assert_eq!(line("EXPOSE"), format!("EXPOSE {grpc} {http}"));
+    let user = line("USER");
+    assert!(!user.ends_with(" root") && !user.ends_with(" 0"), "{user}");
+    assert!(dockerfile.contains(&format!("http://127.0.0.1:{http}/healthz")), "HEALTHCHECK probes /healthz");
+    assert!(line("COPY --from=build").contains("eventbusd") && line("COPY --from=build").contains("eventbus "));
+    // The image's config is the shipped defaults, at the path EVENTBUS_CONFIG names.
+    assert!(dockerfile.contains("COPY config/default.yaml /etc/eventbus/config.yaml"));
+    assert!(dockerfile.contains("ENV EVENTBUS_CONFIG=/etc/eventbus/config.yaml"));
+}
