@@ -1,1 +1,50 @@
+//! `eventbus`: command-line client for Socle EventBus.
+//!
+//! - `cli`: the command line (clap).
+//! - `connect`: reaching the broker, and turning gRPC errors into one readable line.
+//! - `publish`, `subscribe`, `admin`: the commands.
+//! - `output`: how events and tables are printed, for people and for scripts (`--json`).
 
+mod admin;
+mod cli;
+mod connect;
+mod output;
+mod publish;
+mod subscribe;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let server = cli.server;
+    let json = cli.json;
+    match cli.command {
+        Command::Publish(args) => publish::run(&server, json, args).await,
+        Command::Subscribe(args) => subscribe::run(&server, json, args).await,
+        Command::Stats => admin::stats(&server, json).await,
+        Command::Channels => admin::channels(&server, json).await,
+        Command::Subscriptions => admin::subscriptions(&server, json).await,
+        Command::Unsubscribe { id } => admin::unsubscribe(&server, json, &id).await,
+    }
+}

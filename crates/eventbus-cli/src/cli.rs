@@ -1,0 +1,136 @@
+//! The command line.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use eventbus_proto::pb::OverflowPolicy;
+
+/// Command-line client for Socle EventBus.
+#[derive(Debug, Parser)]
+#[command(version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    /// Broker gRPC address.
+    #[arg(long, global = true, env = "EVENTBUS_SERVER", default_value = "http://127.0.0.1:50051")]
+    pub(crate) server: String,
+    /// Print JSON for scripts instead of text for people.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Publish an event (or, with `- --lines`, one event per line of stdin).
+    Publish(PublishArgs),
+    /// Print events as they arrive on channels or patterns (`orders.*`, `orders.>`).
+    Subscribe(SubscribeArgs),
+    /// Broker totals.
+    Stats,
+    /// Channels with their counters.
+    Channels,
+    /// Open subscriptions.
+    Subscriptions,
+    /// Close a subscription by id (its stream ends normally).
+    Unsubscribe {
+        /// Subscription id, as `subscriptions` shows it.
+        id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PublishArgs {
+    /// Exact channel name, e.g. orders.created.
+    pub(crate) channel: String,
+    /// Payload text; `-` reads standard input. Empty when omitted.
+    pub(crate) payload: Option<String>,
+    /// Metadata entry, repeatable.
+    #[arg(short = 'm', long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta)]
+    pub(crate) metadata: Vec<(String, String)>,
+    /// MIME type of the payload.
+    #[arg(long)]
+    pub(crate) content_type: Option<String>,
+    /// Who is publishing (default: the broker records your address).
+    #[arg(long)]
+    pub(crate) source: Option<String>,
+    /// With `-`: one event per line, sent over one PublishStream.
+    #[arg(long, requires = "payload")]
+    pub(crate) lines: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SubscribeArgs {
+    /// Channels and/or patterns.
+    #[arg(required = true)]
+    pub(crate) patterns: Vec<String>,
+    /// Join a group: members share the events.
+    #[arg(long)]
+    pub(crate) group: Option<String>,
+    /// Exit after this many events.
+    #[arg(long)]
+    pub(crate) count: Option<u64>,
+    /// Queue capacity (0: the server default).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) queue_capacity: u32,
+    /// What to do when the queue is full (default: the server's).
+    #[arg(long, value_enum)]
+    pub(crate) overflow: Option<Overflow>,
+    /// Most events per stream message (0: the server default).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) max_batch: u32,
+    /// Label shown in `subscriptions`.
+    #[arg(long, default_value = "eventbus-cli")]
+    pub(crate) name: String,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum Overflow {
+    DropNewest,
+    DropOldest,
+    Disconnect,
+}
+
+impl From<Overflow> for OverflowPolicy {
+    fn from(o: Overflow) -> Self {
+        match o {
+            Overflow::DropNewest => OverflowPolicy::DropNewest,
+            Overflow::DropOldest => OverflowPolicy::DropOldest,
+            Overflow::Disconnect => OverflowPolicy::Disconnect,
+        }
+    }
+}
+
+fn parse_meta(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn metadata_needs_key_and_equals() {
+        assert_eq!(parse_meta("a=b=c"), Ok(("a".into(), "b=c".into())));
+        assert_eq!(parse_meta("a="), Ok(("a".into(), String::new())));
+        assert!(parse_meta("novalue").is_err());
+        assert!(parse_meta("=v").is_err());
+    }
+
+    #[test]
+    fn parses_a_subscribe_line() {
+        let cli = Cli::try_parse_from(["eventbus", "subscribe", "a.*", "b.>", "--group", "g", "--count", "3", "--json"])
+            .unwrap();
+        assert!(cli.json);
+        let Command::Subscribe(args) = cli.command else { panic!() };
+        assert_eq!(args.patterns, ["a.*", "b.>"]);
+        assert_eq!((args.group.as_deref(), args.count), (Some("g"), Some(3)));
+    }
+}

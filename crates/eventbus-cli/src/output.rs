@@ -1,0 +1,108 @@
+//! How things are printed.
+
+use std::fmt::Write as _;
+
+use base64::Engine as _;
+use eventbus_proto::pb;
+use serde_json::{Value, json};
+
+pub(crate) fn time(t: Option<&prost_types::Timestamp>) -> String {
+    t.map(ToString::to_string).unwrap_or_else(|| "-".to_owned())
+}
+
+/// The payload as text when it is UTF-8, else its size.
+pub(crate) fn payload_text(payload: &[u8]) -> String {
+    match std::str::from_utf8(payload) {
+        Ok(text) => text.to_owned(),
+        Err(_) => format!("<{} bytes binary>", payload.len()),
+    }
+}
+
+/// One line per event: time, channel, id, payload, then metadata.
+pub(crate) fn event_line(e: &pb::Event) -> String {
+    let mut line = format!("[{}] {} {} {}", time(e.timestamp.as_ref()), e.channel, e.id, payload_text(&e.payload));
+    let mut meta: Vec<_> = e.metadata.iter().collect();
+    meta.sort();
+    for (k, v) in meta {
+        let _ = write!(line, " {k}={v}");
+    }
+    line
+}
+
+/// An event as a JSON object; a payload that is not UTF-8 goes in `payload_base64`.
+pub(crate) fn event_json(e: &pb::Event) -> Value {
+    let mut v = json!({
+        "id": e.id,
+        "channel": e.channel,
+        "timestamp": time(e.timestamp.as_ref()),
+        "source": e.source,
+        "content_type": e.content_type,
+        "metadata": e.metadata,
+    });
+    match std::str::from_utf8(&e.payload) {
+        Ok(text) => v["payload"] = json!(text),
+        Err(_) => v["payload_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(&e.payload)),
+    }
+    v
+}
+
+/// A left-aligned table with a header row.
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let text: Vec<String> = cells.zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        out.push_str(text.join("  ").trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_print_as_text_or_size() {
+        assert_eq!(payload_text(b"{\"id\":1}"), "{\"id\":1}");
+        assert_eq!(payload_text(&[0xff, 0x00]), "<2 bytes binary>");
+    }
+
+    #[test]
+    fn json_event_uses_base64_for_binary() {
+        let e = pb::Event { payload: vec![0xff, 0x00].into(), ..Default::default() };
+        let v = event_json(&e);
+        assert_eq!(v["payload_base64"], "/wA=");
+        assert!(v.get("payload").is_none());
+        let e = pb::Event { payload: "hi".into(), ..Default::default() };
+        assert_eq!(event_json(&e)["payload"], "hi");
+    }
+
+    #[test]
+    fn event_line_shows_time_channel_id_payload_and_metadata() {
+        let mut e = pb::Event {
+            id: "id1".into(),
+            channel: "a.b".into(),
+            timestamp: Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 5_000 }),
+            payload: "x".into(),
+            ..Default::default()
+        };
+        e.metadata.insert("k".into(), "v".into());
+        assert_eq!(event_line(&e), "[2023-11-14T22:13:20.000005Z] a.b id1 x k=v");
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(&["A", "BB"], &[vec!["xxx".into(), "y".into()]]);
+        assert_eq!(t, "A    BB\nxxx  y\n");
+    }
+}

@@ -1,0 +1,102 @@
+//! `eventbus publish`.
+
+use std::io::Read as _;
+
+use anyhow::{Context, bail};
+use eventbus_proto::pb;
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::cli::PublishArgs;
+use crate::connect::{self, status_error};
+
+/// Requests read ahead of the broker's answers with `--lines`.
+const LINES_IN_FLIGHT: usize = 1024;
+
+pub(crate) async fn run(server: &str, json: bool, args: PublishArgs) -> anyhow::Result<()> {
+    let mut client = connect::event_bus(server).await?;
+    let template = pb::PublishRequest {
+        channel: args.channel.clone(),
+        metadata: args.metadata.iter().cloned().collect(),
+        content_type: args.content_type.clone().unwrap_or_default(),
+        source: args.source.clone().unwrap_or_default(),
+        ..Default::default()
+    };
+    if args.lines {
+        if args.payload.as_deref() != Some("-") {
+            bail!("--lines reads standard input: give `-` as the payload");
+        }
+        return publish_lines(&mut client, json, template).await;
+    }
+    let payload = match args.payload.as_deref() {
+        None => Vec::new(),
+        Some("-") => {
+            let mut buf = Vec::new();
+            std::io::stdin().read_to_end(&mut buf).context("cannot read standard input")?;
+            buf
+        }
+        Some(text) => text.as_bytes().to_vec(),
+    };
+    let req = pb::PublishRequest { payload: payload.into(), ..template };
+    let resp = client.publish(req).await.map_err(status_error)?.into_inner();
+    print_published(json, &args.channel, &resp);
+    Ok(())
+}
+
+fn print_published(json: bool, channel: &str, resp: &pb::PublishResponse) {
+    if json {
+        let duration_us = resp.duration.as_ref().map_or(0, |d| d.seconds * 1_000_000 + i64::from(d.nanos) / 1000);
+        let line = json!({
+            "event_id": resp.event_id,
+            "channel": channel,
+            "delivered_count": resp.delivered_count,
+            "failed_count": resp.failed_count,
+            "duration_us": duration_us,
+        });
+        println!("{line}");
+    } else {
+        let plural = if resp.delivered_count == 1 { "" } else { "s" };
+        let mut line =
+            format!("published {} to {channel}: delivered to {} subscription{plural}", resp.event_id, resp.delivered_count);
+        if resp.failed_count > 0 {
+            line.push_str(&format!(", {} failed", resp.failed_count));
+        }
+        println!("{line}");
+    }
+}
+
+/// One event per stdin line over a single PublishStream, read and answered concurrently.
+async fn publish_lines(
+    client: &mut pb::event_bus_client::EventBusClient<tonic::transport::Channel>,
+    json: bool,
+    template: pb::PublishRequest,
+) -> anyhow::Result<()> {
+    let channel = template.channel.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel(LINES_IN_FLIGHT);
+    let reader = tokio::spawn(async move {
+        let mut lines = BufReader::new(tokio::io::stdin()).lines();
+        while let Some(line) = lines.next_line().await? {
+            let req = pb::PublishRequest { payload: line.into_bytes().into(), ..template.clone() };
+            if tx.send(req).await.is_err() {
+                break; // the stream ended early (an error), reported below
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    let mut responses = client.publish_stream(ReceiverStream::new(rx)).await.map_err(status_error)?.into_inner();
+    let (mut events, mut delivered, mut failed) = (0u64, 0u64, 0u64);
+    while let Some(resp) = responses.message().await.map_err(status_error)? {
+        events += 1;
+        delivered += u64::from(resp.delivered_count);
+        failed += u64::from(resp.failed_count);
+        if json {
+            print_published(true, &channel, &resp);
+        }
+    }
+    reader.await.context("stdin reader failed")?.context("cannot read standard input")?;
+    if !json {
+        println!("published {events} events: {delivered} deliveries, {failed} failed");
+    }
+    Ok(())
+}
