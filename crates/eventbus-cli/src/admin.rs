@@ -85,8 +85,11 @@ fn overflow_name(policy: i32) -> &'static str {
 }
 
 pub(crate) async fn subscriptions(server: &str, json: bool) -> anyhow::Result<()> {
-    let list =
-        connect::admin(server).await?.list_subscriptions(pb::ListSubscriptionsRequest {}).await.map_err(status_error)?;
+    let list = connect::admin(server)
+        .await?
+        .list_subscriptions(pb::ListSubscriptionsRequest {})
+        .await
+        .map_err(status_error)?;
     let subs = list.into_inner().subscriptions;
     if json {
         let values: Vec<_> = subs

@@ -126,8 +126,9 @@ mod tests {
 
     #[test]
     fn parses_a_subscribe_line() {
-        let cli = Cli::try_parse_from(["eventbus", "subscribe", "a.*", "b.>", "--group", "g", "--count", "3", "--json"])
-            .unwrap();
+        let cli =
+            Cli::try_parse_from(["eventbus", "subscribe", "a.*", "b.>", "--group", "g", "--count", "3", "--json"])
+                .unwrap();
         assert!(cli.json);
         let Command::Subscribe(args) = cli.command else { panic!() };
         assert_eq!(args.patterns, ["a.*", "b.>"]);

@@ -57,8 +57,10 @@ fn print_published(json: bool, channel: &str, resp: &pb::PublishResponse) {
         println!("{line}");
     } else {
         let plural = if resp.delivered_count == 1 { "" } else { "s" };
-        let mut line =
-            format!("published {} to {channel}: delivered to {} subscription{plural}", resp.event_id, resp.delivered_count);
+        let mut line = format!(
+            "published {} to {channel}: delivered to {} subscription{plural}",
+            resp.event_id, resp.delivered_count
+        );
         if resp.failed_count > 0 {
             line.push_str(&format!(", {} failed", resp.failed_count));
         }

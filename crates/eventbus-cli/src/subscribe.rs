@@ -30,11 +30,11 @@ pub(crate) async fn run(server: &str, json: bool, args: SubscribeArgs) -> anyhow
         };
         match message.map_err(status_error)? {
             None => {
-                eprintln!("subscription closed by the broker");
+                note("subscription closed by the broker");
                 return Ok(());
             }
             Some(pb::SubscribeResponse { kind: Some(Kind::Started(started)) }) => {
-                eprintln!("subscribed {} to {}", started.subscription_id, args.patterns.join(" "));
+                note(&format!("subscribed {} to {}", started.subscription_id, args.patterns.join(" ")));
             }
             Some(pb::SubscribeResponse { kind: Some(Kind::Events(batch)) }) => {
                 let mut out = std::io::stdout().lock();
@@ -56,4 +56,9 @@ pub(crate) async fn run(server: &str, json: bool, args: SubscribeArgs) -> anyhow
             Some(pb::SubscribeResponse { kind: None }) => {}
         }
     }
+}
+
+/// A status line on stderr; a closed stderr is not worth failing for.
+fn note(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
 }

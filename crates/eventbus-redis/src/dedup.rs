@@ -21,11 +21,10 @@ pub(crate) struct Dedup {
 impl Dedup {
     /// True when the message is a new event, false for another copy of the last one.
     pub(crate) fn is_new(&mut self, channel: &str, payload: &Bytes, source: Option<&str>) -> bool {
-        if self.channel == channel && self.payload == *payload {
-            if !self.sources.iter().any(|s| s.as_deref() == source) {
-                self.sources.push(source.map(str::to_owned));
-                return false;
-            }
+        let same_message = self.channel == channel && self.payload == *payload;
+        if same_message && !self.sources.iter().any(|s| s.as_deref() == source) {
+            self.sources.push(source.map(str::to_owned));
+            return false;
         }
         self.channel.clear();
         self.channel.push_str(channel);

@@ -1,0 +1,197 @@
+//! The `eventbus` binary end to end, against a real server started in-process.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use eventbus_server::{Server, Settings};
+use tokio::io::Lines;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStderr, Command};
+use tokio_util::sync::CancellationToken;
+
+const BIN: &str = env!("CARGO_BIN_EXE_eventbus");
+const DEADLINE: Duration = Duration::from_secs(10);
+
+struct Broker {
+    url: String,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn broker() -> Broker {
+    let mut settings = Settings::default();
+    settings.server.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    settings.server.http_addr = "127.0.0.1:0".parse().unwrap();
+    let server = Server::bind(settings).await.unwrap();
+    let url = format!("http://{}", server.grpc_addr());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(server.run(shutdown.clone()));
+    Broker { url, shutdown }
+}
+
+fn eventbus(broker: &Broker, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--server").arg(&broker.url).args(args).kill_on_drop(true);
+    cmd
+}
+
+struct Output {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+async fn run(mut cmd: Command) -> Output {
+    let out = tokio::time::timeout(DEADLINE, cmd.output()).await.expect("timed out").unwrap();
+    Output {
+        ok: out.status.success(),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// A running `eventbus subscribe`, with the rest of its stderr.
+struct Subscriber {
+    child: Child,
+    stderr: Lines<BufReader<ChildStderr>>,
+}
+
+/// Spawns `eventbus subscribe` and waits for its `subscribed` line on stderr.
+async fn subscriber(broker: &Broker, args: &[&str]) -> Subscriber {
+    let mut cmd = eventbus(broker, args);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = tokio::time::timeout(DEADLINE, stderr.next_line()).await.expect("timed out").unwrap();
+    let line = line.expect("subscriber exited early");
+    assert!(line.starts_with("subscribed "), "{line}");
+    Subscriber { child, stderr }
+}
+
+/// Waits for a command to succeed; returns its stdout.
+async fn finish(child: Child) -> String {
+    let out = tokio::time::timeout(DEADLINE, child.wait_with_output()).await.expect("timed out").unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+impl Subscriber {
+    /// Waits for the subscriber to exit successfully; returns stdout and the rest of stderr.
+    async fn finish(mut self) -> (String, String) {
+        let mut rest = String::new();
+        while let Some(line) = tokio::time::timeout(DEADLINE, self.stderr.next_line()).await.unwrap().unwrap() {
+            rest.push_str(&line);
+            rest.push('\n');
+        }
+        (finish(self.child).await, rest)
+    }
+}
+
+#[tokio::test]
+async fn publish_reaches_a_subscriber_which_exits_after_count() {
+    let broker = broker().await;
+    let sub = subscriber(&broker, &["subscribe", "orders.>", "--count", "2"]).await;
+    let out = run(eventbus(&broker, &["publish", "orders.created", r#"{"id":1}"#, "-m", "tenant=acme"])).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(
+        out.stdout.starts_with("published ") && out.stdout.contains("delivered to 1 subscription"),
+        "{}",
+        out.stdout
+    );
+    assert!(run(eventbus(&broker, &["publish", "orders.eu.shipped", "second"])).await.ok);
+    let (printed, _) = sub.finish().await;
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(lines.len(), 2, "{printed}");
+    assert!(
+        lines[0].contains("orders.created") && lines[0].contains(r#"{"id":1}"#) && lines[0].ends_with("tenant=acme")
+    );
+    assert!(lines[1].contains("orders.eu.shipped") && lines[1].contains("second"));
+}
+
+#[tokio::test]
+async fn json_output_parses() {
+    let broker = broker().await;
+    let sub = subscriber(&broker, &["--json", "subscribe", "j.*", "--count", "1"]).await;
+    let out = run(eventbus(&broker, &["--json", "publish", "j.x", "payload", "--content-type", "text/plain"])).await;
+    let published: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(published["delivered_count"], 1);
+    let event: serde_json::Value = serde_json::from_str(sub.finish().await.0.trim()).unwrap();
+    assert_eq!(event["id"], published["event_id"]);
+    assert_eq!((event["payload"].as_str(), event["content_type"].as_str()), (Some("payload"), Some("text/plain")));
+
+    let stats: serde_json::Value =
+        serde_json::from_str(&run(eventbus(&broker, &["--json", "stats"])).await.stdout).unwrap();
+    assert_eq!(stats["total_published"], 1);
+    let channels: serde_json::Value =
+        serde_json::from_str(&run(eventbus(&broker, &["--json", "channels"])).await.stdout).unwrap();
+    assert_eq!(channels[0]["channel"], "j.x");
+}
+
+#[tokio::test]
+async fn lines_from_stdin_are_published_in_order() {
+    let broker = broker().await;
+    let sub = subscriber(&broker, &["--json", "subscribe", "lines.in", "--count", "3"]).await;
+    let mut cmd = eventbus(&broker, &["publish", "lines.in", "-", "--lines"]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(b"one\ntwo\nthree\n").await.unwrap();
+    let summary = finish(child).await;
+    assert_eq!(summary.trim(), "published 3 events: 3 deliveries, 0 failed");
+    let payloads: Vec<String> = sub
+        .finish()
+        .await
+        .0
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(payloads, ["one", "two", "three"]);
+}
+
+#[tokio::test]
+async fn admin_commands_show_the_subscription_and_close_it() {
+    let broker = broker().await;
+    let sub = subscriber(&broker, &["subscribe", "adm.>", "--name", "watcher", "--group", "g1"]).await;
+    let out = run(eventbus(&broker, &["subscriptions"])).await;
+    let row = out.stdout.lines().nth(1).expect("one subscription row");
+    assert!(row.contains("watcher") && row.contains("adm.>") && row.contains("g1") && row.contains("0/10000"), "{row}");
+    let id = row.split_whitespace().next().unwrap();
+
+    let out = run(eventbus(&broker, &["unsubscribe", id])).await;
+    assert!(out.ok && out.stdout.trim() == format!("unsubscribed {id}"), "{}", out.stderr);
+    let (_, stderr) = sub.finish().await;
+    assert!(stderr.contains("closed by the broker"), "the stream ended normally: {stderr}");
+
+    let out = run(eventbus(&broker, &["stats"])).await;
+    assert!(out.stdout.lines().any(|l| l.starts_with("active_subscriptions") && l.ends_with(" 0")), "{}", out.stdout);
+}
+
+#[tokio::test]
+async fn errors_are_one_line_and_exit_non_zero() {
+    let broker = broker().await;
+    let out = run(eventbus(&broker, &["unsubscribe", "no-such-id"])).await;
+    assert!(!out.ok);
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    assert!(out.stderr.contains("no-such-id") && out.stderr.contains("NotFound"), "{}", out.stderr);
+
+    let out = run(eventbus(&broker, &["publish", "orders.*", "x"])).await;
+    assert!(!out.ok);
+    assert!(out.stderr.contains("orders.*") && out.stderr.contains("InvalidArgument"), "{}", out.stderr);
+
+    let out = run(eventbus(&broker, &["publish", "a", "x", "-m", "novalue"])).await;
+    assert!(!out.ok && out.stderr.contains("KEY=VALUE"), "{}", out.stderr);
+
+    // Nothing listens on port 1.
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--server", "http://127.0.0.1:1", "stats"]);
+    let out = run(cmd).await;
+    assert!(!out.ok);
+    assert!(out.stderr.starts_with("error: cannot connect to http://127.0.0.1:1"), "{}", out.stderr);
+    assert_eq!(out.stderr.lines().count(), 1);
+}
