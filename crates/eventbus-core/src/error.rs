@@ -38,3 +38,33 @@ pub enum Error {
     #[error(transparent)]
     Transport(#[from] TransportError),
 }
+
+/// The broad class of an [`Error`], which the wire layers map to a status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Malformed input (gRPC `INVALID_ARGUMENT`, HTTP 400).
+    InvalidArgument,
+    /// Over a size limit (gRPC `RESOURCE_EXHAUSTED`, HTTP 413).
+    TooLarge,
+    /// Unknown id (gRPC `NOT_FOUND`, HTTP 404).
+    NotFound,
+    /// Cannot serve now: shutting down, or the transport is away (gRPC `UNAVAILABLE`, HTTP 503).
+    Unavailable,
+}
+
+impl Error {
+    /// The class of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Name(_)
+            | Self::Metadata(_)
+            | Self::NoChannels
+            | Self::TooManyChannels { .. }
+            | Self::QueueTooLarge { .. }
+            | Self::InvalidOption { .. } => ErrorKind::InvalidArgument,
+            Self::PayloadTooLarge { .. } => ErrorKind::TooLarge,
+            Self::UnknownSubscription(_) => ErrorKind::NotFound,
+            Self::ShuttingDown | Self::Transport(_) => ErrorKind::Unavailable,
+        }
+    }
+}

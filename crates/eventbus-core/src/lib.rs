@@ -24,7 +24,7 @@ mod router;
 mod trie;
 
 pub use bus::{Bus, BusConfig, Published, SubscribeOptions, SubscriptionHandle};
-pub use error::Error;
+pub use error::{Error, ErrorKind};
 pub use event::{Event, PublishInput};
 pub use name::{NameError, Pattern};
 pub use stats::{BusStats, ChannelStats, LabelStats, OTHER_LABEL, SubscriptionInfo};

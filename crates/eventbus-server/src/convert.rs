@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use eventbus_core::{
-    BusStats, ChannelStats, CloseReason, Error, Event, Overflow, PublishInput, Published, SubscribeOptions,
+    BusStats, ChannelStats, CloseReason, Error, ErrorKind, Event, Overflow, PublishInput, Published, SubscribeOptions,
     SubscriptionInfo,
 };
 use eventbus_proto::pb;
@@ -14,16 +14,11 @@ use tonic::Status;
 /// Maps a core error to its gRPC status (SPEC §2). Messages name the problem.
 pub(crate) fn status(err: Error) -> Status {
     let message = err.to_string();
-    match err {
-        Error::Name(_)
-        | Error::Metadata(_)
-        | Error::NoChannels
-        | Error::TooManyChannels { .. }
-        | Error::QueueTooLarge { .. }
-        | Error::InvalidOption { .. } => Status::invalid_argument(message),
-        Error::PayloadTooLarge { .. } => Status::resource_exhausted(message),
-        Error::UnknownSubscription(_) => Status::not_found(message),
-        Error::ShuttingDown | Error::Transport(_) => Status::unavailable(message),
+    match err.kind() {
+        ErrorKind::InvalidArgument => Status::invalid_argument(message),
+        ErrorKind::TooLarge => Status::resource_exhausted(message),
+        ErrorKind::NotFound => Status::not_found(message),
+        ErrorKind::Unavailable => Status::unavailable(message),
     }
 }
 

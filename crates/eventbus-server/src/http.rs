@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use eventbus_core::{Bus, Error, PublishInput, TransportStatus};
+use eventbus_core::{Bus, Error, ErrorKind, PublishInput, TransportStatus};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::watch;
@@ -97,16 +97,11 @@ impl ApiError {
 
 impl From<Error> for ApiError {
     fn from(err: Error) -> Self {
-        let status = match &err {
-            Error::Name(_)
-            | Error::Metadata(_)
-            | Error::NoChannels
-            | Error::TooManyChannels { .. }
-            | Error::QueueTooLarge { .. }
-            | Error::InvalidOption { .. } => StatusCode::BAD_REQUEST,
-            Error::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Error::UnknownSubscription(_) => StatusCode::NOT_FOUND,
-            Error::ShuttingDown | Error::Transport(_) => StatusCode::SERVICE_UNAVAILABLE,
+        let status = match err.kind() {
+            ErrorKind::InvalidArgument => StatusCode::BAD_REQUEST,
+            ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         };
         Self::new(status, err.to_string())
     }
