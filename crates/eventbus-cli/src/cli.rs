@@ -34,6 +34,11 @@ pub(crate) enum Command {
         /// Subscription id, as `subscriptions` shows it.
         id: String,
     },
+    /// Load generator: throughput, loss and latency of a running broker.
+    Bench {
+        #[command(subcommand)]
+        workload: eventbus_bench::BenchCommand,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -2,7 +2,7 @@
 //!
 //! - `cli`: the command line (clap).
 //! - `connect`: reaching the broker, and turning gRPC errors into one readable line.
-//! - `publish`, `subscribe`, `admin`: the commands.
+//! - `publish`, `subscribe`, `admin`: the commands; `bench` runs `eventbus_bench`.
 //! - `output`: how events and tables are printed, for people and for scripts (`--json`).
 
 mod admin;
@@ -18,9 +18,22 @@ use clap::Parser;
 
 use crate::cli::{Cli, Command};
 
+/// `eventbus bench`: one run, reported as text or one JSON object.
+async fn bench(server: &str, json: bool, workload: &eventbus_bench::BenchCommand) -> anyhow::Result<()> {
+    let target = eventbus_bench::eventbus::EventBusTarget::new(server);
+    let report = eventbus_bench::run(&target, workload, true).await?;
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.human());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    // Multi-threaded: `bench` drives many connections at once.
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(err) => {
             eprintln!("error: cannot start the async runtime: {err}");
@@ -46,5 +59,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Channels => admin::channels(&server, json).await,
         Command::Subscriptions => admin::subscriptions(&server, json).await,
         Command::Unsubscribe { id } => admin::unsubscribe(&server, json, &id).await,
+        Command::Bench { workload } => bench(&server, json, &workload).await,
     }
 }

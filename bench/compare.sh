@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Measures eventbus, NATS core and Redis Pub/Sub with the same workloads, in one run on
+# this machine: starts nats-server, redis-server and eventbusd on free loopback ports,
+# runs every workload against the three systems interleaved (A B C A B C ...) ROUNDS
+# times, stops them, and prints medians and ratios (bench/summarize.py).
+#
+#   bash bench/compare.sh            # results in target/bench/results.jsonl
+#   ROUNDS=5 bash bench/compare.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-3}
+OUT=target/bench
+mkdir -p "$OUT"
+RESULTS="$OUT/results.jsonl"
+: > "$RESULTS"
+
+for tool in nats-server redis-server python3; do
+  command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install nats-server redis-server python3)" >&2; exit 1; }
+done
+
+cargo build --release --quiet --bin eventbusd --bin eventbus -p peers
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_port() {
+  for _ in $(seq 100); do
+    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "nothing listens on port $1" >&2; exit 1
+}
+
+NATS_PORT=$(free_port); REDIS_PORT=$(free_port); GRPC_PORT=$(free_port); HTTP_PORT=$(free_port)
+PIDS=()
+cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+nats-server -a 127.0.0.1 -p "$NATS_PORT" >"$OUT/nats.log" 2>&1 & PIDS+=($!)
+redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no >"$OUT/redis.log" 2>&1 & PIDS+=($!)
+target/release/eventbusd --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$HTTP_PORT" --log-level warn \
+  >"$OUT/eventbusd.log" 2>&1 & PIDS+=($!)
+wait_port "$NATS_PORT"; wait_port "$REDIS_PORT"; wait_port "$GRPC_PORT"
+
+WORKLOADS=(
+  "fanout --publishers 1 --subscribers 16 --payload 128 --count 200000 --mode stream"
+  "fanout --publishers 1 --subscribers 1 --payload 128 --count 300000 --mode stream"
+  "latency --rate 10000 --duration 5 --subscribers 1 --payload 128"
+  "pubonly --publishers 1 --payload 128 --count 300000 --mode stream"
+)
+
+run() { # system workload...
+  local system=$1; shift
+  case $system in
+    eventbus) target/release/eventbus --server "http://127.0.0.1:$GRPC_PORT" --json bench "$@" ;;
+    nats) target/release/peers --system nats --url "nats://127.0.0.1:$NATS_PORT" --json "$@" ;;
+    redis) target/release/peers --system redis --url "redis://127.0.0.1:$REDIS_PORT" --json "$@" ;;
+  esac
+}
+
+for round in $(seq "$ROUNDS"); do
+  for workload in "${WORKLOADS[@]}"; do
+    for system in eventbus nats redis; do
+      echo "round $round/$ROUNDS: $system $workload" >&2
+      # shellcheck disable=SC2086
+      run "$system" $workload | python3 -c "import json,sys; r=json.load(sys.stdin); r['round']=$round; print(json.dumps(r))" >>"$RESULTS"
+    done
+  done
+done
+
+python3 bench/summarize.py "$RESULTS"

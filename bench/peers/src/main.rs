@@ -1,0 +1,66 @@
+//! `peers`: the `eventbus bench` workloads against NATS core and Redis Pub/Sub, so the
+//! three systems are measured by the same code with the same parameters. Not shipped;
+//! `bench/compare.sh` drives it.
+
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use eventbus_bench::BenchCommand;
+
+mod nats;
+mod redis_target;
+
+#[derive(Debug, Parser)]
+#[command(about = "Bench workloads against NATS core or Redis Pub/Sub")]
+struct Args {
+    /// System to drive.
+    #[arg(long, value_enum)]
+    system: System,
+    /// Its URL: nats://127.0.0.1:4222 or redis://127.0.0.1:6379.
+    #[arg(long)]
+    url: String,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    workload: BenchCommand,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum System {
+    Nats,
+    Redis,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match args.system {
+            System::Nats => eventbus_bench::run(&nats::NatsTarget::new(&args.url), &args.workload, true).await,
+            System::Redis => {
+                eventbus_bench::run(&redis_target::RedisTarget::new(&args.url)?, &args.workload, true).await
+            }
+        }
+    });
+    match result {
+        Ok(report) => {
+            if args.json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.human());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

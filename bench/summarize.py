@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Medians of bench/compare.sh results, with eventbus / peer ratios, as Markdown."""
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+
+def key(r):
+    p = r["params"]
+    if r["workload"] == "fanout":
+        return f"fanout {p['publishers']}→{p['subscribers']}, {p['payload']} B, {p['mode']}"
+    if r["workload"] == "latency":
+        return f"latency {p['rate']}/s, {p['subscribers']} sub, {p['payload']} B"
+    return f"pubonly {p['publishers']} pub, {p['payload']} B, {p['mode']}"
+
+
+def main(path):
+    runs = defaultdict(lambda: defaultdict(list))
+    for line in open(path):
+        r = json.loads(line)
+        runs[key(r)][r["system"]].append(r)
+    systems = ["eventbus", "nats", "redis"]
+    print("| workload | metric | eventbus | nats | redis | eventbus/nats | eventbus/redis |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for workload, by_system in runs.items():
+        if workload.startswith("latency"):
+            metrics = [("p50 µs", lambda r: r["latency_us"]["p50"]), ("p99 µs", lambda r: r["latency_us"]["p99"]),
+                       ("p99.9 µs", lambda r: r["latency_us"]["p99_9"])]
+        elif workload.startswith("pubonly"):
+            metrics = [("published/s", lambda r: r["published_per_sec"])]
+        else:
+            metrics = [("delivered/s", lambda r: r["delivered_per_sec"]), ("published/s", lambda r: r["published_per_sec"])]
+        for name, get in metrics:
+            med = {s: statistics.median(get(r) for r in by_system[s]) for s in systems if by_system.get(s)}
+            loss = {s: sum(r.get("loss", 0) for r in by_system[s]) for s in systems if by_system.get(s)}
+            cells = [f"{med[s]:,.0f}" + (f" (loss {loss[s]})" if loss[s] else "") if s in med else "-" for s in systems]
+            ratio = lambda peer: f"{med['eventbus'] / med[peer]:.2f}×" if peer in med and med.get(peer) else "-"
+            print(f"| {workload} | {name} | {' | '.join(cells)} | {ratio('nats')} | {ratio('redis')} |")
+    rounds = max(len(v) for by in runs.values() for v in by.values())
+    print(f"\nMedians of {rounds} rounds per cell; latency ratios above 1 mean eventbus is slower.")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "target/bench/results.jsonl")

@@ -1,0 +1,17 @@
+//! # eventbus-bench
+//!
+//! The load generator behind `eventbus bench`, written once for any pub/sub system so
+//! that eventbus, NATS and Redis are measured by the same code (`bench/peers` plugs the
+//! other two in).
+//!
+//! - [`target`]: what a system must offer: publishers and live subscribers.
+//! - [`workload`]: the three workloads (fan-out, latency at a fixed rate, publish-only),
+//!   their command-line arguments and their [`Report`](workload::Report).
+//! - [`eventbus`]: the eventbus target (unary `Publish` or `PublishStream`).
+
+pub mod eventbus;
+pub mod target;
+pub mod workload;
+
+pub use target::{PublishMode, Publisher, Subscriber, Target};
+pub use workload::{BenchCommand, Report, run};

@@ -1,0 +1,43 @@
+//! The seam between the workloads and a pub/sub system.
+
+use std::future::Future;
+
+use bytes::Bytes;
+
+/// How a publisher sends: one acknowledged call at a time, or a pipelined stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PublishMode {
+    /// Each publish waits for its answer (eventbus `Publish`).
+    Unary,
+    /// Publishes are pipelined (eventbus `PublishStream`); answers are read concurrently.
+    Stream,
+}
+
+/// A system under test.
+pub trait Target: Send + Sync + 'static {
+    type Pub: Publisher;
+    type Sub: Subscriber;
+
+    /// Short name for reports, e.g. `eventbus`.
+    fn name(&self) -> &'static str;
+
+    /// A new publisher (its own connection or stream).
+    fn publisher(&self, mode: PublishMode) -> impl Future<Output = anyhow::Result<Self::Pub>> + Send;
+
+    /// A subscriber on `subject`, optionally in a queue group; live (it will receive
+    /// anything published after this returns) when the future resolves.
+    fn subscriber(&self, subject: &str, group: Option<&str>) -> impl Future<Output = anyhow::Result<Self::Sub>> + Send;
+}
+
+pub trait Publisher: Send + 'static {
+    fn publish(&mut self, subject: &str, payload: Bytes) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Waits until everything published so far was accepted by the system.
+    fn flush(&mut self) -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+pub trait Subscriber: Send + 'static {
+    /// Appends the next payloads to arrive (at least one) to `out`; `false` when the
+    /// subscription ended.
+    fn next(&mut self, out: &mut Vec<Bytes>) -> impl Future<Output = anyhow::Result<bool>> + Send;
+}
