@@ -19,7 +19,7 @@ for tool in nats-server redis-server python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install nats-server redis-server python3)" >&2; exit 1; }
 done
 
-cargo build --release --quiet --bin eventbusd --bin eventbus -p peers
+cargo build --release --quiet -p eventbus-server -p eventbus-cli -p peers
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 wait_port() {

@@ -436,7 +436,8 @@ async fn latency<T: Target>(target: &T, a: &LatencyArgs, progress: bool) -> anyh
         h.merge_into(&mut merged)?;
     }
     let us = |q: f64| merged.value_at_quantile(q) as f64 / 1000.0;
-    let latency = Percentiles { p50: us(0.5), p90: us(0.9), p99: us(0.99), p999: us(0.999), max: merged.max() as f64 / 1000.0 };
+    let latency =
+        Percentiles { p50: us(0.5), p90: us(0.9), p99: us(0.99), p999: us(0.999), max: merged.max() as f64 / 1000.0 };
     let params = json!({
         "rate": a.rate, "duration": a.duration, "subscribers": a.subscribers,
         "payload": size, "mode": mode_name(a.mode),

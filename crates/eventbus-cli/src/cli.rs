@@ -37,8 +37,16 @@ pub(crate) enum Command {
     /// Load generator: throughput, loss and latency of a running broker.
     Bench {
         #[command(subcommand)]
-        workload: eventbus_bench::BenchCommand,
+        workload: BenchWorkload,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchWorkload {
+    #[command(flatten)]
+    Traffic(eventbus_bench::BenchCommand),
+    /// Idle subscriptions held open: the daemon's CPU and memory (local daemon, by PID).
+    Idle(crate::idle::IdleArgs),
 }
 
 #[derive(Debug, Args)]

@@ -8,6 +8,7 @@
 mod admin;
 mod cli;
 mod connect;
+mod idle;
 mod output;
 mod publish;
 mod subscribe;
@@ -19,7 +20,11 @@ use clap::Parser;
 use crate::cli::{Cli, Command};
 
 /// `eventbus bench`: one run, reported as text or one JSON object.
-async fn bench(server: &str, json: bool, workload: &eventbus_bench::BenchCommand) -> anyhow::Result<()> {
+async fn bench(server: &str, json: bool, workload: &cli::BenchWorkload) -> anyhow::Result<()> {
+    let workload = match workload {
+        cli::BenchWorkload::Idle(args) => return idle::run(server, json, args).await,
+        cli::BenchWorkload::Traffic(workload) => workload,
+    };
     let target = eventbus_bench::eventbus::EventBusTarget::new(server);
     let report = eventbus_bench::run(&target, workload, true).await?;
     if json {

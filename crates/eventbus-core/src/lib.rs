@@ -3,7 +3,7 @@
 //! Everything about routing events, nothing about the wire (no gRPC, no Redis):
 //!
 //! - [`name`]: channel and pattern rules (SPEC §1–§2) and their error messages.
-//! - `trie`: the token trie that matches a channel against every filter at once.
+//! - [`trie`]: the token trie that matches a channel against every filter at once.
 //! - `router`: subscriptions, groups and the per-channel routing result.
 //! - [`subscription`]: bounded queues and the overflow policies (SPEC §4).
 //! - [`bus`]: the engine that ties them together — publish, subscribe, stats, shutdown.
@@ -20,8 +20,9 @@ pub mod stats;
 pub mod subscription;
 pub mod transport;
 
+pub mod trie;
+
 mod router;
-mod trie;
 
 pub use bus::{Bus, BusConfig, Published, SubscribeOptions, SubscriptionHandle};
 pub use error::{Error, ErrorKind};

@@ -10,7 +10,7 @@ use crate::name::{Pattern, Token};
 
 /// Filters mapped to values (subscriptions). A value may appear under several filters.
 #[derive(Debug)]
-pub(crate) struct Trie<V> {
+pub struct Trie<V> {
     root: Node<V>,
 }
 
@@ -44,7 +44,7 @@ impl<V> Default for Trie<V> {
 
 impl<V: Clone> Trie<V> {
     /// Adds `value` under `filter`.
-    pub(crate) fn insert(&mut self, filter: &Pattern, value: V) {
+    pub fn insert(&mut self, filter: &Pattern, value: V) {
         let mut node = &mut self.root;
         for token in filter.tokens() {
             match token {
@@ -61,14 +61,14 @@ impl<V: Clone> Trie<V> {
 
     /// Removes one occurrence of a value under `filter` (found with `is_it`), pruning
     /// nodes left empty. Returns whether it was there.
-    pub(crate) fn remove(&mut self, filter: &Pattern, is_it: impl Fn(&V) -> bool) -> bool {
+    pub fn remove(&mut self, filter: &Pattern, is_it: impl Fn(&V) -> bool) -> bool {
         let tokens: Vec<Token<'_>> = filter.tokens().collect();
         remove_in(&mut self.root, &tokens, &is_it)
     }
 
     /// Appends every value whose filter matches `channel` to `out` (a value under
     /// several matching filters appears once per filter).
-    pub(crate) fn collect(&self, channel: &str, out: &mut Vec<V>) {
+    pub fn collect(&self, channel: &str, out: &mut Vec<V>) {
         // Channels have at most 16 tokens: a small stack buffer would do, but the
         // caller caches the result per channel, so this runs once per change.
         let tokens: Vec<&str> = channel.split('.').collect();
