@@ -195,3 +195,36 @@ async fn errors_are_one_line_and_exit_non_zero() {
     assert!(out.stderr.starts_with("error: cannot connect to http://127.0.0.1:1"), "{}", out.stderr);
     assert_eq!(out.stderr.lines().count(), 1);
 }
+
+#[tokio::test]
+async fn bench_reports_throughput_without_loss() {
+    let broker = broker().await;
+    let out = run(eventbus(
+        &broker,
+        &["--json", "bench", "fanout", "--publishers", "2", "--subscribers", "3", "--count", "2000", "--payload", "64"],
+    ))
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!((report["system"].as_str(), report["workload"].as_str()), (Some("eventbus"), Some("fanout")));
+    assert_eq!(
+        (report["expected"].as_u64(), report["received"].as_u64(), report["loss"].as_u64()),
+        (Some(6000), Some(6000), Some(0))
+    );
+    assert!(report["delivered_per_sec"].as_f64().unwrap() > 0.0);
+
+    let out = run(eventbus(
+        &broker,
+        &["--json", "bench", "fanout", "--subscribers", "3", "--group", "--count", "900", "--mode", "unary"],
+    ))
+    .await;
+    let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(report["received"], 900, "a group gets each event once");
+
+    let out = run(eventbus(&broker, &["--json", "bench", "latency", "--rate", "2000", "--duration", "0.5"])).await;
+    let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(report["loss"], 0);
+    let p50 = report["latency_us"]["p50"].as_f64().unwrap();
+    let max = report["latency_us"]["max"].as_f64().unwrap();
+    assert!(p50 > 0.0 && p50 <= max, "{report}");
+}
