@@ -32,17 +32,12 @@ pub enum BenchCommand {
     Pubonly(PubonlyArgs),
 }
 
+/// The publishing side of a throughput run.
 #[derive(Debug, Clone, clap::Args)]
-pub struct FanoutArgs {
+pub struct Load {
     /// Concurrent publishers (each its own connection).
     #[arg(long, default_value_t = 1)]
     pub publishers: usize,
-    /// Subscribers (each its own connection).
-    #[arg(long, default_value_t = 16)]
-    pub subscribers: usize,
-    /// Put all subscribers in one group: each event goes to one of them.
-    #[arg(long)]
-    pub group: bool,
     /// Payload size in bytes.
     #[arg(long, default_value_t = 128)]
     pub payload: usize,
@@ -52,6 +47,24 @@ pub struct FanoutArgs {
     /// Publish mode.
     #[arg(long, value_enum, default_value_t = PublishMode::Stream)]
     pub mode: PublishMode,
+}
+
+impl Load {
+    fn params(&self) -> Value {
+        json!({"publishers": self.publishers, "payload": self.payload, "count": self.count, "mode": mode_name(self.mode)})
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct FanoutArgs {
+    #[command(flatten)]
+    pub load: Load,
+    /// Subscribers (each its own connection).
+    #[arg(long, default_value_t = 16)]
+    pub subscribers: usize,
+    /// Put all subscribers in one group: each event goes to one of them.
+    #[arg(long)]
+    pub group: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -75,18 +88,8 @@ pub struct LatencyArgs {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct PubonlyArgs {
-    /// Concurrent publishers.
-    #[arg(long, default_value_t = 1)]
-    pub publishers: usize,
-    /// Payload size in bytes.
-    #[arg(long, default_value_t = 128)]
-    pub payload: usize,
-    /// Events to publish, across all publishers.
-    #[arg(long, default_value_t = 100_000)]
-    pub count: u64,
-    /// Publish mode.
-    #[arg(long, value_enum, default_value_t = PublishMode::Stream)]
-    pub mode: PublishMode,
+    #[command(flatten)]
+    pub load: Load,
 }
 
 /// Delivery latency percentiles, in microseconds.
@@ -307,13 +310,14 @@ async fn fanout<T: Target>(target: &T, a: &FanoutArgs, progress: bool) -> anyhow
     for _ in 0..a.subscribers {
         subs.push(target.subscriber(&subject, group).await?);
     }
-    let pubs = publishers(target, a.publishers, a.mode).await?;
+    let load = &a.load;
+    let pubs = publishers(target, load.publishers, load.mode).await?;
     let expected = if a.subscribers == 0 {
         0
     } else if a.group {
-        a.count
+        load.count
     } else {
-        a.count * a.subscribers as u64
+        load.count * a.subscribers as u64
     };
     let tally = Tally::new(expected);
     let start = Instant::now();
@@ -329,19 +333,18 @@ async fn fanout<T: Target>(target: &T, a: &FanoutArgs, progress: bool) -> anyhow
             anyhow::Ok(())
         });
     }
-    publish_all(pubs, &subject, Bytes::from(vec![0xAB; a.payload]), a.count).await?;
+    publish_all(pubs, &subject, Bytes::from(vec![0xAB; load.payload]), load.count).await?;
     let publish_secs = start.elapsed().as_secs_f64();
     tally.wait(start, progress).await;
     readers.abort_all();
-    let params = json!({
-        "publishers": a.publishers, "subscribers": a.subscribers, "group": a.group,
-        "payload": a.payload, "count": a.count, "mode": mode_name(a.mode),
-    });
+    let mut params = load.params();
+    params["subscribers"] = json!(a.subscribers);
+    params["group"] = json!(a.group);
     Ok(Report {
         system: target.name(),
         workload: "fanout",
         params,
-        published: a.count,
+        published: load.count,
         expected,
         received: tally.received(),
         publish_secs,
@@ -352,16 +355,16 @@ async fn fanout<T: Target>(target: &T, a: &FanoutArgs, progress: bool) -> anyhow
 
 async fn pubonly<T: Target>(target: &T, a: &PubonlyArgs) -> anyhow::Result<Report> {
     let subject = subject("pubonly");
-    let pubs = publishers(target, a.publishers, a.mode).await?;
+    let load = &a.load;
+    let pubs = publishers(target, load.publishers, load.mode).await?;
     let start = Instant::now();
-    publish_all(pubs, &subject, Bytes::from(vec![0xAB; a.payload]), a.count).await?;
+    publish_all(pubs, &subject, Bytes::from(vec![0xAB; load.payload]), load.count).await?;
     let publish_secs = start.elapsed().as_secs_f64();
-    let params = json!({"publishers": a.publishers, "payload": a.payload, "count": a.count, "mode": mode_name(a.mode)});
     Ok(Report {
         system: target.name(),
         workload: "pubonly",
-        params,
-        published: a.count,
+        params: load.params(),
+        published: load.count,
         expected: 0,
         received: 0,
         publish_secs,
