@@ -46,13 +46,29 @@ pub struct RedisOptions {
     pub database: i64,
     /// Redis channel of event channel `C` is `{prefix}:C`.
     pub prefix: String,
+    /// PEM file of the CA that signed Redis's TLS certificate (`rediss://` URLs), for a
+    /// private CA; `None` trusts the system's root certificates.
+    pub tls_ca_file: Option<std::path::PathBuf>,
 }
 
 impl RedisOptions {
     /// The client for these settings (no connection is made yet).
     pub fn client(&self) -> Result<Client, redis::RedisError> {
         if let Some(url) = &self.url {
-            return Client::open(url.as_str());
+            return match &self.tls_ca_file {
+                Some(path) => {
+                    let pem = std::fs::read(path).map_err(|e| {
+                        redis::RedisError::from((
+                            redis::ErrorKind::InvalidClientConfig,
+                            "cannot read tls_ca_file",
+                            format!("{}: {e}", path.display()),
+                        ))
+                    })?;
+                    let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(pem) };
+                    Client::build_with_tls(url.as_str(), certs)
+                }
+                None => Client::open(url.as_str()),
+            };
         }
         let mut redis = RedisConnectionInfo::default().set_db(self.database);
         if let Some(password) = &self.password {
@@ -340,6 +356,7 @@ mod tests {
             password: None,
             database: 0,
             prefix: "p".into(),
+            tls_ca_file: None,
         };
         assert_eq!(s.display_target(), "redis://***@cache:6380/2");
         let s = RedisOptions { url: None, host: "cache".into(), port: 6379, password: Some("x".into()), ..s };

@@ -135,6 +135,8 @@ pub struct RedisSettings {
     pub password: String,
     pub database: u32,
     pub prefix: String,
+    /// PEM CA file for `rediss://` with a private CA; empty = system roots.
+    pub tls_ca_file: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -261,6 +263,9 @@ impl Settings {
         if !(url.is_empty() || url.starts_with("redis://") || url.starts_with("rediss://")) {
             return invalid("eventbus.redis.url", "must start with redis:// or rediss://".into());
         }
+        if !e.redis.tls_ca_file.is_empty() && !url.starts_with("rediss://") {
+            return invalid("eventbus.redis.tls_ca_file", "only applies to a rediss:// url".into());
+        }
         if e.redis.prefix.is_empty() {
             return invalid("eventbus.redis.prefix", "must not be empty".into());
         }
@@ -306,6 +311,7 @@ impl Settings {
             password: (!r.password.is_empty()).then(|| r.password.clone()),
             database: i64::from(r.database),
             prefix: r.prefix.clone(),
+            tls_ca_file: (!r.tls_ca_file.is_empty()).then(|| PathBuf::from(&r.tls_ca_file)),
         }
     }
 
@@ -445,5 +451,20 @@ mod tests {
         assert!(msg.contains("/nonexistent.yaml"), "{msg}");
         let msg = error(&[("EVENTBUS__LOG__FORMAT", "xml")], Overrides::default());
         assert!(msg.contains("format"), "{msg}");
+    }
+
+    #[test]
+    fn redis_tls_settings_are_checked() {
+        let msg = error(&[("EVENTBUS__EVENTBUS__REDIS__TLS_CA_FILE", "/ca.pem")], Overrides::default());
+        assert!(msg.contains("eventbus.redis.tls_ca_file") && msg.contains("rediss://"), "{msg}");
+        let env = [
+            ("EVENTBUS_MODE", "redis"),
+            ("EVENTBUS__EVENTBUS__REDIS__URL", "rediss://cache:6380/"),
+            ("EVENTBUS__EVENTBUS__REDIS__TLS_CA_FILE", "/nonexistent/ca.pem"),
+        ];
+        let msg = error(&env, Overrides::default());
+        assert!(msg.contains("eventbus.redis") && msg.contains("/nonexistent/ca.pem"), "{msg}");
+        let msg = error(&[("EVENTBUS__EVENTBUS__REDIS__URL", "http://cache")], Overrides::default());
+        assert!(msg.contains("eventbus.redis.url"), "{msg}");
     }
 }

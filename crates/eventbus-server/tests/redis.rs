@@ -23,6 +23,8 @@ struct RedisProc {
     binary: PathBuf,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// Extra arguments (TLS).
+    extra: Vec<String>,
 }
 
 static SKIP_NOTICE: Once = Once::new();
@@ -46,7 +48,7 @@ impl RedisProc {
             return None;
         };
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut redis = Self { port, binary, dir: tempfile::tempdir().unwrap(), child: None };
+        let mut redis = Self { port, binary, dir: tempfile::tempdir().unwrap(), child: None, extra: Vec::new() };
         redis.spawn().await;
         Some(redis)
     }
@@ -55,7 +57,7 @@ impl RedisProc {
     fn reserve() -> Option<Self> {
         let binary = which_redis()?;
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        Some(Self { port, binary, dir: tempfile::tempdir().unwrap(), child: None })
+        Some(Self { port, binary, dir: tempfile::tempdir().unwrap(), child: None, extra: Vec::new() })
     }
 
     async fn spawn(&mut self) {
@@ -63,11 +65,15 @@ impl RedisProc {
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server");
         self.child = Some(child);
+        if !self.extra.is_empty() {
+            return; // TLS: the test waits for the broker to connect instead of PINGing.
+        }
         let url = self.url();
         eventually("redis-server to answer PING", || {
             let url = url.clone();
@@ -279,4 +285,106 @@ async fn starts_while_redis_is_down_and_connects_when_it_comes_up() {
     let resp = a.client().await.publish(event("late.x", "hello")).await.unwrap().into_inner();
     assert_eq!(resp.delivered_count, 1);
     assert_eq!(payload(&s.take(1).await[0]), "hello");
+}
+
+/// Runs a command that must succeed (certificate generation).
+fn sh(dir: &std::path::Path, program: &str, args: &[&str]) {
+    let status = Command::new(program).args(args).current_dir(dir).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    assert!(status.is_ok_and(|s| s.success()), "{program} {args:?} failed");
+}
+
+#[tokio::test]
+async fn rediss_with_a_private_ca() {
+    let Some(mut redis) = RedisProc::reserve() else {
+        RedisProc::start().await; // prints the notice, or fails when Redis is required
+        return;
+    };
+    let certs = tempfile::tempdir().unwrap();
+    let dir = certs.path();
+    sh(
+        dir,
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=eventbus test CA",
+        ],
+    );
+    sh(
+        dir,
+        "openssl",
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    std::fs::write(dir.join("san.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").unwrap();
+    sh(
+        dir,
+        "openssl",
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "1",
+            "-extfile",
+            "san.cnf",
+        ],
+    );
+    let path = |f: &str| dir.join(f).to_str().unwrap().to_owned();
+    let tls_port = redis.port;
+    redis.port = 0; // plain TCP off
+    redis.extra = vec![
+        "--tls-port".into(),
+        tls_port.to_string(),
+        "--tls-cert-file".into(),
+        path("server.crt"),
+        "--tls-key-file".into(),
+        path("server.key"),
+        "--tls-ca-cert-file".into(),
+        path("ca.crt"),
+        "--tls-auth-clients".into(),
+        "no".into(),
+    ];
+    redis.spawn().await;
+
+    let ca = path("ca.crt");
+    let server = start_with(|s| {
+        s.eventbus.mode = Mode::Redis;
+        s.eventbus.redis.url = format!("rediss://127.0.0.1:{tls_port}/");
+        s.eventbus.redis.tls_ca_file = ca;
+    })
+    .await;
+    wait_ready(&server, true).await;
+    let mut sub = server.subscribe(sub(&["tls.*"])).await;
+    let resp = server.client().await.publish(event("tls.hello", "over TLS")).await.unwrap().into_inner();
+    assert_eq!(resp.delivered_count, 1);
+    assert_eq!(payload(&sub.take(1).await[0]), "over TLS");
 }
