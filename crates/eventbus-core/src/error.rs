@@ -1,5 +1,6 @@
 //! Errors of the core, one variant per case a caller (the RPC layer) maps to a status.
 
+use crate::durable::DurableError;
 use crate::event::MetadataError;
 use crate::name::NameError;
 use crate::transport::TransportError;
@@ -37,6 +38,9 @@ pub enum Error {
     /// The fan-out transport (Redis) could not take the event.
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// A durable-consumer call failed (unknown consumer, conflicting definition, store).
+    #[error(transparent)]
+    Durable(#[from] DurableError),
 }
 
 /// The broad class of an [`Error`], which the wire layers map to a status code.
@@ -50,6 +54,8 @@ pub enum ErrorKind {
     NotFound,
     /// Cannot serve now: shutting down, or the transport is away (gRPC `UNAVAILABLE`, HTTP 503).
     Unavailable,
+    /// A different resource with that name exists (gRPC `ALREADY_EXISTS`, HTTP 409).
+    AlreadyExists,
 }
 
 impl Error {
@@ -65,6 +71,10 @@ impl Error {
             Self::PayloadTooLarge { .. } => ErrorKind::TooLarge,
             Self::UnknownSubscription(_) => ErrorKind::NotFound,
             Self::ShuttingDown | Self::Transport(_) => ErrorKind::Unavailable,
+            Self::Durable(DurableError::UnknownConsumer(_)) => ErrorKind::NotFound,
+            Self::Durable(DurableError::AlreadyExists(_)) => ErrorKind::AlreadyExists,
+            Self::Durable(DurableError::InvalidConfig(_)) => ErrorKind::InvalidArgument,
+            Self::Durable(DurableError::Store(_) | DurableError::Unavailable(_)) => ErrorKind::Unavailable,
         }
     }
 }

@@ -10,9 +10,11 @@
 //! - [`stats`]: counters per bus, channel and subscription; the bounded channel table.
 //! - [`transport`]: the seam a distributed fan-out (Redis) plugs into.
 //! - [`event`]: the event envelope and publish-time checks.
+//! - [`durable`]: durable consumers (SPEC §9): store trait, redb store, engine.
 //! - [`error`]: what a call can be refused for.
 
 pub mod bus;
+pub mod durable;
 pub mod error;
 pub mod event;
 pub mod name;

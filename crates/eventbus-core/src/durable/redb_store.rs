@@ -1,0 +1,463 @@
+//! The embedded durable store: one redb file under `durable.data_dir` (crash-safe,
+//! copy-on-write B-trees), or redb's in-memory backend when `data_dir` is empty.
+//!
+//! Tables: `consumers` (name → JSON config), `events` (seq → binary event with the
+//! number of consumers still holding it), `entries` ((consumer, seq) → JSON state),
+//! `log` ((consumer, log seq) → JSON entry), `dedup` (idempotency key → JSON record),
+//! `meta` (schema marker and counters). A file without the schema marker is refused.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
+
+use crate::durable::store::{
+    DedupRecord, EntryRecord, LogEntry, LogPage, LogStatus, Loaded, Store, StoreError, StoreOp, StoredEvent,
+    decode_event, encode_event, epoch_ms, set_refs,
+};
+
+const CONSUMERS: TableDefinition<&str, &str> = TableDefinition::new("consumers");
+const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
+const ENTRIES: TableDefinition<(&str, u64), &str> = TableDefinition::new("entries");
+const LOG: TableDefinition<(&str, u64), &str> = TableDefinition::new("log");
+const DEDUP: TableDefinition<&str, &str> = TableDefinition::new("dedup");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// Marks a file as ours (value = schema version).
+const SCHEMA_KEY: &str = "socle-eventbus-schema";
+const SCHEMA_VERSION: u64 = 1;
+const FILE_NAME: &str = "eventbus.redb";
+
+/// How hard commits push to disk (`durable.fsync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fsync {
+    /// Every commit is on disk before it returns.
+    Always,
+    /// Commits are flushed together at most every [`BATCH_FLUSH_MS`]; a crash can lose
+    /// the last ones.
+    Batch,
+}
+
+/// With [`Fsync::Batch`], the longest a commit waits to be made durable.
+pub const BATCH_FLUSH_MS: u64 = 100;
+
+/// Terminal log bounds, per consumer.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    pub max_entries: u64,
+    pub max_age_ms: u64,
+}
+
+/// The redb-backed [`Store`].
+#[derive(Debug)]
+pub struct RedbStore {
+    db: Database,
+    location: String,
+    fsync: Fsync,
+    retention: Retention,
+    next_log: AtomicU64,
+    /// Log lines per consumer, to enforce `max_entries` without counting.
+    log_counts: Mutex<HashMap<String, u64>>,
+    last_durable_ms: AtomicU64,
+}
+
+fn io(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(e.to_string())
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+impl RedbStore {
+    /// Opens (or creates) the store in `data_dir`; an empty `data_dir` keeps it in memory.
+    pub fn open(data_dir: &Path, fsync: Fsync, retention: Retention) -> Result<Self, StoreError> {
+        let (db, location) = if data_dir.as_os_str().is_empty() {
+            let db = Database::builder()
+                .create_with_backend(redb::backends::InMemoryBackend::new())
+                .map_err(|e| StoreError::Open { path: "(memory)".into(), reason: e.to_string() })?;
+            (db, "(memory)".to_owned())
+        } else {
+            let open_error = |reason: String| StoreError::Open { path: data_dir.display().to_string(), reason };
+            std::fs::create_dir_all(data_dir).map_err(|e| open_error(format!("cannot create the directory: {e}")))?;
+            let path: PathBuf = data_dir.join(FILE_NAME);
+            let db = Database::create(&path).map_err(|e| open_error(format!("{}: {e}", path.display())))?;
+            (db, path.display().to_string())
+        };
+        let store = Self {
+            db,
+            location,
+            fsync,
+            retention,
+            next_log: AtomicU64::new(1),
+            log_counts: Mutex::default(),
+            last_durable_ms: AtomicU64::new(0),
+        };
+        store.init()?;
+        Ok(store)
+    }
+
+    /// Checks (or writes) the schema marker and creates the tables.
+    fn init(&self) -> Result<(), StoreError> {
+        let refuse = |reason: String| StoreError::Open { path: self.location.clone(), reason };
+        let txn = self.db.begin_write().map_err(io)?;
+        {
+            let mut meta = txn.open_table(META).map_err(io)?;
+            let schema = meta.get(SCHEMA_KEY).map_err(io)?.map(|v| v.value());
+            match schema {
+                Some(SCHEMA_VERSION) => {}
+                Some(other) => return Err(refuse(format!("schema version {other}, this eventbusd reads {SCHEMA_VERSION}"))),
+                None => {
+                    let foreign = txn.list_tables().map_err(io)?.any(|t| t.name() != "meta");
+                    if foreign {
+                        return Err(refuse("a redb file that is not an eventbus store".into()));
+                    }
+                    meta.insert(SCHEMA_KEY, SCHEMA_VERSION).map_err(io)?;
+                }
+            }
+            let next_log = meta.get("next_log").map_err(io)?.map_or(1, |v| v.value());
+            self.next_log.store(next_log, Ordering::Relaxed);
+            txn.open_table(CONSUMERS).map_err(io)?;
+            txn.open_table(EVENTS).map_err(io)?;
+            txn.open_table(ENTRIES).map_err(io)?;
+            txn.open_table(DEDUP).map_err(io)?;
+            let log = txn.open_table(LOG).map_err(io)?;
+            let mut counts = self.log_counts.lock();
+            for row in log.iter().map_err(io)? {
+                let (key, _) = row.map_err(io)?;
+                *counts.entry(key.value().0.to_owned()).or_default() += 1;
+            }
+        }
+        txn.commit().map_err(io)
+    }
+
+    fn apply_op(&self, txn: &redb::WriteTransaction, op: &StoreOp, now_ms: u64) -> Result<(), StoreError> {
+        match op {
+            StoreOp::PutConsumer(config) => {
+                let json = serde_json::to_string(config).map_err(corrupt)?;
+                txn.open_table(CONSUMERS).map_err(io)?.insert(config.name.as_str(), json.as_str()).map_err(io)?;
+            }
+            StoreOp::DeleteConsumer(name) => {
+                txn.open_table(CONSUMERS).map_err(io)?.remove(name.as_str()).map_err(io)?;
+                let seqs: Vec<u64> = {
+                    let entries = txn.open_table(ENTRIES).map_err(io)?;
+                    let rows = entries.range((name.as_str(), 0)..=(name.as_str(), u64::MAX)).map_err(io)?;
+                    rows.map(|r| r.map(|(k, _)| k.value().1)).collect::<Result<_, _>>().map_err(io)?
+                };
+                for seq in seqs {
+                    txn.open_table(ENTRIES).map_err(io)?.remove((name.as_str(), seq)).map_err(io)?;
+                    release_event(txn, seq)?;
+                }
+                let mut log = txn.open_table(LOG).map_err(io)?;
+                log.retain_in((name.as_str(), 0)..=(name.as_str(), u64::MAX), |_, _| false).map_err(io)?;
+                self.log_counts.lock().remove(name);
+            }
+            StoreOp::Capture { seq, event, ordering_key, consumers, dedup } => {
+                if !consumers.is_empty() {
+                    let bytes = encode_event(event, ordering_key.as_deref(), consumers.len() as u32);
+                    txn.open_table(EVENTS).map_err(io)?.insert(*seq, bytes.as_slice()).map_err(io)?;
+                    let mut entries = txn.open_table(ENTRIES).map_err(io)?;
+                    let fresh = serde_json::to_string(&EntryRecord::default()).map_err(corrupt)?;
+                    for consumer in consumers {
+                        entries.insert((&**consumer, *seq), fresh.as_str()).map_err(io)?;
+                    }
+                }
+                if let Some(d) = dedup {
+                    put_dedup(txn, d, now_ms)?;
+                }
+            }
+            StoreOp::Dedup(d) => put_dedup(txn, d, now_ms)?,
+            StoreOp::Update { consumer, seq, entry } => {
+                let json = serde_json::to_string(entry).map_err(corrupt)?;
+                let mut entries = txn.open_table(ENTRIES).map_err(io)?;
+                // An update racing a finish must not resurrect the entry.
+                if entries.get((&**consumer, *seq)).map_err(io)?.is_some() {
+                    entries.insert((&**consumer, *seq), json.as_str()).map_err(io)?;
+                }
+            }
+            StoreOp::Finish { consumer, seq, log } => {
+                let removed = txn.open_table(ENTRIES).map_err(io)?.remove((&**consumer, *seq)).map_err(io)?.is_some();
+                if removed {
+                    release_event(txn, *seq)?;
+                }
+                self.append_log(txn, consumer, log, now_ms)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn append_log(&self, txn: &redb::WriteTransaction, consumer: &str, entry: &LogEntry, now_ms: u64) -> Result<(), StoreError> {
+        let mut log = txn.open_table(LOG).map_err(io)?;
+        let id = self.next_log.fetch_add(1, Ordering::Relaxed);
+        let json = serde_json::to_string(entry).map_err(corrupt)?;
+        log.insert((consumer, id), json.as_str()).map_err(io)?;
+        let mut counts = self.log_counts.lock();
+        let count = counts.entry(consumer.to_owned()).or_default();
+        *count += 1;
+        // Drop the oldest lines past the count bound or the age bound.
+        let cutoff = now_ms.saturating_sub(self.retention.max_age_ms);
+        while *count > 0 {
+            let Some((key, value)) = log.range((consumer, 0)..=(consumer, u64::MAX)).map_err(io)?.next().transpose().map_err(io)? else {
+                break;
+            };
+            let oldest = key.value().1;
+            let too_many = *count > self.retention.max_entries;
+            let too_old = serde_json::from_str::<LogEntry>(value.value()).map_or(true, |e| e.finished_ms < cutoff);
+            drop((key, value));
+            if !(too_many || too_old) {
+                break;
+            }
+            log.remove((consumer, oldest)).map_err(io)?;
+            *count -= 1;
+        }
+        txn.open_table(META).map_err(io)?.insert("next_log", self.next_log.load(Ordering::Relaxed)).map_err(io)?;
+        Ok(())
+    }
+}
+
+/// One consumer is done with event `seq`: drop it when none holds it any more.
+fn release_event(txn: &redb::WriteTransaction, seq: u64) -> Result<(), StoreError> {
+    let mut events = txn.open_table(EVENTS).map_err(io)?;
+    let bytes = match events.get(seq).map_err(io)? {
+        Some(v) => v.value().to_vec(),
+        None => return Ok(()),
+    };
+    let refs = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    if refs <= 1 {
+        events.remove(seq).map_err(io)?;
+    } else {
+        let mut bytes = bytes;
+        set_refs(&mut bytes, refs - 1);
+        events.insert(seq, bytes.as_slice()).map_err(io)?;
+    }
+    Ok(())
+}
+
+fn put_dedup(txn: &redb::WriteTransaction, d: &DedupRecord, now_ms: u64) -> Result<(), StoreError> {
+    let mut dedup = txn.open_table(DEDUP).map_err(io)?;
+    let json = serde_json::to_string(d).map_err(corrupt)?;
+    dedup.insert(d.key.as_str(), json.as_str()).map_err(io)?;
+    // Expired keys are pruned as new ones arrive, a few at a time.
+    let expired: Vec<String> = dedup
+        .iter()
+        .map_err(io)?
+        .take(16)
+        .filter_map(|r| r.ok())
+        .filter(|(_, v)| serde_json::from_str::<DedupRecord>(v.value()).map_or(true, |r| r.expires_ms <= now_ms))
+        .map(|(k, _)| k.value().to_owned())
+        .collect();
+    for key in expired {
+        dedup.remove(key.as_str()).map_err(io)?;
+    }
+    Ok(())
+}
+
+impl Store for RedbStore {
+    fn load(&self) -> Result<Loaded, StoreError> {
+        let txn = self.db.begin_read().map_err(io)?;
+        let mut loaded = Loaded::default();
+        for row in txn.open_table(CONSUMERS).map_err(io)?.iter().map_err(io)? {
+            let (_, v) = row.map_err(io)?;
+            loaded.consumers.push(serde_json::from_str(v.value()).map_err(corrupt)?);
+        }
+        for row in txn.open_table(EVENTS).map_err(io)?.iter().map_err(io)? {
+            let (k, v) = row.map_err(io)?;
+            let (event, ordering_key, _) = decode_event(v.value())?;
+            loaded.next_seq = loaded.next_seq.max(k.value() + 1);
+            loaded.events.push(StoredEvent { seq: k.value(), event, ordering_key });
+        }
+        for row in txn.open_table(ENTRIES).map_err(io)?.iter().map_err(io)? {
+            let (k, v) = row.map_err(io)?;
+            let (consumer, seq) = k.value();
+            loaded.entries.push((consumer.to_owned(), seq, serde_json::from_str(v.value()).map_err(corrupt)?));
+        }
+        let now = epoch_ms(std::time::SystemTime::now());
+        for row in txn.open_table(DEDUP).map_err(io)?.iter().map_err(io)? {
+            let (_, v) = row.map_err(io)?;
+            let record: DedupRecord = serde_json::from_str(v.value()).map_err(corrupt)?;
+            if record.expires_ms > now {
+                loaded.dedup.push(record);
+            }
+        }
+        for row in txn.open_table(LOG).map_err(io)?.iter().map_err(io)? {
+            let (k, v) = row.map_err(io)?;
+            let entry: LogEntry = serde_json::from_str(v.value()).map_err(corrupt)?;
+            let counts = loaded.finished.entry(k.value().0.to_owned()).or_default();
+            match entry.status {
+                LogStatus::Completed => counts.0 += 1,
+                LogStatus::DeadLettered => counts.1 += 1,
+            }
+        }
+        let meta = txn.open_table(META).map_err(io)?;
+        let saved_seq = meta.get("next_seq").map_err(io)?.map_or(0, |v| v.value());
+        loaded.next_seq = loaded.next_seq.max(saved_seq).max(1);
+        Ok(loaded)
+    }
+
+    fn apply(&self, ops: &[StoreOp]) -> Result<(), StoreError> {
+        let now_ms = epoch_ms(std::time::SystemTime::now());
+        let mut txn = self.db.begin_write().map_err(io)?;
+        let durable = match self.fsync {
+            Fsync::Always => true,
+            Fsync::Batch => now_ms >= self.last_durable_ms.load(Ordering::Relaxed) + BATCH_FLUSH_MS,
+        };
+        let durability = if durable { Durability::Immediate } else { Durability::None };
+        txn.set_durability(durability).map_err(io)?;
+        let mut max_seq = 0;
+        for op in ops {
+            if let StoreOp::Capture { seq, .. } = op {
+                max_seq = max_seq.max(*seq);
+            }
+            self.apply_op(&txn, op, now_ms)?;
+        }
+        if max_seq > 0 {
+            let mut meta = txn.open_table(META).map_err(io)?;
+            let saved = meta.get("next_seq").map_err(io)?.map_or(0, |v| v.value());
+            if max_seq + 1 > saved {
+                meta.insert("next_seq", max_seq + 1).map_err(io)?;
+            }
+        }
+        txn.commit().map_err(io)?;
+        if durable {
+            self.last_durable_ms.store(now_ms, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn log(&self, consumer: &str, status: Option<LogStatus>, limit: usize, after: Option<u64>) -> Result<LogPage, StoreError> {
+        let txn = self.db.begin_read().map_err(io)?;
+        let log = txn.open_table(LOG).map_err(io)?;
+        let start = after.map_or(0, |a| a.saturating_add(1));
+        let mut page = LogPage::default();
+        let mut last = None;
+        for row in log.range((consumer, start)..=(consumer, u64::MAX)).map_err(io)? {
+            let (k, v) = row.map_err(io)?;
+            let entry: LogEntry = serde_json::from_str(v.value()).map_err(corrupt)?;
+            if page.entries.len() == limit {
+                page.next = last;
+                break;
+            }
+            last = Some(k.value().1);
+            if status.is_none_or(|s| s == entry.status) {
+                page.entries.push(entry);
+            }
+        }
+        Ok(page)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::durable::config::ConsumerConfig;
+    use crate::durable::store::Failure;
+    use crate::event::Event;
+
+    fn event(id: &str) -> Arc<Event> {
+        Arc::new(Event::from_parts(
+            id.into(),
+            "orders.created".into(),
+            SystemTime::now(),
+            "t".into(),
+            bytes::Bytes::from_static(b"p"),
+            Default::default(),
+            String::new(),
+        ))
+    }
+
+    fn log_entry(id: &str, status: LogStatus, finished_ms: u64) -> LogEntry {
+        LogEntry {
+            event_id: id.into(),
+            channel: "orders.created".into(),
+            status,
+            attempts: 1,
+            first_delivered_ms: Some(finished_ms),
+            finished_ms,
+            failures: vec![Failure { at_ms: finished_ms, reason: "x".into() }],
+        }
+    }
+
+    const RETAIN: Retention = Retention { max_entries: 3, max_age_ms: 86_400_000 };
+
+    #[test]
+    fn survives_reopen_and_releases_shared_events() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = RedbStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
+            let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+            store
+                .apply(&[
+                    StoreOp::PutConsumer(ConsumerConfig::new("a", vec!["orders.>".into()])),
+                    StoreOp::PutConsumer(ConsumerConfig::new("b", vec!["orders.>".into()])),
+                    StoreOp::Capture {
+                        seq: 1,
+                        event: event("e1"),
+                        ordering_key: Some("k".into()),
+                        consumers: vec![a.clone(), b.clone()],
+                        dedup: None,
+                    },
+                    StoreOp::Update { consumer: a.clone(), seq: 1, entry: EntryRecord { attempts: 2, ..Default::default() } },
+                ])
+                .unwrap();
+            let now = epoch_ms(SystemTime::now());
+            store.apply(&[StoreOp::Finish { consumer: b, seq: 1, log: log_entry("e1", LogStatus::Completed, now) }]).unwrap();
+        }
+        let store = RedbStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.consumers.len(), 2);
+        assert_eq!(loaded.events.len(), 1, "still held by a");
+        assert_eq!(loaded.events[0].ordering_key.as_deref(), Some("k"));
+        assert_eq!(loaded.entries, vec![("a".to_owned(), 1, EntryRecord { attempts: 2, ..Default::default() })]);
+        assert_eq!(loaded.next_seq, 2);
+        assert_eq!(loaded.finished.get("b"), Some(&(1, 0)));
+        store.apply(&[StoreOp::Finish { consumer: "a".into(), seq: 1, log: log_entry("e1", LogStatus::DeadLettered, 2) }]).unwrap();
+        assert!(store.load().unwrap().events.is_empty(), "released by the last holder");
+    }
+
+    #[test]
+    fn log_is_bounded_and_paged() {
+        let store = RedbStore::open(Path::new(""), Fsync::Always, RETAIN).unwrap();
+        let now = epoch_ms(SystemTime::now());
+        for i in 0..5 {
+            let status = if i % 2 == 0 { LogStatus::Completed } else { LogStatus::DeadLettered };
+            store.apply(&[StoreOp::Finish { consumer: "c".into(), seq: i, log: log_entry(&format!("e{i}"), status, now) }]).unwrap();
+        }
+        let page = store.log("c", None, 2, None).unwrap();
+        let ids: Vec<&str> = page.entries.iter().map(|e| e.event_id.as_str()).collect();
+        assert_eq!(ids, ["e2", "e3"], "only the newest 3 are kept");
+        let rest = store.log("c", None, 2, page.next).unwrap();
+        assert_eq!(rest.entries.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), ["e4"]);
+        assert!(rest.next.is_none());
+        let dead = store.log("c", Some(LogStatus::DeadLettered), 10, None).unwrap();
+        assert_eq!(dead.entries.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), ["e3"]);
+        // Too old: dropped when the next line is written.
+        store.apply(&[StoreOp::Finish { consumer: "old".into(), seq: 9, log: log_entry("old", LogStatus::Completed, 1) }]).unwrap();
+        store.apply(&[StoreOp::Finish { consumer: "old".into(), seq: 10, log: log_entry("new", LogStatus::Completed, now) }]).unwrap();
+        let ids: Vec<String> = store.log("old", None, 10, None).unwrap().entries.into_iter().map(|e| e.event_id).collect();
+        assert_eq!(ids, ["new"]);
+    }
+
+    #[test]
+    fn refuses_foreign_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FILE_NAME), b"this is not a database").unwrap();
+        let err = RedbStore::open(dir.path(), Fsync::Always, RETAIN).unwrap_err();
+        assert!(matches!(err, StoreError::Open { .. }), "{err}");
+        assert!(err.to_string().contains(FILE_NAME), "{err}");
+
+        let other = tempfile::tempdir().unwrap();
+        {
+            let db = Database::create(other.path().join(FILE_NAME)).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(TableDefinition::<&str, &str>::new("someone_else")).unwrap();
+            txn.commit().unwrap();
+        }
+        let err = RedbStore::open(other.path(), Fsync::Always, RETAIN).unwrap_err();
+        assert!(err.to_string().contains("not an eventbus store"), "{err}");
+    }
+}
