@@ -9,6 +9,7 @@ use parking_lot::RwLock;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::durable::{Captured, Durable};
 use crate::error::Error;
 use crate::event::{Event, PublishInput, new_id};
 use crate::name::Pattern;
@@ -94,6 +95,9 @@ pub struct Published {
     pub failed: u32,
     /// Time spent, including waits for full queues.
     pub duration: Duration,
+    /// The idempotency key was seen within the dedup window: nothing was delivered and
+    /// `event_id` is the original event's.
+    pub duplicate: bool,
 }
 
 /// The event bus: a cheap handle, clone it freely.
@@ -119,6 +123,8 @@ pub(crate) struct Inner {
     transport: Option<Arc<dyn Transport>>,
     /// Signalled whenever a subscription leaves (shutdown waits on it).
     removed: Notify,
+    /// Durable consumers, when enabled: captured before a publish is answered.
+    durable: std::sync::OnceLock<Durable>,
 }
 
 impl Bus {
@@ -137,6 +143,34 @@ impl Bus {
         Self { inner }
     }
 
+    /// Enables durable consumers: every later publish is captured for the consumers it
+    /// matches before it is answered, and dead letters are published on this bus.
+    pub fn enable_durable(&self, durable: Durable) {
+        let bus = Arc::downgrade(&self.inner);
+        durable.set_dead_letter_sink(Arc::new(move |channel, payload, content_type| {
+            let Some(inner) = bus.upgrade() else { return };
+            let bus = Bus { inner };
+            tokio::spawn(async move {
+                let input = PublishInput {
+                    channel: channel.clone(),
+                    payload,
+                    content_type,
+                    source: "eventbusd".into(),
+                    ..Default::default()
+                };
+                if let Err(err) = bus.publish(input).await {
+                    tracing::error!(%channel, %err, "cannot publish a dead letter");
+                }
+            });
+        }));
+        let _ = self.inner.durable.set(durable);
+    }
+
+    /// The durable consumer engine, when enabled.
+    pub fn durable(&self) -> Option<&Durable> {
+        self.inner.durable.get()
+    }
+
     /// Settings in force.
     pub fn config(&self) -> &BusConfig {
         &self.inner.config
@@ -148,12 +182,27 @@ impl Bus {
     }
 
     /// Validates and publishes one event.
-    pub async fn publish(&self, input: PublishInput) -> Result<Published, Error> {
+    pub async fn publish(&self, mut input: PublishInput) -> Result<Published, Error> {
         let start = Instant::now();
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
         }
+        let ordering_key = std::mem::take(&mut input.ordering_key);
+        let idempotency_key = std::mem::take(&mut input.idempotency_key);
         let event = input.into_event(self.inner.config.max_payload_bytes)?;
+        if let Some(durable) = self.inner.durable.get() {
+            let key = (!ordering_key.is_empty()).then_some(ordering_key.as_str());
+            let idem = (!idempotency_key.is_empty()).then_some(idempotency_key.as_str());
+            if let Captured::Duplicate(original) = durable.capture(&event, key, idem).await? {
+                return Ok(Published {
+                    event_id: original,
+                    delivered: 0,
+                    failed: 0,
+                    duration: start.elapsed(),
+                    duplicate: true,
+                });
+            }
+        }
         let event_id = event.id.clone();
         let fanout = match &self.inner.transport {
             None => self.inner.dispatch_local(event, true).await,
@@ -166,7 +215,13 @@ impl Bus {
                 fanout
             }
         };
-        Ok(Published { event_id, delivered: fanout.delivered, failed: fanout.failed, duration: start.elapsed() })
+        Ok(Published {
+            event_id,
+            delivered: fanout.delivered,
+            failed: fanout.failed,
+            duration: start.elapsed(),
+            duplicate: false,
+        })
     }
 
     /// Opens a subscription. It is live (matched by every later publish, on any
@@ -331,6 +386,7 @@ impl Inner {
             shutting_down: AtomicBool::new(false),
             transport,
             removed: Notify::new(),
+            durable: std::sync::OnceLock::new(),
         }
     }
 

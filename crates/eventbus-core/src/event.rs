@@ -81,6 +81,10 @@ pub struct PublishInput {
     pub source: String,
     /// The publisher's address, the fallback source.
     pub peer: String,
+    /// Durable consumers deliver events of one key one at a time, in order (SPEC §9).
+    pub ordering_key: String,
+    /// A key seen within the dedup window makes this publish a no-op duplicate.
+    pub idempotency_key: String,
 }
 
 /// Why a publish's metadata was refused.
@@ -102,6 +106,12 @@ impl PublishInput {
             return Err(Error::PayloadTooLarge { size: self.payload.len(), limit: max_payload_bytes });
         }
         validate_metadata(&self.metadata)?;
+        if self.ordering_key.len() > MAX_METADATA_VALUE_BYTES || self.idempotency_key.len() > MAX_METADATA_VALUE_BYTES {
+            return Err(Error::InvalidOption {
+                field: "ordering_key/idempotency_key",
+                message: format!("keys are at most {MAX_METADATA_VALUE_BYTES} bytes"),
+            });
+        }
         let source = if self.source.is_empty() { self.peer } else { self.source };
         Ok(Event {
             id: new_id(),

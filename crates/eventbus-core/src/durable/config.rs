@@ -78,7 +78,11 @@ impl ConsumerConfig {
         if self.channels.is_empty() {
             return Err(format!("consumer {:?} needs at least one channel or pattern", self.name));
         }
-        let filters = self.channels.iter().map(|c| Pattern::parse(c).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+        let filters = self
+            .channels
+            .iter()
+            .map(|c| Pattern::parse(c).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
         if self.ack_deadline_ms == 0 {
             return Err("ack_deadline_ms must be positive".into());
         }

@@ -141,7 +141,11 @@ enum EState {
     Parked,
     Ready,
     Waiting(Instant),
-    InFlight { client: u64, deadline: Instant, since: Instant },
+    InFlight {
+        client: u64,
+        deadline: Instant,
+        since: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -205,16 +209,18 @@ struct WriteRequest {
     done: Option<oneshot::Sender<Result<(), String>>>,
 }
 
+/// Idempotency keys in the window. Expiry is kept both as wall time (what the store
+/// persists) and as a monotonic instant (what the window is measured with).
 #[derive(Debug, Default)]
 struct Dedup {
-    keys: HashMap<String, (String, u64)>,
-    by_expiry: BTreeMap<(u64, String), ()>,
+    keys: HashMap<String, (String, Instant)>,
+    by_expiry: BTreeMap<(Instant, String), ()>,
 }
 
 impl Dedup {
-    fn prune(&mut self, now_ms: u64) {
-        while let Some(((expires, key), ())) = self.by_expiry.first_key_value().map(|(k, v)| (k.clone(), *v)) {
-            if expires > now_ms {
+    fn prune(&mut self, now: Instant) {
+        while let Some((expires, key)) = self.by_expiry.first_key_value().map(|(k, _)| k.clone()) {
+            if expires > now {
                 break;
             }
             self.by_expiry.remove(&(expires, key.clone()));
@@ -224,9 +230,9 @@ impl Dedup {
         }
     }
 
-    fn insert(&mut self, key: String, event_id: String, expires_ms: u64) {
-        self.by_expiry.insert((expires_ms, key.clone()), ());
-        self.keys.insert(key, (event_id, expires_ms));
+    fn insert(&mut self, key: String, event_id: String, expires: Instant) {
+        self.by_expiry.insert((expires, key.clone()), ());
+        self.keys.insert(key, (event_id, expires));
     }
 }
 
@@ -309,11 +315,8 @@ impl Durable {
     fn restore(&self, loaded: crate::durable::store::Loaded) -> Result<(), DurableError> {
         let now = Instant::now();
         let now_ms = epoch_ms(SystemTime::now());
-        let events: HashMap<u64, (Arc<Event>, Option<Arc<str>>)> = loaded
-            .events
-            .into_iter()
-            .map(|e| (e.seq, (Arc::new(e.event), e.ordering_key.map(Arc::from))))
-            .collect();
+        let events: HashMap<u64, (Arc<Event>, Option<Arc<str>>)> =
+            loaded.events.into_iter().map(|e| (e.seq, (Arc::new(e.event), e.ordering_key.map(Arc::from)))).collect();
         for config in loaded.consumers {
             let consumer = self.register(config)?;
             if let Some((acked, dead)) = loaded.finished.get(&*consumer.name) {
@@ -332,7 +335,8 @@ impl Durable {
         {
             let mut dedup = self.inner.dedup.lock();
             for d in loaded.dedup {
-                dedup.insert(d.key, d.event_id, d.expires_ms);
+                let left = Duration::from_millis(d.expires_ms.saturating_sub(now_ms));
+                dedup.insert(d.key, d.event_id, now + left);
             }
         }
         self.run(fx);
@@ -376,6 +380,11 @@ impl Durable {
             Ok(Err(e)) => Err(DurableError::Unavailable(e)),
             Err(_) => Err(DurableError::Unavailable("the store writer has stopped".into())),
         }
+    }
+
+    /// Waits until every change queued so far is committed.
+    pub async fn flush(&self) -> Result<(), DurableError> {
+        self.commit(Vec::new()).await
     }
 
     /// Creates a consumer. Idempotent for an identical configuration.
@@ -449,11 +458,18 @@ impl Durable {
         Ok(())
     }
 
-    /// The terminal log of a consumer.
-    pub fn log(&self, name: &str, status: Option<LogStatus>, limit: usize, after: Option<u64>) -> Result<LogPage, DurableError> {
+    /// The terminal log of a consumer, including every change made before the call.
+    pub async fn log(
+        &self,
+        name: &str,
+        status: Option<LogStatus>,
+        limit: usize,
+        after: Option<u64>,
+    ) -> Result<LogPage, DurableError> {
         if self.consumer(name).is_none() {
             return Err(DurableError::UnknownConsumer(name.to_owned()));
         }
+        self.flush().await?;
         Ok(self.inner.store.log(name, status, limit.clamp(1, 1000), after)?)
     }
 
@@ -465,16 +481,17 @@ impl Durable {
         ordering_key: Option<&str>,
         idempotency_key: Option<&str>,
     ) -> Result<Captured, DurableError> {
-        let now_ms = epoch_ms(event.timestamp);
+        let window = self.inner.options.dedup_window;
         let dedup = match idempotency_key {
             Some(key) => {
                 let mut d = self.inner.dedup.lock();
-                d.prune(epoch_ms(SystemTime::now()));
+                let now = Instant::now();
+                d.prune(now);
                 if let Some((original, _)) = d.keys.get(key) {
                     return Ok(Captured::Duplicate(original.clone()));
                 }
-                let expires_ms = now_ms + self.inner.options.dedup_window.as_millis() as u64;
-                d.insert(key.to_owned(), event.id.clone(), expires_ms);
+                let expires_ms = epoch_ms(event.timestamp) + window.as_millis() as u64;
+                d.insert(key.to_owned(), event.id.clone(), now + window);
                 Some(DedupRecord { key: key.to_owned(), event_id: event.id.clone(), expires_ms })
             }
             None => None,
@@ -596,7 +613,9 @@ impl Durable {
             let (payload, content_type) = (self.inner.options.dead_letter_encoder)(&dl);
             match self.inner.sink.get() {
                 Some(sink) => sink(dl.channel, payload, content_type),
-                None => tracing::warn!(consumer = %dl.consumer, event = %dl.event.id, "dead letter not published: no sink"),
+                None => {
+                    tracing::warn!(consumer = %dl.consumer, event = %dl.event.id, "dead letter not published: no sink")
+                }
             }
         }
     }
@@ -694,7 +713,8 @@ impl ClientHandle {
         let id = self.id;
         self.with_state(|c, st, fx| {
             let Some(seq) = st.by_id.get(event_id).copied() else { return };
-            if matches!(st.entries.get(&seq).map(|e| &e.state), Some(EState::InFlight { client, .. }) if *client == id) {
+            if matches!(st.entries.get(&seq).map(|e| &e.state), Some(EState::InFlight { client, .. }) if *client == id)
+            {
                 release_client(st, id);
                 let reason = if reason.is_empty() { "nacked" } else { reason };
                 fail(c, st, seq, reason.to_owned(), delay, fx);
@@ -726,7 +746,8 @@ impl ClientHandle {
         let id = self.id;
         self.with_state(|c, st, fx| {
             let Some(seq) = st.by_id.get(event_id).copied() else { return };
-            if matches!(st.entries.get(&seq).map(|e| &e.state), Some(EState::InFlight { client, .. }) if *client == id) {
+            if matches!(st.entries.get(&seq).map(|e| &e.state), Some(EState::InFlight { client, .. }) if *client == id)
+            {
                 release_client(st, id);
                 let reason = if reason.is_empty() { REASON_TERM } else { reason };
                 if let Some(e) = st.entries.get_mut(&seq) {
@@ -830,7 +851,11 @@ fn dispatch(consumer: &Arc<Consumer>, st: &mut CState, fx: &mut Effects) {
             entry.state = EState::InFlight { client: client_id, deadline, since: now };
             fx.timers.push((deadline, Arc::clone(consumer), seq));
             fx.ops.push(StoreOp::Update { consumer: Arc::clone(&consumer.name), seq, entry: entry.record.clone() });
-            batch.push(Delivery { event: Arc::clone(&entry.event), attempt: entry.record.attempts, deadline: wall + deadline_in });
+            batch.push(Delivery {
+                event: Arc::clone(&entry.event),
+                attempt: entry.record.attempts,
+                deadline: wall + deadline_in,
+            });
         }
         st.clients[i].in_flight += batch.len() as u32;
         if !batch.is_empty() {
@@ -840,7 +865,14 @@ fn dispatch(consumer: &Arc<Consumer>, st: &mut CState, fx: &mut Effects) {
 }
 
 /// One failed attempt: redeliver after the delay, or dead-letter past max_attempts.
-fn fail(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, reason: String, delay: Option<Duration>, fx: &mut Effects) {
+fn fail(
+    consumer: &Arc<Consumer>,
+    st: &mut CState,
+    seq: u64,
+    reason: String,
+    delay: Option<Duration>,
+    fx: &mut Effects,
+) {
     let max = consumer.config.max_attempts;
     let Some(entry) = st.entries.get_mut(&seq) else { return };
     entry.record.failures.push(Failure { at_ms: epoch_ms(SystemTime::now()), reason });

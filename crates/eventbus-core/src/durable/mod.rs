@@ -14,6 +14,9 @@ pub mod engine;
 pub mod redb_store;
 pub mod store;
 
+#[cfg(test)]
+mod tests;
+
 pub use config::{Backoff, ConsumerConfig};
 pub use engine::{
     Attached, Captured, ClientHandle, ClientOptions, ConsumerInfo, Delivery, Durable, DurableError, DurableOptions,

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
 use crate::durable::store::{
-    DedupRecord, EntryRecord, LogEntry, LogPage, LogStatus, Loaded, Store, StoreError, StoreOp, StoredEvent,
+    DedupRecord, EntryRecord, Loaded, LogEntry, LogPage, LogStatus, Store, StoreError, StoreOp, StoredEvent,
     decode_event, encode_event, epoch_ms, set_refs,
 };
 
@@ -108,7 +108,9 @@ impl RedbStore {
             let schema = meta.get(SCHEMA_KEY).map_err(io)?.map(|v| v.value());
             match schema {
                 Some(SCHEMA_VERSION) => {}
-                Some(other) => return Err(refuse(format!("schema version {other}, this eventbusd reads {SCHEMA_VERSION}"))),
+                Some(other) => {
+                    return Err(refuse(format!("schema version {other}, this eventbusd reads {SCHEMA_VERSION}")));
+                }
                 None => {
                     let foreign = txn.list_tables().map_err(io)?.any(|t| t.name() != "meta");
                     if foreign {
@@ -188,7 +190,13 @@ impl RedbStore {
         Ok(())
     }
 
-    fn append_log(&self, txn: &redb::WriteTransaction, consumer: &str, entry: &LogEntry, now_ms: u64) -> Result<(), StoreError> {
+    fn append_log(
+        &self,
+        txn: &redb::WriteTransaction,
+        consumer: &str,
+        entry: &LogEntry,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
         let mut log = txn.open_table(LOG).map_err(io)?;
         let id = self.next_log.fetch_add(1, Ordering::Relaxed);
         let json = serde_json::to_string(entry).map_err(corrupt)?;
@@ -199,7 +207,9 @@ impl RedbStore {
         // Drop the oldest lines past the count bound or the age bound.
         let cutoff = now_ms.saturating_sub(self.retention.max_age_ms);
         while *count > 0 {
-            let Some((key, value)) = log.range((consumer, 0)..=(consumer, u64::MAX)).map_err(io)?.next().transpose().map_err(io)? else {
+            let Some((key, value)) =
+                log.range((consumer, 0)..=(consumer, u64::MAX)).map_err(io)?.next().transpose().map_err(io)?
+            else {
                 break;
             };
             let oldest = key.value().1;
@@ -326,7 +336,13 @@ impl Store for RedbStore {
         Ok(())
     }
 
-    fn log(&self, consumer: &str, status: Option<LogStatus>, limit: usize, after: Option<u64>) -> Result<LogPage, StoreError> {
+    fn log(
+        &self,
+        consumer: &str,
+        status: Option<LogStatus>,
+        limit: usize,
+        after: Option<u64>,
+    ) -> Result<LogPage, StoreError> {
         let txn = self.db.begin_read().map_err(io)?;
         let log = txn.open_table(LOG).map_err(io)?;
         let start = after.map_or(0, |a| a.saturating_add(1));
@@ -401,11 +417,17 @@ mod tests {
                         consumers: vec![a.clone(), b.clone()],
                         dedup: None,
                     },
-                    StoreOp::Update { consumer: a.clone(), seq: 1, entry: EntryRecord { attempts: 2, ..Default::default() } },
+                    StoreOp::Update {
+                        consumer: a.clone(),
+                        seq: 1,
+                        entry: EntryRecord { attempts: 2, ..Default::default() },
+                    },
                 ])
                 .unwrap();
             let now = epoch_ms(SystemTime::now());
-            store.apply(&[StoreOp::Finish { consumer: b, seq: 1, log: log_entry("e1", LogStatus::Completed, now) }]).unwrap();
+            store
+                .apply(&[StoreOp::Finish { consumer: b, seq: 1, log: log_entry("e1", LogStatus::Completed, now) }])
+                .unwrap();
         }
         let store = RedbStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
         let loaded = store.load().unwrap();
@@ -415,7 +437,13 @@ mod tests {
         assert_eq!(loaded.entries, vec![("a".to_owned(), 1, EntryRecord { attempts: 2, ..Default::default() })]);
         assert_eq!(loaded.next_seq, 2);
         assert_eq!(loaded.finished.get("b"), Some(&(1, 0)));
-        store.apply(&[StoreOp::Finish { consumer: "a".into(), seq: 1, log: log_entry("e1", LogStatus::DeadLettered, 2) }]).unwrap();
+        store
+            .apply(&[StoreOp::Finish {
+                consumer: "a".into(),
+                seq: 1,
+                log: log_entry("e1", LogStatus::DeadLettered, 2),
+            }])
+            .unwrap();
         assert!(store.load().unwrap().events.is_empty(), "released by the last holder");
     }
 
@@ -425,7 +453,13 @@ mod tests {
         let now = epoch_ms(SystemTime::now());
         for i in 0..5 {
             let status = if i % 2 == 0 { LogStatus::Completed } else { LogStatus::DeadLettered };
-            store.apply(&[StoreOp::Finish { consumer: "c".into(), seq: i, log: log_entry(&format!("e{i}"), status, now) }]).unwrap();
+            store
+                .apply(&[StoreOp::Finish {
+                    consumer: "c".into(),
+                    seq: i,
+                    log: log_entry(&format!("e{i}"), status, now),
+                }])
+                .unwrap();
         }
         let page = store.log("c", None, 2, None).unwrap();
         let ids: Vec<&str> = page.entries.iter().map(|e| e.event_id.as_str()).collect();
@@ -436,9 +470,22 @@ mod tests {
         let dead = store.log("c", Some(LogStatus::DeadLettered), 10, None).unwrap();
         assert_eq!(dead.entries.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), ["e3"]);
         // Too old: dropped when the next line is written.
-        store.apply(&[StoreOp::Finish { consumer: "old".into(), seq: 9, log: log_entry("old", LogStatus::Completed, 1) }]).unwrap();
-        store.apply(&[StoreOp::Finish { consumer: "old".into(), seq: 10, log: log_entry("new", LogStatus::Completed, now) }]).unwrap();
-        let ids: Vec<String> = store.log("old", None, 10, None).unwrap().entries.into_iter().map(|e| e.event_id).collect();
+        store
+            .apply(&[StoreOp::Finish {
+                consumer: "old".into(),
+                seq: 9,
+                log: log_entry("old", LogStatus::Completed, 1),
+            }])
+            .unwrap();
+        store
+            .apply(&[StoreOp::Finish {
+                consumer: "old".into(),
+                seq: 10,
+                log: log_entry("new", LogStatus::Completed, now),
+            }])
+            .unwrap();
+        let ids: Vec<String> =
+            store.log("old", None, 10, None).unwrap().entries.into_iter().map(|e| e.event_id).collect();
         assert_eq!(ids, ["new"]);
     }
 

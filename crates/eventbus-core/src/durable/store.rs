@@ -89,9 +89,17 @@ pub enum StoreOp {
     /// An idempotency key of a publish no consumer captured.
     Dedup(DedupRecord),
     /// New attempt count, failures or due time of an unfinished event.
-    Update { consumer: Arc<str>, seq: u64, entry: EntryRecord },
+    Update {
+        consumer: Arc<str>,
+        seq: u64,
+        entry: EntryRecord,
+    },
     /// The event is done for this consumer: into the terminal log.
-    Finish { consumer: Arc<str>, seq: u64, log: LogEntry },
+    Finish {
+        consumer: Arc<str>,
+        seq: u64,
+        log: LogEntry,
+    },
 }
 
 /// A captured event as stored.
@@ -132,8 +140,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn apply(&self, ops: &[StoreOp]) -> Result<(), StoreError>;
 
     /// The terminal log of `consumer`, oldest first, after position `after`.
-    fn log(&self, consumer: &str, status: Option<LogStatus>, limit: usize, after: Option<u64>)
-    -> Result<LogPage, StoreError>;
+    fn log(
+        &self,
+        consumer: &str,
+        status: Option<LogStatus>,
+        limit: usize,
+        after: Option<u64>,
+    ) -> Result<LogPage, StoreError>;
 }
 
 /// Milliseconds since the Unix epoch.
@@ -254,7 +267,10 @@ mod tests {
         let (back, key, refs) = decode_event(&bytes).unwrap();
         assert_eq!((key.as_deref(), refs), (Some("order-7"), 2));
         assert_eq!((back.id, back.channel, back.timestamp), (event.id, event.channel, event.timestamp));
-        assert_eq!((back.payload, back.metadata, back.content_type), (event.payload, event.metadata, event.content_type));
+        assert_eq!(
+            (back.payload, back.metadata, back.content_type),
+            (event.payload, event.metadata, event.content_type)
+        );
         assert!(decode_event(&bytes[..bytes.len() - 1]).is_err(), "truncation is detected");
     }
 }

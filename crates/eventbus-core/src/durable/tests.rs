@@ -1,0 +1,287 @@
+//! Engine semantics (SPEC §9) through the bus, with an in-memory store and paused time
+//! wherever timing is the subject.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::{Bus, BusConfig, PublishInput, SubscribeOptions};
+
+fn options(dedup_window: Duration) -> DurableOptions {
+    DurableOptions {
+        dedup_window,
+        // A readable test encoding: "consumer|attempts|reason;reason".
+        dead_letter_encoder: Arc::new(|dl: &PublishedDeadLetter| {
+            let reasons: Vec<&str> = dl.failures.iter().map(|f| f.reason.as_str()).collect();
+            (Bytes::from(format!("{}|{}|{}", dl.consumer, dl.attempts, reasons.join(";"))), "text/plain".into())
+        }),
+        on_ack: None,
+    }
+}
+
+fn bus_with(store: Arc<dyn Store>, dedup_window: Duration) -> (Bus, Durable) {
+    let bus = Bus::new(BusConfig::default());
+    let durable = Durable::start(store, options(dedup_window)).unwrap();
+    bus.enable_durable(durable.clone());
+    (bus, durable)
+}
+
+fn memory() -> Arc<dyn Store> {
+    let retention = Retention { max_entries: 100, max_age_ms: 86_400_000 };
+    Arc::new(RedbStore::open(Path::new(""), Fsync::Always, retention).unwrap())
+}
+
+fn consumer(name: &str, channels: &[&str]) -> ConsumerConfig {
+    ConsumerConfig {
+        backoff: Backoff { initial_ms: 1_000, multiplier: 2.0, max_ms: 5_000 },
+        ..ConsumerConfig::new(name, channels.iter().map(|c| c.to_string()).collect())
+    }
+}
+
+async fn publish(bus: &Bus, channel: &str, payload: &str) -> crate::Published {
+    bus.publish(PublishInput {
+        channel: channel.into(),
+        payload: Bytes::from(payload.to_owned()),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+async fn publish_keyed(bus: &Bus, channel: &str, payload: &str, ordering: &str, idempotency: &str) -> crate::Published {
+    let input = PublishInput {
+        channel: channel.into(),
+        payload: Bytes::from(payload.to_owned()),
+        ordering_key: ordering.into(),
+        idempotency_key: idempotency.into(),
+        ..Default::default()
+    };
+    bus.publish(input).await.unwrap()
+}
+
+async fn next(rx: &mut mpsc::Receiver<Vec<Delivery>>) -> Vec<Delivery> {
+    tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.expect("a delivery").expect("attached")
+}
+
+fn payloads(batch: &[Delivery]) -> Vec<String> {
+    batch.iter().map(|d| String::from_utf8(d.event.payload.to_vec()).unwrap()).collect()
+}
+
+#[tokio::test]
+async fn captures_while_nobody_is_attached_then_pushes() {
+    let (bus, durable) = bus_with(memory(), Duration::from_secs(120));
+    durable.create_consumer(consumer("inbox", &["orders.>"])).await.unwrap();
+    for p in ["a", "b", "c"] {
+        publish(&bus, "orders.created", p).await;
+    }
+    publish(&bus, "users.created", "ignored").await;
+    assert_eq!(durable.get_consumer("inbox").unwrap().pending, 3);
+    let mut attached = durable.attach("inbox", ClientOptions::default(), None).await.unwrap();
+    let batch = next(&mut attached.deliveries).await;
+    assert_eq!(payloads(&batch), ["a", "b", "c"]);
+    assert!(batch.iter().all(|d| d.attempt == 1));
+    let ids: Vec<String> = batch.iter().map(|d| d.event.id.clone()).collect();
+    attached.client.ack(&ids);
+    attached.client.ack(&ids); // a second ack is a no-op
+    let info = durable.get_consumer("inbox").unwrap();
+    assert_eq!((info.pending, info.in_flight, info.acked), (0, 0, 3));
+    let log = durable.log("inbox", None, 10, None).await.unwrap();
+    assert_eq!(log.entries.len(), 3);
+    assert!(log.entries.iter().all(|e| e.status == LogStatus::Completed && e.attempts == 1));
+}
+
+#[tokio::test]
+async fn create_is_idempotent_and_conflicts_are_refused() {
+    let (_bus, durable) = bus_with(memory(), Duration::from_secs(1));
+    let config = consumer("c", &["a"]);
+    durable.create_consumer(config.clone()).await.unwrap();
+    durable.create_consumer(config.clone()).await.unwrap();
+    let other = ConsumerConfig { max_attempts: 9, ..config };
+    assert!(matches!(durable.create_consumer(other).await, Err(DurableError::AlreadyExists(_))));
+    assert!(matches!(
+        durable.attach("nope", ClientOptions::default(), None).await,
+        Err(DurableError::UnknownConsumer(_))
+    ));
+    let made = durable.attach("made", ClientOptions::default(), Some(consumer("", &["x"]))).await.unwrap();
+    assert_eq!(made.info.config.name, "made", "create_if_missing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn nacks_follow_the_backoff_schedule_exactly() {
+    let (bus, durable) = bus_with(memory(), Duration::from_secs(1));
+    durable.create_consumer(ConsumerConfig { max_attempts: 0, ..consumer("r", &["jobs"]) }).await.unwrap();
+    let mut a = durable.attach("r", ClientOptions::default(), None).await.unwrap();
+    publish(&bus, "jobs", "x").await;
+    let mut waits = Vec::new();
+    let mut last = tokio::time::Instant::now();
+    for attempt in 1..=5 {
+        let batch = next(&mut a.deliveries).await;
+        assert_eq!(batch[0].attempt, attempt);
+        waits.push((tokio::time::Instant::now() - last).as_millis() as u64);
+        last = tokio::time::Instant::now();
+        a.client.nack(&batch[0].event.id, "boom", None);
+    }
+    assert_eq!(waits, [0, 1_000, 2_000, 4_000, 5_000], "min(max, initial × multiplier^(attempt−1))");
+    // A nack's own delay wins.
+    let batch = next(&mut a.deliveries).await;
+    let t = tokio::time::Instant::now();
+    a.client.nack(&batch[0].event.id, "later", Some(Duration::from_millis(300)));
+    next(&mut a.deliveries).await;
+    assert_eq!((tokio::time::Instant::now() - t).as_millis(), 300);
+    assert_eq!(durable.get_consumer("r").unwrap().redelivered, 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_deadlines_and_disconnects_count_as_failures() {
+    let (bus, durable) = bus_with(memory(), Duration::from_secs(1));
+    durable.create_consumer(ConsumerConfig { ack_deadline_ms: 500, ..consumer("d", &["jobs"]) }).await.unwrap();
+    let mut a = durable.attach("d", ClientOptions::default(), None).await.unwrap();
+    publish(&bus, "jobs", "x").await;
+    let first = next(&mut a.deliveries).await;
+    let t = tokio::time::Instant::now();
+    let second = next(&mut a.deliveries).await; // no ack: deadline, then backoff
+    assert_eq!(second[0].attempt, 2);
+    assert_eq!((tokio::time::Instant::now() - t).as_millis(), 500 + 1_000);
+    assert_eq!(first[0].event.id, second[0].event.id);
+
+    // Extend keeps it in flight past the deadline.
+    a.client.extend(&[second[0].event.id.clone()], Duration::from_secs(10));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(durable.get_consumer("d").unwrap().in_flight, 1);
+
+    // Disconnecting releases it at once as a failure; the next client gets it.
+    drop(a);
+    let info = durable.get_consumer("d").unwrap();
+    assert_eq!((info.in_flight, info.pending, info.clients), (0, 1, 0));
+    let mut b = durable.attach("d", ClientOptions::default(), None).await.unwrap();
+    let third = next(&mut b.deliveries).await;
+    assert_eq!(third[0].attempt, 3);
+    b.client.term(&third[0].event.id, "");
+    let log = durable.log("d", Some(LogStatus::DeadLettered), 10, None).await.unwrap();
+    let reasons: Vec<&str> = log.entries[0].failures.iter().map(|f| f.reason.as_str()).collect();
+    assert_eq!(reasons, [engine::REASON_DEADLINE, engine::REASON_DISCONNECT, engine::REASON_TERM]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dead_letters_after_max_attempts_with_every_reason() {
+    let (bus, durable) = bus_with(memory(), Duration::from_secs(1));
+    let dlq = bus.subscribe(SubscribeOptions { channels: vec!["dlq.>".into()], ..Default::default() }).await.unwrap();
+    durable.create_consumer(ConsumerConfig { max_attempts: 3, ..consumer("m", &["pay"]) }).await.unwrap();
+    let mut a = durable.attach("m", ClientOptions::default(), None).await.unwrap();
+    publish(&bus, "pay", "p").await;
+    for i in 1..=3 {
+        let batch = next(&mut a.deliveries).await;
+        a.client.nack(&batch[0].event.id, &format!("fail {i}"), None);
+    }
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), dlq.next_batch(&mut out)).await.unwrap().unwrap();
+    assert_eq!(out[0].channel, "dlq.pay");
+    assert_eq!(&out[0].payload[..], b"m|3|fail 1;fail 2;fail 3");
+    let info = durable.get_consumer("m").unwrap();
+    assert_eq!((info.pending, info.dead_lettered), (0, 1));
+}
+
+#[tokio::test]
+async fn competing_clients_never_hold_the_same_event() {
+    let (bus, durable) = bus_with(memory(), Duration::from_secs(1));
+    durable.create_consumer(consumer("w", &["work"])).await.unwrap();
+    let one = ClientOptions { max_in_flight: 1, max_batch: 0 };
+    let mut a = durable.attach("w", one, None).await.unwrap();
+    let mut b = durable.attach("w", one, None).await.unwrap();
+    for i in 0..4 {
+        publish(&bus, "work", &i.to_string()).await;
+    }
+    let (x, y) = (next(&mut a.deliveries).await, next(&mut b.deliveries).await);
+    assert_eq!((x.len(), y.len()), (1, 1), "max_in_flight 1 each");
+    assert_ne!(x[0].event.id, y[0].event.id);
+    assert_eq!(durable.get_consumer("w").unwrap().in_flight, 2);
+    a.client.ack(&[x[0].event.id.clone()]);
+    let z = next(&mut a.deliveries).await;
+    let seen = [&x[0].event.id, &y[0].event.id];
+    assert!(!seen.contains(&&z[0].event.id));
+}
+
+#[tokio::test(start_paused = true)]
+async fn ordering_keys_hold_order_without_blocking_other_keys() {
+    let (bus, durable) = bus_with(memory(), Duration::from_secs(1));
+    durable.create_consumer(consumer("o", &["acct"])).await.unwrap();
+    publish_keyed(&bus, "acct", "k1-first", "k1", "").await;
+    publish_keyed(&bus, "acct", "k1-second", "k1", "").await;
+    publish_keyed(&bus, "acct", "k2-only", "k2", "").await;
+    let mut a = durable.attach("o", ClientOptions::default(), None).await.unwrap();
+    let batch = next(&mut a.deliveries).await;
+    assert_eq!(payloads(&batch), ["k1-first", "k2-only"], "one in flight per key; k2 not blocked by k1");
+    a.client.ack(&[batch[1].event.id.clone()]);
+    a.client.nack(&batch[0].event.id, "slow", None);
+    let again = next(&mut a.deliveries).await;
+    assert_eq!(payloads(&again), ["k1-first"], "a nacked event keeps its key's turn");
+    a.client.ack(&[again[0].event.id.clone()]);
+    assert_eq!(payloads(&next(&mut a.deliveries).await), ["k1-second"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotent_publish_inside_and_outside_the_window() {
+    let (bus, durable) = bus_with(memory(), Duration::from_secs(120));
+    durable.create_consumer(consumer("i", &["orders"])).await.unwrap();
+    let ephemeral =
+        bus.subscribe(SubscribeOptions { channels: vec!["orders".into()], ..Default::default() }).await.unwrap();
+    let first = publish_keyed(&bus, "orders", "x", "", "order-42").await;
+    let again = publish_keyed(&bus, "orders", "x", "", "order-42").await;
+    assert!(!first.duplicate && again.duplicate);
+    assert_eq!(again.event_id, first.event_id);
+    assert_eq!(durable.get_consumer("i").unwrap().pending, 1, "not captured twice");
+    let mut out = Vec::new();
+    ephemeral.next_batch(&mut out).await.unwrap();
+    assert_eq!(out.len(), 1, "nor delivered twice to ephemeral subscribers");
+    tokio::time::advance(Duration::from_secs(121)).await;
+    let later = publish_keyed(&bus, "orders", "x", "", "order-42").await;
+    assert!(!later.duplicate && later.event_id != first.event_id, "outside the window it is new");
+}
+
+#[tokio::test]
+async fn restart_restores_pending_events_with_their_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention = Retention { max_entries: 100, max_age_ms: 86_400_000 };
+    let open = || -> Arc<dyn Store> { Arc::new(RedbStore::open(dir.path(), Fsync::Always, retention).unwrap()) };
+    let delivered_id = {
+        let (bus, durable) = bus_with(open(), Duration::from_secs(1));
+        durable.create_consumer(consumer("keep", &["k"])).await.unwrap();
+        publish(&bus, "k", "one").await;
+        let mut a = durable.attach("keep", ClientOptions { max_in_flight: 1, max_batch: 1 }, None).await.unwrap();
+        let id = next(&mut a.deliveries).await[0].event.id.clone();
+        publish(&bus, "k", "two").await;
+        durable.flush().await.unwrap();
+        // The client leaves without acking (one failed attempt), then the broker stops.
+        drop(a);
+        durable.flush().await.unwrap();
+        drop((bus, durable));
+        id
+    };
+    // The old engine's writer thread releases the file once it has drained.
+    let store = loop {
+        match RedbStore::open(dir.path(), Fsync::Always, retention) {
+            Ok(s) => break Arc::new(s) as Arc<dyn Store>,
+            Err(_) => tokio::task::yield_now().await,
+        }
+    };
+    let (_bus, durable) = bus_with(store, Duration::from_secs(1));
+    assert_eq!(durable.get_consumer("keep").unwrap().pending, 2);
+    let mut b = durable.attach("keep", ClientOptions::default(), None).await.unwrap();
+    let mut batch = next(&mut b.deliveries).await;
+    if batch.len() < 2 {
+        // "one" waits out its backoff after the failed attempt.
+        batch.extend(next(&mut b.deliveries).await);
+    }
+    let mut got = payloads(&batch);
+    got.sort();
+    assert_eq!(got, ["one", "two"]);
+    let by_payload: std::collections::HashMap<String, &Delivery> =
+        payloads(&batch).into_iter().zip(batch.iter()).collect();
+    assert_eq!(by_payload["one"].event.id, delivered_id);
+    assert_eq!(by_payload["one"].attempt, 2, "delivered before the restart: attempt + 1");
+    assert_eq!(by_payload["two"].attempt, 1);
+}
