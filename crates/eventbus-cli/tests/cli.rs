@@ -29,6 +29,7 @@ async fn broker() -> Broker {
     let mut settings = Settings::default();
     settings.server.grpc_addr = "127.0.0.1:0".parse().unwrap();
     settings.server.http_addr = "127.0.0.1:0".parse().unwrap();
+    settings.durable.data_dir = String::new();
     let server = Server::bind(settings).await.unwrap();
     let url = format!("http://{}", server.grpc_addr());
     let shutdown = CancellationToken::new();

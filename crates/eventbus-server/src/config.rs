@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
+use eventbus_core::durable::{Backoff, ConsumerConfig};
 use eventbus_core::{BusConfig, Overflow};
 use eventbus_redis::RedisOptions;
 use serde::Deserialize;
@@ -55,7 +56,85 @@ pub enum ConfigError {
 pub struct Settings {
     pub server: ServerSettings,
     pub eventbus: EventBusSettings,
+    pub durable: DurableSettings,
     pub log: LogSettings,
+}
+
+/// The `durable` section (SPEC §9).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DurableSettings {
+    /// Store directory; empty = in memory.
+    pub data_dir: String,
+    pub fsync: FsyncSetting,
+    pub dedup_window_ms: u64,
+    pub log_max_entries: u64,
+    pub log_max_age_ms: u64,
+    pub consumers: Vec<ConsumerSetting>,
+}
+
+/// A consumer declared in the configuration file; omitted keys take the defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerSetting {
+    pub name: String,
+    pub channels: Vec<String>,
+    #[serde(default = "defaults::ack_deadline_ms")]
+    pub ack_deadline_ms: u64,
+    #[serde(default = "defaults::max_attempts")]
+    pub max_attempts: u32,
+    #[serde(default)]
+    pub backoff: BackoffSetting,
+    #[serde(default = "defaults::max_in_flight")]
+    pub max_in_flight: u32,
+    #[serde(default)]
+    pub dead_letter_channel: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackoffSetting {
+    pub initial_ms: u64,
+    pub multiplier: f64,
+    pub max_ms: u64,
+}
+
+impl Default for BackoffSetting {
+    fn default() -> Self {
+        let b = Backoff::default();
+        Self { initial_ms: b.initial_ms, multiplier: b.multiplier, max_ms: b.max_ms }
+    }
+}
+
+mod defaults {
+    pub(super) fn ack_deadline_ms() -> u64 {
+        30_000
+    }
+    pub(super) fn max_attempts() -> u32 {
+        5
+    }
+    pub(super) fn max_in_flight() -> u32 {
+        1_000
+    }
+}
+
+impl ConsumerSetting {
+    /// The engine's definition.
+    pub fn to_config(&self) -> ConsumerConfig {
+        ConsumerConfig {
+            name: self.name.clone(),
+            channels: self.channels.clone(),
+            ack_deadline_ms: self.ack_deadline_ms,
+            max_attempts: self.max_attempts,
+            backoff: Backoff {
+                initial_ms: self.backoff.initial_ms,
+                multiplier: self.backoff.multiplier,
+                max_ms: self.backoff.max_ms,
+            },
+            max_in_flight: self.max_in_flight,
+            dead_letter_channel: (!self.dead_letter_channel.is_empty()).then(|| self.dead_letter_channel.clone()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -146,6 +225,11 @@ pub struct MetricsSettings {
     pub prefix: String,
     pub max_channel_labels: usize,
 }
+
+choice!(
+    /// When captures reach the disk.
+    FsyncSetting { Always = "always", Batch = "batch" }
+);
 
 choice!(
     /// Log output format.
@@ -280,6 +364,14 @@ impl Settings {
         {
             return invalid("eventbus.redis", format!("cannot use these Redis settings: {err}"));
         }
+        for consumer in &self.durable.consumers {
+            if let Err(message) = consumer.to_config().validate() {
+                return invalid("durable.consumers", message);
+            }
+        }
+        if self.durable.log_max_entries == 0 {
+            return invalid("durable.log_max_entries", "must be at least 1".into());
+        }
         if let Err(err) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return invalid("log.level", format!("{:?}: {err}", self.log.level));
         }
@@ -312,6 +404,14 @@ impl Settings {
             database: i64::from(r.database),
             prefix: r.prefix.clone(),
             tls_ca_file: (!r.tls_ca_file.is_empty()).then(|| PathBuf::from(&r.tls_ca_file)),
+        }
+    }
+
+    /// Terminal log bounds.
+    pub fn retention(&self) -> eventbus_core::durable::Retention {
+        eventbus_core::durable::Retention {
+            max_entries: self.durable.log_max_entries,
+            max_age_ms: self.durable.log_max_age_ms,
         }
     }
 
@@ -451,6 +551,23 @@ mod tests {
         assert!(msg.contains("/nonexistent.yaml"), "{msg}");
         let msg = error(&[("EVENTBUS__LOG__FORMAT", "xml")], Overrides::default());
         assert!(msg.contains("format"), "{msg}");
+    }
+
+    #[test]
+    fn consumers_declared_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("eb.yaml");
+        let yaml = "durable:\n  data_dir: ''\n  consumers:\n    - name: billing\n      channels: ['orders.>']\n      max_attempts: 3\n";
+        std::fs::write(&file, yaml).unwrap();
+        let s = load(&[], Overrides { config_file: Some(file.clone()), ..Default::default() }).unwrap();
+        let c = s.durable.consumers[0].to_config();
+        assert_eq!(
+            (c.name.as_str(), c.max_attempts, c.ack_deadline_ms, c.backoff),
+            ("billing", 3, 30_000, Backoff::default())
+        );
+        std::fs::write(&file, "durable:\n  consumers:\n    - name: bad name\n      channels: ['a']\n").unwrap();
+        let msg = error(&[], Overrides { config_file: Some(file), ..Default::default() });
+        assert!(msg.contains("durable.consumers") && msg.contains("bad name"), "{msg}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub(crate) fn status(err: Error) -> Status {
         ErrorKind::TooLarge => Status::resource_exhausted(message),
         ErrorKind::NotFound => Status::not_found(message),
         ErrorKind::Unavailable => Status::unavailable(message),
+        ErrorKind::AlreadyExists => Status::already_exists(message),
     }
 }
 
@@ -49,6 +50,8 @@ pub(crate) fn publish_input(req: pb::PublishRequest, peer: String) -> PublishInp
         content_type: req.content_type,
         source: req.source,
         peer,
+        ordering_key: req.ordering_key,
+        idempotency_key: req.idempotency_key,
     }
 }
 
@@ -58,6 +61,7 @@ pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
         delivered_count: p.delivered,
         failed_count: p.failed,
         duration: Some(duration(p.duration)),
+        duplicate: p.duplicate,
     }
 }
 

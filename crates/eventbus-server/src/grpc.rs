@@ -8,6 +8,7 @@ use eventbus_proto::pb::{self, subscribe_response::Kind};
 use futures::{Stream, StreamExt, stream};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::consume;
 use crate::convert::{self, status};
 use crate::metrics::Metrics;
 
@@ -69,6 +70,15 @@ impl pb::event_bus_server::EventBus for EventBusService {
             Ok(Some((response, (inbound, svc, peer))))
         });
         Ok(Response::new(Box::pin(responses)))
+    }
+
+    type ConsumeStream = consume::ConsumeStream;
+
+    async fn consume(
+        &self,
+        req: Request<Streaming<pb::ConsumeRequest>>,
+    ) -> Result<Response<Self::ConsumeStream>, Status> {
+        Ok(Response::new(consume::consume(&self.bus, req.into_inner()).await?))
     }
 
     type SubscribeStream = RpcStream<pb::SubscribeResponse>;
@@ -155,4 +165,57 @@ impl pb::admin_server::Admin for AdminService {
         self.bus.unsubscribe(&req.into_inner().subscription_id).map_err(status)?;
         Ok(Response::new(pb::UnsubscribeResponse {}))
     }
+
+    async fn create_consumer(
+        &self,
+        req: Request<pb::CreateConsumerRequest>,
+    ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        let config = req.into_inner().config.ok_or_else(|| Status::invalid_argument("config is required"))?;
+        let durable = consume::durable(&self.bus)?;
+        let info = durable.create_consumer(consume::config_from_pb(config)).await.map_err(durable_status)?;
+        Ok(Response::new(consume::info_to_pb(&info)))
+    }
+
+    async fn get_consumer(&self, req: Request<pb::GetConsumerRequest>) -> Result<Response<pb::ConsumerInfo>, Status> {
+        let info = consume::durable(&self.bus)?.get_consumer(&req.into_inner().name).map_err(durable_status)?;
+        Ok(Response::new(consume::info_to_pb(&info)))
+    }
+
+    async fn list_consumers(
+        &self,
+        _: Request<pb::ListConsumersRequest>,
+    ) -> Result<Response<pb::ListConsumersResponse>, Status> {
+        let consumers = consume::durable(&self.bus)?.list_consumers().iter().map(consume::info_to_pb).collect();
+        Ok(Response::new(pb::ListConsumersResponse { consumers }))
+    }
+
+    async fn delete_consumer(
+        &self,
+        req: Request<pb::DeleteConsumerRequest>,
+    ) -> Result<Response<pb::DeleteConsumerResponse>, Status> {
+        consume::durable(&self.bus)?.delete_consumer(&req.into_inner().name).await.map_err(durable_status)?;
+        Ok(Response::new(pb::DeleteConsumerResponse {}))
+    }
+
+    async fn list_event_log(
+        &self,
+        req: Request<pb::ListEventLogRequest>,
+    ) -> Result<Response<pb::ListEventLogResponse>, Status> {
+        let req = req.into_inner();
+        let status_filter = consume::status_filter(req.status)?;
+        let after = consume::page_after(&req.page_token)?;
+        let limit = if req.limit == 0 { 100 } else { req.limit as usize };
+        let page = consume::durable(&self.bus)?
+            .log(&req.consumer, status_filter, limit, after)
+            .await
+            .map_err(durable_status)?;
+        Ok(Response::new(pb::ListEventLogResponse {
+            entries: page.entries.iter().map(consume::log_entry_to_pb).collect(),
+            next_page_token: page.next.map(|n| n.to_string()).unwrap_or_default(),
+        }))
+    }
+}
+
+fn durable_status(err: eventbus_core::durable::DurableError) -> Status {
+    status(eventbus_core::Error::from(err))
 }

@@ -102,6 +102,7 @@ impl From<Error> for ApiError {
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::AlreadyExists => StatusCode::CONFLICT,
         };
         Self::new(status, err.to_string())
     }
@@ -279,6 +280,7 @@ async fn publish(
         content_type: "application/json".to_owned(),
         source: body.source,
         peer: peer.0.to_string(),
+        ..PublishInput::default()
     };
     let published = state.bus.publish(input).await?;
     if let Some(metrics) = &state.metrics {

@@ -18,6 +18,7 @@ pub mod server;
 pub mod shutdown;
 pub mod telemetry;
 
+pub mod consume;
 mod convert;
 mod grpc;
 

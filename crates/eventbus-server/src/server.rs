@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use eventbus_core::durable::{Durable, DurableOptions, Fsync, RedbStore};
 use eventbus_core::{Bus, TransportStatus};
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
 use eventbus_redis::RedisTransport;
@@ -16,7 +17,8 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
-use crate::config::{Mode, Settings};
+use crate::config::{FsyncSetting, Mode, Settings};
+use crate::consume;
 use crate::grpc::{AdminService, EventBusService};
 use crate::http::{self, HttpState, Readiness};
 use crate::metrics::Metrics;
@@ -45,6 +47,8 @@ pub enum ServerError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    #[error("durable store: {0}")]
+    Durable(String),
     #[error("invalid Redis settings: {0}")]
     Redis(String),
     #[error("HTTP server failed: {0}")]
@@ -88,6 +92,11 @@ impl Server {
                 Bus::with_transport(settings.bus_config(), |local| RedisTransport::start(client, &redis, local, stop))
             }
         };
+        if settings.eventbus.mode == Mode::InMemory {
+            start_durable(&settings, &bus).await?;
+        } else if !settings.durable.consumers.is_empty() {
+            return Err(ServerError::Durable("durable consumers are not available in redis mode yet".into()));
+        }
         Ok(Self { settings, bus, transport_stop, grpc, grpc_addr, http, http_addr })
     }
 
@@ -179,6 +188,31 @@ impl Server {
         info!("eventbusd stopped");
         Ok(())
     }
+}
+
+/// Opens the durable store, starts the engine on the bus and declares the configured
+/// consumers. A store that cannot be opened stops start-up: never a silent empty store.
+async fn start_durable(settings: &Settings, bus: &Bus) -> Result<(), ServerError> {
+    let d = &settings.durable;
+    let fsync = match d.fsync {
+        FsyncSetting::Always => Fsync::Always,
+        FsyncSetting::Batch => Fsync::Batch,
+    };
+    let store = RedbStore::open(std::path::Path::new(&d.data_dir), fsync, settings.retention())
+        .map_err(|e| ServerError::Durable(e.to_string()))?;
+    let options = DurableOptions {
+        dedup_window: Duration::from_millis(d.dedup_window_ms),
+        dead_letter_encoder: Arc::new(consume::encode_dead_letter),
+        on_ack: None,
+    };
+    let durable = Durable::start(Arc::new(store), options).map_err(|e| ServerError::Durable(e.to_string()))?;
+    bus.enable_durable(durable.clone());
+    for consumer in &d.consumers {
+        durable.declare_consumer(consumer.to_config()).await.map_err(|e| ServerError::Durable(e.to_string()))?;
+    }
+    let where_ = if d.data_dir.is_empty() { "memory" } else { d.data_dir.as_str() };
+    info!(store = where_, consumers = durable.list_consumers().len(), "durable consumers ready");
+    Ok(())
 }
 
 /// What flips when shutdown begins.

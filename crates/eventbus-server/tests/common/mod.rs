@@ -27,6 +27,7 @@ pub fn test_settings() -> Settings {
     let mut settings = Settings::default();
     settings.server.grpc_addr = "127.0.0.1:0".parse().unwrap();
     settings.server.http_addr = "127.0.0.1:0".parse().unwrap();
+    settings.durable.data_dir = String::new(); // in memory
     settings
 }
 
