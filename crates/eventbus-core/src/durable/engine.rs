@@ -248,6 +248,9 @@ impl std::fmt::Debug for Durable {
     }
 }
 
+/// Every pending timer: (due, tie-breaker) → (consumer, event seq).
+type Timers = BTreeMap<(Instant, u64), (Weak<Consumer>, u64)>;
+
 struct Inner {
     store: Arc<dyn Store>,
     options: DurableOptions,
@@ -256,7 +259,7 @@ struct Inner {
     next_client: AtomicU64,
     dedup: Mutex<Dedup>,
     writer: mpsc::Sender<WriteRequest>,
-    timers: Mutex<BTreeMap<(Instant, u64), (Weak<Consumer>, u64)>>,
+    timers: Mutex<Timers>,
     timer_seq: AtomicU64,
     /// Shared with the scheduler task, which must not keep the engine alive.
     timers_changed: Arc<Notify>,

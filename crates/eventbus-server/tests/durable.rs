@@ -1,0 +1,333 @@
+//! Durable consumers (SPEC §9) over the real gRPC API, and a kill -9 crash test of the
+//! real binary on a real data directory.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::Stdio;
+
+use common::*;
+use eventbus_proto::pb::{self, consume_request, consume_response};
+use prost::Message;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Streaming};
+
+fn consumer(name: &str, channels: &[&str]) -> pb::ConsumerConfig {
+    pb::ConsumerConfig {
+        name: name.into(),
+        channels: channels.iter().map(|c| c.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// A Consume stream: requests in, responses out.
+struct Consumer {
+    requests: mpsc::Sender<pb::ConsumeRequest>,
+    responses: Streaming<pb::ConsumeResponse>,
+    info: pb::ConsumerInfo,
+}
+
+fn req(kind: consume_request::Kind) -> pb::ConsumeRequest {
+    pb::ConsumeRequest { kind: Some(kind) }
+}
+
+async fn attach(
+    endpoint: tonic::transport::Endpoint,
+    name: &str,
+    max_in_flight: u32,
+) -> Result<Consumer, tonic::Status> {
+    let mut client = pb::event_bus_client::EventBusClient::new(endpoint.connect().await.unwrap());
+    let (tx, rx) = mpsc::channel(64);
+    let attach = pb::Attach { consumer: name.into(), max_in_flight, ..Default::default() };
+    tx.send(req(consume_request::Kind::Attach(attach))).await.unwrap();
+    let mut responses = client.consume(ReceiverStream::new(rx)).await?.into_inner();
+    match within(responses.message()).await? {
+        Some(pb::ConsumeResponse { kind: Some(consume_response::Kind::Attached(a)) }) => {
+            Ok(Consumer { requests: tx, responses, info: a.consumer.unwrap() })
+        }
+        other => panic!("expected attached, got {other:?}"),
+    }
+}
+
+impl Consumer {
+    async fn deliveries(&mut self, n: usize) -> Vec<pb::Delivery> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            match within(self.responses.message()).await.unwrap() {
+                Some(pb::ConsumeResponse { kind: Some(consume_response::Kind::Deliveries(d)) }) => {
+                    out.extend(d.deliveries)
+                }
+                other => panic!("expected deliveries, got {other:?}"),
+            }
+        }
+        out
+    }
+
+    async fn send(&self, kind: consume_request::Kind) {
+        self.requests.send(req(kind)).await.unwrap();
+    }
+}
+
+fn ids(d: &[pb::Delivery]) -> Vec<String> {
+    d.iter().map(|d| d.event.as_ref().unwrap().id.clone()).collect()
+}
+
+#[tokio::test]
+async fn consume_acks_and_the_log_over_grpc() {
+    let server = start().await;
+    let mut admin = server.admin().await;
+    let info = admin
+        .create_consumer(pb::CreateConsumerRequest { config: Some(consumer("inbox", &["orders.>"])) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.config.as_ref().unwrap().max_attempts, Some(5), "defaults filled in");
+    let mut client = server.client().await;
+    for i in 0..3 {
+        client.publish(event("orders.created", format!("o{i}"))).await.unwrap();
+    }
+    let before = admin.get_consumer(pb::GetConsumerRequest { name: "inbox".into() }).await.unwrap().into_inner();
+    assert_eq!((before.pending, before.clients), (3, 0), "captured while nobody was attached");
+    let mut c = attach(server.endpoint(), "inbox", 0).await.unwrap();
+    assert_eq!(c.info.pending + c.info.in_flight, 3);
+    let got = c.deliveries(3).await;
+    assert!(got.iter().all(|d| d.attempt == 1 && d.deadline.is_some()));
+    c.send(consume_request::Kind::Ack(pb::Ack { event_ids: ids(&got) })).await;
+    eventually("the acks to land", || {
+        let mut admin = admin.clone();
+        async move {
+            let info = admin.get_consumer(pb::GetConsumerRequest { name: "inbox".into() }).await.unwrap().into_inner();
+            info.acked == 3 && info.pending == 0 && info.in_flight == 0
+        }
+    })
+    .await;
+    let log = admin
+        .list_event_log(pb::ListEventLogRequest { consumer: "inbox".into(), limit: 2, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(log.entries.len(), 2);
+    assert!(!log.next_page_token.is_empty());
+    assert_eq!(log.entries[0].status, pb::EventStatus::Completed as i32);
+    let rest = admin
+        .list_event_log(pb::ListEventLogRequest {
+            consumer: "inbox".into(),
+            page_token: log.next_page_token,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((rest.entries.len(), rest.next_page_token.as_str()), (1, ""));
+    let list = admin.list_consumers(pb::ListConsumersRequest {}).await.unwrap().into_inner();
+    assert_eq!(list.consumers.len(), 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn durable_errors_have_their_status_codes() {
+    let server = start().await;
+    let mut admin = server.admin().await;
+    let err = attach(server.endpoint(), "ghost", 0).await.err().unwrap();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("ghost"), "{}", err.message());
+    admin.create_consumer(pb::CreateConsumerRequest { config: Some(consumer("c", &["a"])) }).await.unwrap();
+    admin.create_consumer(pb::CreateConsumerRequest { config: Some(consumer("c", &["a"])) }).await.unwrap();
+    let err =
+        admin.create_consumer(pb::CreateConsumerRequest { config: Some(consumer("c", &["b"])) }).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+    let err =
+        admin.create_consumer(pb::CreateConsumerRequest { config: Some(consumer("x", &["a.>.b"])) }).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("a.>.b"), "{}", err.message());
+    let err = admin.delete_consumer(pb::DeleteConsumerRequest { name: "ghost".into() }).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = admin
+        .list_event_log(pb::ListEventLogRequest { consumer: "c".into(), page_token: "x".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    // The first Consume request must be an attach.
+    let mut client = server.client().await;
+    let ack = req(consume_request::Kind::Ack(pb::Ack::default()));
+    let err = client.consume(tokio_stream::iter([ack])).await.err().unwrap();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    // create_if_missing.
+    let (tx, rx) = mpsc::channel(4);
+    let attach_req =
+        pb::Attach { consumer: "made".into(), create_if_missing: Some(consumer("", &["m"])), ..Default::default() };
+    tx.send(req(consume_request::Kind::Attach(attach_req))).await.unwrap();
+    client.consume(ReceiverStream::new(rx)).await.unwrap();
+    admin.get_consumer(pb::GetConsumerRequest { name: "made".into() }).await.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn dead_letters_are_decodable_and_consumable() {
+    let server = start().await;
+    let mut admin = server.admin().await;
+    let config = pb::ConsumerConfig { max_attempts: Some(1), ..consumer("pay", &["pay.*"]) };
+    admin.create_consumer(pb::CreateConsumerRequest { config: Some(config) }).await.unwrap();
+    admin
+        .create_consumer(pb::CreateConsumerRequest { config: Some(consumer("dlq-keeper", &["dlq.>"])) })
+        .await
+        .unwrap();
+    let mut watcher = server.subscribe(sub(&["dlq.>"])).await;
+    server.client().await.publish(event("pay.card", "charge")).await.unwrap();
+    let mut c = attach(server.endpoint(), "pay", 0).await.unwrap();
+    let got = c.deliveries(1).await;
+    let nack = pb::Nack { event_id: ids(&got)[0].clone(), reason: "card declined".into(), delay_ms: 0 };
+    c.send(consume_request::Kind::Nack(nack)).await;
+
+    let dead = watcher.take(1).await.remove(0);
+    assert_eq!(dead.channel, "dlq.pay.card");
+    assert_eq!(dead.content_type, "application/x-protobuf; type=eventbus.v1.DeadLetter");
+    let letter = pb::DeadLetter::decode(dead.payload.clone()).unwrap();
+    assert_eq!((letter.consumer.as_str(), letter.attempts), ("pay", 1));
+    assert_eq!(letter.failures[0].reason, "card declined");
+    assert_eq!(letter.event.unwrap().id, ids(&got)[0]);
+    // Captured durably by a consumer of the dead-letter channel too.
+    let mut keeper = attach(server.endpoint(), "dlq-keeper", 0).await.unwrap();
+    assert_eq!(keeper.deliveries(1).await[0].event.as_ref().unwrap().id, dead.id);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn disconnect_releases_in_flight_events_at_once() {
+    let server = start().await;
+    let mut admin = server.admin().await;
+    admin.create_consumer(pb::CreateConsumerRequest { config: Some(consumer("d", &["d"])) }).await.unwrap();
+    server.client().await.publish(event("d", "x")).await.unwrap();
+    let mut c = attach(server.endpoint(), "d", 0).await.unwrap();
+    c.deliveries(1).await;
+    drop(c);
+    eventually("the event to be released", || {
+        let mut admin = admin.clone();
+        async move {
+            let info = admin.get_consumer(pb::GetConsumerRequest { name: "d".into() }).await.unwrap().into_inner();
+            info.in_flight == 0 && info.pending == 1 && info.clients == 0
+        }
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn idempotent_publish_over_grpc() {
+    let server = start().await;
+    let mut client = server.client().await;
+    let mut req = event("orders", "x");
+    req.idempotency_key = "order-1".into();
+    let first = client.publish(req.clone()).await.unwrap().into_inner();
+    let again = client.publish(req).await.unwrap().into_inner();
+    assert!(!first.duplicate && again.duplicate);
+    assert_eq!(first.event_id, again.event_id);
+    server.stop().await;
+}
+
+/// Spawns eventbusd on `data_dir`; returns the child and its gRPC address.
+async fn daemon(data_dir: &std::path::Path) -> (tokio::process::Child, String) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_eventbusd"))
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .env("EVENTBUS__DURABLE__DATA_DIR", data_dir)
+        .env_remove("RUST_LOG")
+        .current_dir(data_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = within(async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("grpc_addr=").nth(1) {
+                return rest.split_whitespace().next().unwrap().to_owned();
+            }
+        }
+        panic!("eventbusd exited before starting");
+    })
+    .await;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
+}
+
+#[tokio::test]
+async fn kill_9_loses_nothing_published_and_redelivers_nothing_completed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr) = daemon(dir.path()).await;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+    let mut admin = pb::admin_client::AdminClient::new(endpoint.connect().await.unwrap());
+    admin.create_consumer(pb::CreateConsumerRequest { config: Some(consumer("crash", &["load.>"])) }).await.unwrap();
+
+    // Complete a few first.
+    let mut client = pb::event_bus_client::EventBusClient::new(endpoint.connect().await.unwrap());
+    for i in 0..5 {
+        client.publish(event("load.early", format!("early-{i}"))).await.unwrap();
+    }
+    let mut c = attach(endpoint.clone(), "crash", 0).await.unwrap();
+    let early = c.deliveries(5).await;
+    c.send(consume_request::Kind::Ack(pb::Ack { event_ids: ids(&early) })).await;
+    eventually("the early acks to be logged", || {
+        let mut admin = admin.clone();
+        async move {
+            let log = admin
+                .list_event_log(pb::ListEventLogRequest { consumer: "crash".into(), ..Default::default() })
+                .await
+                .unwrap();
+            log.into_inner().entries.len() == 5
+        }
+    })
+    .await;
+    drop(c);
+
+    // Publish under load from 4 concurrent publishers; kill -9 mid-stream.
+    let (ok_tx, mut ok_rx) = mpsc::unbounded_channel::<String>();
+    for p in 0..4 {
+        let mut client = pb::event_bus_client::EventBusClient::new(endpoint.connect().await.unwrap());
+        let ok_tx = ok_tx.clone();
+        tokio::spawn(async move {
+            for i in 0..100_000 {
+                match client.publish(event("load.burst", format!("p{p}-{i}"))).await {
+                    Ok(resp) => {
+                        let _ = ok_tx.send(resp.into_inner().event_id);
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+    drop(ok_tx);
+    let mut acknowledged = HashSet::new();
+    while acknowledged.len() < 300 {
+        acknowledged.insert(within(ok_rx.recv()).await.unwrap());
+    }
+    let pid = child.id().unwrap().to_string();
+    assert!(std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    within(child.wait()).await.unwrap();
+    while let Some(id) = within(ok_rx.recv()).await {
+        acknowledged.insert(id);
+    }
+
+    // Restart on the same directory: every OK'd event is there, nothing completed returns.
+    let (_child, addr) = daemon(dir.path()).await;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+    let mut admin = pb::admin_client::AdminClient::new(endpoint.connect().await.unwrap());
+    let info = admin.get_consumer(pb::GetConsumerRequest { name: "crash".into() }).await.unwrap().into_inner();
+    assert!(
+        info.pending as usize >= acknowledged.len(),
+        "{} pending < {} acknowledged",
+        info.pending,
+        acknowledged.len()
+    );
+    let mut c = attach(endpoint, "crash", 0).await.unwrap();
+    let redelivered: HashSet<String> = ids(&c.deliveries(info.pending as usize).await).into_iter().collect();
+    let missing: Vec<&String> = acknowledged.iter().filter(|id| !redelivered.contains(*id)).collect();
+    assert!(missing.is_empty(), "{} acknowledged-as-published events lost", missing.len());
+    let early: HashSet<String> = ids(&early).into_iter().collect();
+    assert!(redelivered.is_disjoint(&early), "completed events came back");
+}
