@@ -187,5 +187,10 @@ pub(crate) async fn consume(bus: &Bus, mut inbound: Streaming<pb::ConsumeRequest
         let deliveries = batch.iter().map(delivery_to_pb).collect();
         Ok(pb::ConsumeResponse { kind: Some(consume_response::Kind::Deliveries(pb::Deliveries { deliveries })) })
     });
-    Ok(Box::pin(futures::stream::once(async { Ok(attached_msg) }).chain(deliveries)))
+    // Detached by shutdown: say so, so the client reconnects elsewhere.
+    let bus = bus.clone();
+    let end =
+        futures::stream::once(async move { bus.is_shutting_down().then(|| Err(Status::unavailable("shutting down"))) })
+            .filter_map(|end| async move { end });
+    Ok(Box::pin(futures::stream::once(async { Ok(attached_msg) }).chain(deliveries).chain(end)))
 }

@@ -13,11 +13,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
+use eventbus_core::durable::store::{LogStatus, from_epoch_ms};
+use eventbus_core::durable::{ConsumerInfo, Durable};
 use eventbus_core::{Bus, Error, ErrorKind, PublishInput, TransportStatus};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::watch;
 
+use crate::config::ConsumerSetting;
 use crate::metrics::Metrics;
 
 /// Whether the instance should receive traffic: not shutting down, and (redis mode)
@@ -75,6 +78,9 @@ pub(crate) fn router(state: HttpState) -> Router {
         .route("/admin/eventbus/subscriptions", get(subscriptions))
         .route("/admin/eventbus/subscriptions/{id}", delete(unsubscribe))
         .route("/admin/eventbus/publish", post(publish))
+        .route("/admin/eventbus/consumers", get(list_consumers).post(create_consumer))
+        .route("/admin/eventbus/consumers/{name}", get(get_consumer).delete(delete_consumer))
+        .route("/admin/eventbus/consumers/{name}/log", get(consumer_log))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
@@ -292,4 +298,110 @@ async fn publish(
         failed_count: published.failed,
         duration_us: published.duration.as_micros() as u64,
     }))
+}
+
+// --- durable consumers ---
+
+fn engine(state: &HttpState) -> Result<&Durable, ApiError> {
+    state.bus.durable().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "durable consumers are not available in redis mode yet; use eventbus.mode in_memory",
+        )
+    })
+}
+
+fn consumer_json(i: &ConsumerInfo) -> serde_json::Value {
+    let c = &i.config;
+    json!({
+        "name": c.name,
+        "channels": c.channels,
+        "ack_deadline_ms": c.ack_deadline_ms,
+        "max_attempts": c.max_attempts,
+        "backoff": {"initial_ms": c.backoff.initial_ms, "multiplier": c.backoff.multiplier, "max_ms": c.backoff.max_ms},
+        "max_in_flight": c.max_in_flight,
+        "dead_letter_channel": c.dead_letter_channel,
+        "pending": i.pending,
+        "in_flight": i.in_flight,
+        "clients": i.clients,
+        "acked": i.acked,
+        "dead_lettered": i.dead_lettered,
+        "redelivered": i.redelivered,
+    })
+}
+
+async fn list_consumers(State(state): State<HttpState>) -> Result<Json<serde_json::Value>, ApiError> {
+    let consumers: Vec<_> = engine(&state)?.list_consumers().iter().map(consumer_json).collect();
+    Ok(Json(json!({ "consumers": consumers })))
+}
+
+/// Body: a consumer definition; omitted fields take the defaults (as in the config file).
+async fn create_consumer(State(state): State<HttpState>, body: Bytes) -> Result<Response, ApiError> {
+    let setting: ConsumerSetting = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))?;
+    let info = engine(&state)?.create_consumer(setting.to_config()).await.map_err(Error::from)?;
+    Ok((StatusCode::CREATED, Json(consumer_json(&info))).into_response())
+}
+
+async fn get_consumer(
+    State(state): State<HttpState>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let info = engine(&state)?.get_consumer(&name).map_err(Error::from)?;
+    Ok(Json(consumer_json(&info)))
+}
+
+async fn delete_consumer(State(state): State<HttpState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    engine(&state)?.delete_consumer(&name).await.map_err(Error::from)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogQuery {
+    status: Option<String>,
+    limit: Option<usize>,
+    page_token: Option<String>,
+}
+
+async fn consumer_log(
+    State(state): State<HttpState>,
+    Path(name): Path<String>,
+    query: Result<axum::extract::Query<LogQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let axum::extract::Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let status = match q.status.as_deref() {
+        None | Some("") | Some("all") => None,
+        Some("completed") => Some(LogStatus::Completed),
+        Some("dead_lettered") => Some(LogStatus::DeadLettered),
+        Some(other) => {
+            let message = format!("invalid status {other:?}: expected completed, dead_lettered or all");
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, message));
+        }
+    };
+    let after = match q.page_token.as_deref().filter(|t| !t.is_empty()) {
+        None => None,
+        Some(t) => Some(
+            t.parse::<u64>()
+                .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid page_token {t:?}")))?,
+        ),
+    };
+    let page = engine(&state)?.log(&name, status, q.limit.unwrap_or(100), after).await.map_err(Error::from)?;
+    let ms = |ms: u64| rfc3339(from_epoch_ms(ms));
+    let entries: Vec<_> = page
+        .entries
+        .iter()
+        .map(|e| {
+            json!({
+                "event_id": e.event_id,
+                "channel": e.channel,
+                "status": match e.status { LogStatus::Completed => "completed", LogStatus::DeadLettered => "dead_lettered" },
+                "attempts": e.attempts,
+                "first_delivered_at": e.first_delivered_ms.map(ms),
+                "finished_at": ms(e.finished_ms),
+                "failures": e.failures.iter().map(|f| json!({"at": ms(f.at_ms), "reason": f.reason})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "entries": entries, "next_page_token": page.next.map(|n| n.to_string()).unwrap_or_default() })))
 }

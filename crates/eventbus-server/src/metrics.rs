@@ -12,7 +12,8 @@ use eventbus_core::{Bus, Event};
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Bucket bounds from 10 µs to 10 s: in-process fan-out sits in the microseconds, a
@@ -28,6 +29,8 @@ pub struct Metrics {
     registry: Registry,
     publish_duration: Histogram,
     delivery_latency: Histogram,
+    /// Per durable consumer (a handful, named by operators: a bounded label).
+    ack_latency: HistogramVec,
 }
 
 impl Metrics {
@@ -48,16 +51,29 @@ impl Metrics {
             )
             .buckets(LATENCY_BUCKETS.to_vec()),
         )?;
+        let ack_latency = HistogramVec::new(
+            HistogramOpts::new(
+                format!("{prefix}_consumer_ack_latency_seconds"),
+                "Time from delivery to ack, per durable consumer.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["consumer"],
+        )?;
+        registry.register(Box::new(ack_latency.clone()))?;
         registry.register(Box::new(publish_duration.clone()))?;
         registry.register(Box::new(delivery_latency.clone()))?;
         registry.register(Box::new(BusCollector::new(prefix, bus)?))?;
         #[cfg(target_os = "linux")]
         registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
-        Ok(Self { registry, publish_duration, delivery_latency })
+        Ok(Self { registry, publish_duration, delivery_latency, ack_latency })
     }
 
     pub(crate) fn observe_publish(&self, took: Duration) {
         self.publish_duration.observe(took.as_secs_f64());
+    }
+
+    pub(crate) fn observe_ack(&self, consumer: &str, latency: Duration) {
+        self.ack_latency.with_label_values(&[consumer]).observe(latency.as_secs_f64());
     }
 
     /// Records publish-to-stream latency for a batch about to be written.
@@ -90,6 +106,9 @@ struct BusCollector {
     queue_capacity: IntGaugeVec,
     /// Redis mode only.
     redis: Option<(IntGauge, IntCounter)>,
+    /// Durable consumers: pending, in flight, acked, redelivered, dead-lettered.
+    consumers: [IntCounterVec; 3],
+    consumer_gauges: [IntGaugeVec; 2],
 }
 
 impl BusCollector {
@@ -122,6 +141,42 @@ impl BusCollector {
                     )?,
                 )),
             },
+            consumers: [
+                IntCounterVec::new(
+                    Opts::new(format!("{prefix}_consumer_acked_total"), "Events acked, per durable consumer."),
+                    &["consumer"],
+                )?,
+                IntCounterVec::new(
+                    Opts::new(
+                        format!("{prefix}_consumer_redelivered_total"),
+                        "Redeliveries after a failed attempt, per durable consumer.",
+                    ),
+                    &["consumer"],
+                )?,
+                IntCounterVec::new(
+                    Opts::new(
+                        format!("{prefix}_consumer_dead_lettered_total"),
+                        "Events dead-lettered, per durable consumer.",
+                    ),
+                    &["consumer"],
+                )?,
+            ],
+            consumer_gauges: [
+                IntGaugeVec::new(
+                    Opts::new(
+                        format!("{prefix}_consumer_pending"),
+                        "Unfinished events not in flight, per durable consumer.",
+                    ),
+                    &["consumer"],
+                )?,
+                IntGaugeVec::new(
+                    Opts::new(
+                        format!("{prefix}_consumer_in_flight"),
+                        "Delivered, unacknowledged events, per durable consumer.",
+                    ),
+                    &["consumer"],
+                )?,
+            ],
             bus,
         })
     }
@@ -155,6 +210,26 @@ impl BusCollector {
         families.extend(active.collect());
         families.extend(size.collect());
         families.extend(capacity.collect());
+        if let Some(durable) = self.bus.durable() {
+            let counters = self.consumers.each_ref().map(|c| IntCounterVec::new(opts_of(c.desc()[0]), &["consumer"]));
+            let gauges = self.consumer_gauges.each_ref().map(|g| IntGaugeVec::new(opts_of(g.desc()[0]), &["consumer"]));
+            let [acked, redelivered, dead] = counters;
+            let [pending, in_flight] = gauges;
+            let (acked, redelivered, dead, pending, in_flight) = (acked?, redelivered?, dead?, pending?, in_flight?);
+            for info in durable.list_consumers() {
+                let name = [info.config.name.as_str()];
+                acked.with_label_values(&name).inc_by(info.acked);
+                redelivered.with_label_values(&name).inc_by(info.redelivered);
+                dead.with_label_values(&name).inc_by(info.dead_lettered);
+                pending.with_label_values(&name).set(info.pending as i64);
+                in_flight.with_label_values(&name).set(info.in_flight as i64);
+            }
+            families.extend(acked.collect());
+            families.extend(redelivered.collect());
+            families.extend(dead.collect());
+            families.extend(pending.collect());
+            families.extend(in_flight.collect());
+        }
         if let (Some((connected, reconnects)), Some(status)) = (&self.redis, self.bus.transport_status()) {
             let status = *status.borrow();
             let connected = IntGauge::with_opts(opts_of(connected.desc()[0]))?;
@@ -181,6 +256,12 @@ impl Collector for BusCollector {
         descs.extend(self.active.desc());
         descs.extend(self.queue_size.desc());
         descs.extend(self.queue_capacity.desc());
+        for c in &self.consumers {
+            descs.extend(c.desc());
+        }
+        for g in &self.consumer_gauges {
+            descs.extend(g.desc());
+        }
         if let Some((connected, reconnects)) = &self.redis {
             descs.extend(connected.desc());
             descs.extend(reconnects.desc());

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use eventbus_core::durable::engine::AckObserver;
 use eventbus_core::durable::{Durable, DurableOptions, Fsync, RedbStore};
 use eventbus_core::{Bus, TransportStatus};
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
@@ -60,6 +61,7 @@ pub enum ServerError {
 pub struct Server {
     settings: Settings,
     bus: Bus,
+    metrics: Option<Arc<Metrics>>,
     /// Stops the transport's background task (redis mode) once the server has stopped.
     transport_stop: CancellationToken,
     grpc: TcpListener,
@@ -92,12 +94,16 @@ impl Server {
                 Bus::with_transport(settings.bus_config(), |local| RedisTransport::start(client, &redis, local, stop))
             }
         };
+        let metrics = match settings.eventbus.metrics.enabled {
+            true => Some(Arc::new(Metrics::new(&settings.eventbus.metrics.prefix, bus.clone())?)),
+            false => None,
+        };
         if settings.eventbus.mode == Mode::InMemory {
-            start_durable(&settings, &bus).await?;
+            start_durable(&settings, &bus, metrics.clone()).await?;
         } else if !settings.durable.consumers.is_empty() {
             return Err(ServerError::Durable("durable consumers are not available in redis mode yet".into()));
         }
-        Ok(Self { settings, bus, transport_stop, grpc, grpc_addr, http, http_addr })
+        Ok(Self { settings, bus, metrics, transport_stop, grpc, grpc_addr, http, http_addr })
     }
 
     /// The bound gRPC address.
@@ -120,13 +126,9 @@ impl Server {
     /// `shutdown_timeout_ms`, remaining streams end with UNAVAILABLE, and the
     /// listeners close.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServerError> {
-        let Self { settings, bus, transport_stop, grpc, grpc_addr, http, http_addr } = self;
+        let Self { settings, bus, metrics, transport_stop, grpc, grpc_addr, http, http_addr } = self;
         // Stops the transport whichever way this function returns.
         let _transport_guard = transport_stop.drop_guard();
-        let metrics = match settings.eventbus.metrics.enabled {
-            true => Some(Arc::new(Metrics::new(&settings.eventbus.metrics.prefix, bus.clone())?)),
-            false => None,
-        };
         let readiness = Readiness::new(bus.transport_status());
         let (health, health_service) = tonic_health::server::health_reporter();
         set_health(&health, health_status(readiness.get())).await;
@@ -185,6 +187,11 @@ impl Server {
             result = serve_both => result?,
             () = grace => warn!(grace = ?CLOSE_GRACE, "connections still open after shutdown; closing them"),
         }
+        if let Some(durable) = bus.durable()
+            && let Err(err) = durable.flush().await
+        {
+            warn!(%err, "could not flush the durable store");
+        }
         info!("eventbusd stopped");
         Ok(())
     }
@@ -192,7 +199,7 @@ impl Server {
 
 /// Opens the durable store, starts the engine on the bus and declares the configured
 /// consumers. A store that cannot be opened stops start-up: never a silent empty store.
-async fn start_durable(settings: &Settings, bus: &Bus) -> Result<(), ServerError> {
+async fn start_durable(settings: &Settings, bus: &Bus, metrics: Option<Arc<Metrics>>) -> Result<(), ServerError> {
     let d = &settings.durable;
     let fsync = match d.fsync {
         FsyncSetting::Always => Fsync::Always,
@@ -203,7 +210,7 @@ async fn start_durable(settings: &Settings, bus: &Bus) -> Result<(), ServerError
     let options = DurableOptions {
         dedup_window: Duration::from_millis(d.dedup_window_ms),
         dead_letter_encoder: Arc::new(consume::encode_dead_letter),
-        on_ack: None,
+        on_ack: metrics.map(|m| -> AckObserver { Arc::new(move |consumer, latency| m.observe_ack(consumer, latency)) }),
     };
     let durable = Durable::start(Arc::new(store), options).map_err(|e| ServerError::Durable(e.to_string()))?;
     bus.enable_durable(durable.clone());
@@ -264,6 +271,9 @@ async fn drain(
     on_stop.readiness.shutting_down();
     set_health(&on_stop.health, ServingStatus::NotServing).await;
     bus.begin_shutdown();
+    if let Some(durable) = bus.durable() {
+        durable.detach_all();
+    }
     if tokio::time::timeout(timeout, bus.drained()).await.is_err() {
         warn!(
             remaining = bus.stats().active_subscriptions,

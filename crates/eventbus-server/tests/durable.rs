@@ -331,3 +331,71 @@ async fn kill_9_loses_nothing_published_and_redelivers_nothing_completed() {
     let early: HashSet<String> = ids(&early).into_iter().collect();
     assert!(redelivered.is_disjoint(&early), "completed events came back");
 }
+
+#[tokio::test]
+async fn consumer_rest_routes_and_metrics() {
+    let server = start().await;
+    let http = reqwest::Client::new();
+    let url = |p: &str| server.url(p);
+    let created = http
+        .post(url("/admin/eventbus/consumers"))
+        .body(r#"{"name":"rest","channels":["r.>"],"max_attempts":2}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), reqwest::StatusCode::CREATED);
+    let body: serde_json::Value = created.json().await.unwrap();
+    assert_eq!((body["max_attempts"].as_u64(), body["ack_deadline_ms"].as_u64()), (Some(2), Some(30_000)));
+    let conflict = http
+        .post(url("/admin/eventbus/consumers"))
+        .body(r#"{"name":"rest","channels":["other"]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(conflict.status(), reqwest::StatusCode::CONFLICT);
+    let bad =
+        http.post(url("/admin/eventbus/consumers")).body(r#"{"name":"x","channels":["a.>.b"]}"#).send().await.unwrap();
+    assert_eq!(bad.status(), reqwest::StatusCode::BAD_REQUEST);
+    assert!(bad.text().await.unwrap().contains("a.>.b"));
+
+    server.client().await.publish(event("r.one", "1")).await.unwrap();
+    let mut c = attach(server.endpoint(), "rest", 0).await.unwrap();
+    let got = c.deliveries(1).await;
+    c.send(consume_request::Kind::Ack(pb::Ack { event_ids: ids(&got) })).await;
+    eventually("the ack", || async {
+        let v: serde_json::Value =
+            reqwest::get(url("/admin/eventbus/consumers/rest")).await.unwrap().json().await.unwrap();
+        v["acked"] == 1
+    })
+    .await;
+    let list: serde_json::Value = reqwest::get(url("/admin/eventbus/consumers")).await.unwrap().json().await.unwrap();
+    assert_eq!(list["consumers"][0]["name"], "rest");
+    let log: serde_json::Value =
+        reqwest::get(url("/admin/eventbus/consumers/rest/log?status=completed")).await.unwrap().json().await.unwrap();
+    assert_eq!(log["entries"][0]["event_id"], ids(&got)[0].as_str());
+    assert_eq!(log["entries"][0]["status"], "completed");
+    let bad = reqwest::get(url("/admin/eventbus/consumers/rest/log?status=lost")).await.unwrap();
+    assert_eq!(bad.status(), reqwest::StatusCode::BAD_REQUEST);
+
+    let metrics = reqwest::get(url("/metrics")).await.unwrap().text().await.unwrap();
+    for line in [
+        r#"socle_eventbus_consumer_acked_total{consumer="rest"} 1"#,
+        r#"socle_eventbus_consumer_pending{consumer="rest"} 0"#,
+        r#"socle_eventbus_consumer_in_flight{consumer="rest"} 0"#,
+        r#"socle_eventbus_consumer_dead_lettered_total{consumer="rest"} 0"#,
+        r#"socle_eventbus_consumer_redelivered_total{consumer="rest"} 0"#,
+        r#"socle_eventbus_consumer_ack_latency_seconds_count{consumer="rest"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "missing {line}");
+    }
+
+    assert_eq!(
+        http.delete(url("/admin/eventbus/consumers/rest")).send().await.unwrap().status(),
+        reqwest::StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        reqwest::get(url("/admin/eventbus/consumers/rest")).await.unwrap().status(),
+        reqwest::StatusCode::NOT_FOUND
+    );
+    server.stop().await;
+}

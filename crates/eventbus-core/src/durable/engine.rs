@@ -385,6 +385,30 @@ impl Durable {
         }
     }
 
+    /// Shutdown: detaches every client (their streams end; what they held counts one
+    /// failed attempt and is released), so nothing waits on them.
+    pub fn detach_all(&self) {
+        let consumers: Vec<Arc<Consumer>> = self.inner.registry.read().by_name.values().cloned().collect();
+        for consumer in consumers {
+            let mut fx = Effects::default();
+            {
+                let mut st = consumer.state.lock();
+                let clients: Vec<u64> = st.clients.iter().map(|c| c.id).collect();
+                st.clients.clear();
+                let held: Vec<u64> = st
+                    .entries
+                    .iter()
+                    .filter(|(_, e)| matches!(e.state, EState::InFlight { client, .. } if clients.contains(&client)))
+                    .map(|(seq, _)| *seq)
+                    .collect();
+                for seq in held {
+                    fail(&consumer, &mut st, seq, REASON_DISCONNECT.into(), None, &mut fx);
+                }
+            }
+            self.run(fx);
+        }
+    }
+
     /// Waits until every change queued so far is committed.
     pub async fn flush(&self) -> Result<(), DurableError> {
         self.commit(Vec::new()).await
