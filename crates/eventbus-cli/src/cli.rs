@@ -34,11 +34,94 @@ pub(crate) enum Command {
         /// Subscription id, as `subscriptions` shows it.
         id: String,
     },
+    /// Durable consumers: create, list, info, delete.
+    Consumer {
+        #[command(subcommand)]
+        command: ConsumerCommand,
+    },
+    /// Attach to a durable consumer and print its deliveries (acked automatically, or
+    /// by typing `ack|nack|term EVENT_ID [reason]` lines with `--ack manual`).
+    Consume(ConsumeArgs),
+    /// A durable consumer's terminal log.
+    Log(LogArgs),
     /// Load generator: throughput, loss and latency of a running broker.
     Bench {
         #[command(subcommand)]
         workload: BenchWorkload,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ConsumerCommand {
+    /// Create a consumer (identical re-creation is a no-op).
+    Create(CreateArgs),
+    /// Every consumer with its counts.
+    List,
+    /// One consumer's definition and counts.
+    Info { name: String },
+    /// Delete a consumer, the events it holds and its log.
+    Delete { name: String },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CreateArgs {
+    pub(crate) name: String,
+    /// Channel or pattern whose events it keeps (repeatable).
+    #[arg(long = "channel", short = 'c', required = true)]
+    pub(crate) channels: Vec<String>,
+    /// Ack deadline (0: 30000).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) ack_deadline_ms: u64,
+    /// Failed attempts before dead-lettering (default 5; 0 = unlimited).
+    #[arg(long)]
+    pub(crate) max_attempts: Option<u32>,
+    #[arg(long, default_value_t = 0)]
+    pub(crate) backoff_initial_ms: u64,
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) backoff_multiplier: f64,
+    #[arg(long, default_value_t = 0)]
+    pub(crate) backoff_max_ms: u64,
+    /// Unacknowledged events per client (0: 1000).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) max_in_flight: u32,
+    /// Where dead letters go (default: dlq.<channel>).
+    #[arg(long)]
+    pub(crate) dead_letter_channel: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum AckMode {
+    /// Ack each batch once printed.
+    Auto,
+    /// Read `ack|nack|term EVENT_ID [reason]` lines from stdin.
+    Manual,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ConsumeArgs {
+    pub(crate) name: String,
+    #[arg(long, value_enum, default_value_t = AckMode::Auto)]
+    pub(crate) ack: AckMode,
+    /// Exit after this many deliveries.
+    #[arg(long)]
+    pub(crate) count: Option<u64>,
+    /// Unacknowledged events this client may hold (0: the consumer's).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) max_in_flight: u32,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LogArgs {
+    pub(crate) name: String,
+    /// completed, dead_lettered or all.
+    #[arg(long)]
+    pub(crate) status: Option<String>,
+    /// Entries per page.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) limit: u32,
+    /// Follow every page.
+    #[arg(long)]
+    pub(crate) all: bool,
 }
 
 #[derive(Debug, Subcommand)]

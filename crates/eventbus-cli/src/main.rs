@@ -8,6 +8,7 @@
 mod admin;
 mod cli;
 mod connect;
+mod durable;
 mod idle;
 mod output;
 mod publish;
@@ -64,6 +65,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Channels => admin::channels(&server, json).await,
         Command::Subscriptions => admin::subscriptions(&server, json).await,
         Command::Unsubscribe { id } => admin::unsubscribe(&server, json, &id).await,
+        Command::Consumer { command } => durable::consumer(&server, json, command).await,
+        Command::Consume(args) => durable::consume(&server, json, args).await,
+        Command::Log(args) => durable::log(&server, json, args).await,
         Command::Bench { workload } => bench(&server, json, &workload).await,
     }
 }

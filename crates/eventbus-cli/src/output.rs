@@ -18,9 +18,30 @@ pub(crate) fn payload_text(payload: &[u8]) -> String {
     }
 }
 
+/// Content type of dead letters published by the broker.
+const DEAD_LETTER: &str = "application/x-protobuf; type=eventbus.v1.DeadLetter";
+
+/// A dead letter in words, or `None` when the event is not one.
+pub(crate) fn dead_letter_text(e: &pb::Event) -> Option<String> {
+    if e.content_type != DEAD_LETTER {
+        return None;
+    }
+    let dl = <pb::DeadLetter as prost::Message>::decode(e.payload.clone()).ok()?;
+    let reasons: Vec<&str> = dl.failures.iter().map(|f| f.reason.as_str()).collect();
+    let original =
+        dl.event.as_ref().map(|o| format!("{} {} {}", o.channel, o.id, payload_text(&o.payload))).unwrap_or_default();
+    Some(format!(
+        "dead letter from consumer {} after {} attempt(s) [{}]: {original}",
+        dl.consumer,
+        dl.attempts,
+        reasons.join("; ")
+    ))
+}
+
 /// One line per event: time, channel, id, payload, then metadata.
 pub(crate) fn event_line(e: &pb::Event) -> String {
-    let mut line = format!("[{}] {} {} {}", time(e.timestamp.as_ref()), e.channel, e.id, payload_text(&e.payload));
+    let body = dead_letter_text(e).unwrap_or_else(|| payload_text(&e.payload));
+    let mut line = format!("[{}] {} {} {}", time(e.timestamp.as_ref()), e.channel, e.id, body);
     let mut meta: Vec<_> = e.metadata.iter().collect();
     meta.sort();
     for (k, v) in meta {
@@ -98,6 +119,30 @@ mod tests {
         };
         e.metadata.insert("k".into(), "v".into());
         assert_eq!(event_line(&e), "[2023-11-14T22:13:20.000005Z] a.b id1 x k=v");
+    }
+
+    #[test]
+    fn dead_letters_print_in_words() {
+        let dl = pb::DeadLetter {
+            event: Some(pb::Event {
+                id: "e1".into(),
+                channel: "pay".into(),
+                payload: "p".into(),
+                ..Default::default()
+            }),
+            consumer: "billing".into(),
+            attempts: 2,
+            failures: vec![pb::Failure { at: None, reason: "declined".into() }],
+        };
+        let e = pb::Event {
+            content_type: DEAD_LETTER.into(),
+            payload: prost::Message::encode_to_vec(&dl).into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            dead_letter_text(&e).unwrap(),
+            "dead letter from consumer billing after 2 attempt(s) [declined]: pay e1 p"
+        );
     }
 
     #[test]

@@ -229,3 +229,39 @@ async fn bench_reports_throughput_without_loss() {
     let max = report["latency_us"]["max"].as_f64().unwrap();
     assert!(p50 > 0.0 && p50 <= max, "{report}");
 }
+
+#[tokio::test]
+async fn durable_consumer_commands_end_to_end() {
+    let broker = broker().await;
+    let out = run(eventbus(&broker, &["consumer", "create", "inbox", "-c", "orders.>", "--max-attempts", "3"])).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(out.stdout.contains("max_attempts") && out.stdout.contains('3'), "{}", out.stdout);
+    for i in 0..3 {
+        assert!(run(eventbus(&broker, &["publish", "orders.created", &format!("o{i}")])).await.ok);
+    }
+    let out = run(eventbus(&broker, &["--json", "consume", "inbox", "--count", "3"])).await;
+    assert!(out.ok, "{}", out.stderr);
+    let payloads: Vec<String> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(payloads, ["o0", "o1", "o2"], "captured before anyone consumed");
+
+    // Auto-acks land; the log shows them.
+    let mut logged = 0;
+    for _ in 0..200 {
+        let out = run(eventbus(&broker, &["--json", "log", "inbox", "--status", "completed"])).await;
+        logged = out.stdout.lines().count();
+        if logged == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(logged, 3);
+    let out = run(eventbus(&broker, &["consumer", "list"])).await;
+    assert!(out.stdout.lines().nth(1).is_some_and(|row| row.starts_with("inbox")), "{}", out.stdout);
+    let out = run(eventbus(&broker, &["consumer", "info", "ghost"])).await;
+    assert!(!out.ok && out.stderr.contains("ghost") && out.stderr.contains("NotFound"), "{}", out.stderr);
+    assert!(run(eventbus(&broker, &["consumer", "delete", "inbox"])).await.ok);
+}

@@ -1,0 +1,273 @@
+//! `eventbus consumer create|list|info|delete`, `eventbus consume`, `eventbus log`.
+
+use std::io::Write as _;
+
+use anyhow::Context;
+use eventbus_proto::pb::{self, consume_request, consume_response};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::cli::{AckMode, ConsumeArgs, ConsumerCommand, CreateArgs, LogArgs};
+use crate::connect::{self, status_error};
+use crate::output::{self, table, time};
+
+fn info_json(i: &pb::ConsumerInfo) -> serde_json::Value {
+    let c = i.config.clone().unwrap_or_default();
+    let b = c.backoff.unwrap_or_default();
+    json!({
+        "name": c.name, "channels": c.channels, "ack_deadline_ms": c.ack_deadline_ms,
+        "max_attempts": c.max_attempts, "max_in_flight": c.max_in_flight,
+        "backoff": {"initial_ms": b.initial_ms, "multiplier": b.multiplier, "max_ms": b.max_ms},
+        "dead_letter_channel": c.dead_letter_channel,
+        "pending": i.pending, "in_flight": i.in_flight, "clients": i.clients,
+        "acked": i.acked, "dead_lettered": i.dead_lettered,
+    })
+}
+
+fn print_info(json: bool, i: &pb::ConsumerInfo) {
+    if json {
+        println!("{}", info_json(i));
+        return;
+    }
+    let v = info_json(i);
+    if let Some(map) = v.as_object() {
+        for (k, v) in map {
+            println!("{k:<20} {v}");
+        }
+    }
+}
+
+pub(crate) async fn consumer(server: &str, json: bool, cmd: ConsumerCommand) -> anyhow::Result<()> {
+    let mut admin = connect::admin(server).await?;
+    match cmd {
+        ConsumerCommand::Create(a) => {
+            let info = admin
+                .create_consumer(pb::CreateConsumerRequest { config: Some(config(a)) })
+                .await
+                .map_err(status_error)?;
+            print_info(json, &info.into_inner());
+        }
+        ConsumerCommand::Info { name } => {
+            let info = admin.get_consumer(pb::GetConsumerRequest { name }).await.map_err(status_error)?;
+            print_info(json, &info.into_inner());
+        }
+        ConsumerCommand::List => {
+            let list = admin.list_consumers(pb::ListConsumersRequest {}).await.map_err(status_error)?.into_inner();
+            if json {
+                println!("{}", serde_json::Value::Array(list.consumers.iter().map(info_json).collect()));
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .consumers
+                    .iter()
+                    .map(|i| {
+                        let c = i.config.clone().unwrap_or_default();
+                        vec![
+                            c.name,
+                            c.channels.join(","),
+                            i.pending.to_string(),
+                            i.in_flight.to_string(),
+                            i.clients.to_string(),
+                            i.acked.to_string(),
+                            i.dead_lettered.to_string(),
+                        ]
+                    })
+                    .collect();
+                let header = ["NAME", "CHANNELS", "PENDING", "IN FLIGHT", "CLIENTS", "ACKED", "DEAD LETTERED"];
+                print!("{}", table(&header, &rows));
+            }
+        }
+        ConsumerCommand::Delete { name } => {
+            admin.delete_consumer(pb::DeleteConsumerRequest { name: name.clone() }).await.map_err(status_error)?;
+            println!("deleted {name}");
+        }
+    }
+    Ok(())
+}
+
+fn config(a: CreateArgs) -> pb::ConsumerConfig {
+    pb::ConsumerConfig {
+        name: a.name,
+        channels: a.channels,
+        ack_deadline_ms: a.ack_deadline_ms,
+        max_attempts: a.max_attempts,
+        backoff: Some(pb::Backoff {
+            initial_ms: a.backoff_initial_ms,
+            multiplier: a.backoff_multiplier,
+            max_ms: a.backoff_max_ms,
+        }),
+        max_in_flight: a.max_in_flight,
+        dead_letter_channel: a.dead_letter_channel.unwrap_or_default(),
+    }
+}
+
+fn req(kind: consume_request::Kind) -> pb::ConsumeRequest {
+    pb::ConsumeRequest { kind: Some(kind) }
+}
+
+/// Parses a manual-mode command line: `ack ID`, `nack ID [reason]`, `term ID [reason]`.
+pub(crate) fn parse_command(line: &str) -> Result<consume_request::Kind, String> {
+    let mut words = line.trim().splitn(3, ' ');
+    let (verb, id) = (words.next().unwrap_or_default(), words.next().unwrap_or_default().to_owned());
+    let reason = words.next().unwrap_or_default().to_owned();
+    if id.is_empty() {
+        return Err(format!("expected `ack|nack|term EVENT_ID [reason]`, got {line:?}"));
+    }
+    match verb {
+        "ack" => Ok(consume_request::Kind::Ack(pb::Ack { event_ids: vec![id] })),
+        "nack" => Ok(consume_request::Kind::Nack(pb::Nack { event_id: id, reason, delay_ms: 0 })),
+        "term" => Ok(consume_request::Kind::Term(pb::Term { event_id: id, reason })),
+        other => Err(format!("unknown command {other:?}: use ack, nack or term")),
+    }
+}
+
+pub(crate) async fn consume(server: &str, json: bool, a: ConsumeArgs) -> anyhow::Result<()> {
+    let mut client = connect::event_bus(server).await?;
+    let (tx, rx) = mpsc::channel(1024);
+    // With --count, never hold more than will be printed.
+    let max_in_flight = match (a.count, a.max_in_flight) {
+        (Some(n), 0) => u32::try_from(n).unwrap_or(u32::MAX),
+        (Some(n), m) => m.min(u32::try_from(n).unwrap_or(u32::MAX)),
+        (None, m) => m,
+    };
+    let attach = pb::Attach { consumer: a.name.clone(), max_in_flight, ..Default::default() };
+    tx.send(req(consume_request::Kind::Attach(attach))).await.context("cannot send attach")?;
+    let mut responses = client.consume(ReceiverStream::new(rx)).await.map_err(status_error)?.into_inner();
+    if a.ack == AckMode::Manual {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(tokio::io::stdin()).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                match parse_command(&line) {
+                    Ok(kind) => {
+                        if tx.send(req(kind)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => eprintln!("{e}"),
+                }
+            }
+        });
+    }
+    let mut received = 0u64;
+    loop {
+        let message = tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            m = responses.message() => m.map_err(status_error)?,
+        };
+        let Some(message) = message else {
+            eprintln!("consumer stream closed by the broker");
+            return Ok(());
+        };
+        match message.kind {
+            Some(consume_response::Kind::Attached(at)) => {
+                let pending = at.consumer.map_or(0, |c| c.pending + c.in_flight);
+                eprintln!("attached to {} ({pending} unfinished events)", a.name);
+            }
+            Some(consume_response::Kind::Deliveries(d)) => {
+                let mut acks = Vec::new();
+                {
+                    let mut out = std::io::stdout().lock();
+                    for delivery in &d.deliveries {
+                        let Some(event) = &delivery.event else { continue };
+                        let line = if json {
+                            let mut v = output::event_json(event);
+                            v["attempt"] = json!(delivery.attempt);
+                            v.to_string()
+                        } else {
+                            format!("attempt {} {}", delivery.attempt, output::event_line(event))
+                        };
+                        if writeln!(out, "{line}").is_err() {
+                            return Ok(());
+                        }
+                        acks.push(event.id.clone());
+                    }
+                    let _ = out.flush();
+                }
+                received += acks.len() as u64;
+                if a.ack == AckMode::Auto {
+                    let _ = tx.send(req(consume_request::Kind::Ack(pb::Ack { event_ids: acks }))).await;
+                }
+                if a.count.is_some_and(|n| received >= n) {
+                    // Closing our side detaches; the broker then ends its side, which
+                    // tells us the acks sent before were received.
+                    drop(tx);
+                    let drain = async { while let Ok(Some(_)) = responses.message().await {} };
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
+                    return Ok(());
+                }
+            }
+            None => {}
+        }
+    }
+}
+
+pub(crate) async fn log(server: &str, json: bool, a: LogArgs) -> anyhow::Result<()> {
+    let mut admin = connect::admin(server).await?;
+    let status = match a.status.as_deref() {
+        None | Some("all") => pb::EventStatus::Unspecified,
+        Some("completed") => pb::EventStatus::Completed,
+        Some("dead_lettered") => pb::EventStatus::DeadLettered,
+        Some(other) => anyhow::bail!("unknown status {other:?}: use completed, dead_lettered or all"),
+    };
+    let mut token = String::new();
+    let mut rows = Vec::new();
+    loop {
+        let request = pb::ListEventLogRequest {
+            consumer: a.name.clone(),
+            status: status.into(),
+            limit: a.limit,
+            page_token: std::mem::take(&mut token),
+        };
+        let page = admin.list_event_log(request).await.map_err(status_error)?.into_inner();
+        for e in &page.entries {
+            let status = if e.status == pb::EventStatus::DeadLettered as i32 { "dead_lettered" } else { "completed" };
+            let reasons: Vec<&str> = e.failures.iter().map(|f| f.reason.as_str()).collect();
+            if json {
+                let v = json!({
+                    "event_id": e.event_id, "channel": e.channel, "status": status, "attempts": e.attempts,
+                    "first_delivered_at": time(e.first_delivered_at.as_ref()), "finished_at": time(e.finished_at.as_ref()),
+                    "failures": reasons,
+                });
+                println!("{v}");
+            } else {
+                rows.push(vec![
+                    e.event_id.clone(),
+                    e.channel.clone(),
+                    status.to_owned(),
+                    e.attempts.to_string(),
+                    time(e.finished_at.as_ref()),
+                    reasons.join("; "),
+                ]);
+            }
+        }
+        if page.next_page_token.is_empty() || !a.all {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    if !json {
+        print!("{}", table(&["EVENT", "CHANNEL", "STATUS", "ATTEMPTS", "FINISHED", "FAILURES"], &rows));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_commands_parse() {
+        assert!(matches!(parse_command("ack e1"), Ok(consume_request::Kind::Ack(a)) if a.event_ids == ["e1"]));
+        assert!(
+            matches!(parse_command("nack e1 out of stock"), Ok(consume_request::Kind::Nack(n)) if n.reason == "out of stock")
+        );
+        assert!(matches!(parse_command("term e1"), Ok(consume_request::Kind::Term(t)) if t.event_id == "e1"));
+        assert!(parse_command("ack").is_err());
+        assert!(parse_command("skip e1").is_err());
+    }
+}
