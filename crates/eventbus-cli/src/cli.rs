@@ -147,6 +147,12 @@ pub(crate) struct PublishArgs {
     /// Who is publishing (default: the broker records your address).
     #[arg(long)]
     pub(crate) source: Option<String>,
+    /// Durable consumers deliver events of one ordering key one at a time, in order.
+    #[arg(long)]
+    pub(crate) ordering_key: Option<String>,
+    /// Repeats of this key within the dedup window are no-ops (answered `duplicate`).
+    #[arg(long)]
+    pub(crate) idempotency_key: Option<String>,
     /// With `-`: one event per line, sent over one PublishStream.
     #[arg(long, requires = "payload")]
     pub(crate) lines: bool,

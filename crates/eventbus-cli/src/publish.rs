@@ -21,6 +21,8 @@ pub(crate) async fn run(server: &str, json: bool, args: PublishArgs) -> anyhow::
         metadata: args.metadata.iter().cloned().collect(),
         content_type: args.content_type.clone().unwrap_or_default(),
         source: args.source.clone().unwrap_or_default(),
+        ordering_key: args.ordering_key.clone().unwrap_or_default(),
+        idempotency_key: args.idempotency_key.clone().unwrap_or_default(),
         ..Default::default()
     };
     if args.lines {
@@ -53,6 +55,7 @@ fn print_published(json: bool, channel: &str, resp: &pb::PublishResponse) {
             "delivered_count": resp.delivered_count,
             "failed_count": resp.failed_count,
             "duration_us": duration_us,
+            "duplicate": resp.duplicate,
         });
         println!("{line}");
     } else {
@@ -63,6 +66,9 @@ fn print_published(json: bool, channel: &str, resp: &pb::PublishResponse) {
         );
         if resp.failed_count > 0 {
             line.push_str(&format!(", {} failed", resp.failed_count));
+        }
+        if resp.duplicate {
+            line = format!("duplicate of {} (idempotency key seen before): not delivered again", resp.event_id);
         }
         println!("{line}");
     }
