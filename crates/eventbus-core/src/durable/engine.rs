@@ -372,6 +372,9 @@ impl Durable {
 
     /// Waits for `ops` to be committed.
     async fn commit(&self, ops: Vec<StoreOp>) -> Result<(), DurableError> {
+        if self.inner.store.inline() {
+            return self.inner.store.apply(&ops).map_err(|e| DurableError::Unavailable(e.to_string()));
+        }
         let (done, wait) = oneshot::channel();
         self.inner
             .writer
@@ -649,6 +652,12 @@ impl Durable {
 
     /// Queues store changes without waiting for their commit.
     fn submit(&self, ops: Vec<StoreOp>) {
+        if self.inner.store.inline() {
+            if let Err(err) = self.inner.store.apply(&ops) {
+                tracing::error!(%err, "durable store commit failed");
+            }
+            return;
+        }
         let req = WriteRequest { ops, done: None };
         if let Err(mpsc::error::TrySendError::Full(req)) = self.inner.writer.try_send(req) {
             let writer = self.inner.writer.clone();

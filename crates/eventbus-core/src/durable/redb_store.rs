@@ -29,6 +29,8 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const SCHEMA_KEY: &str = "socle-eventbus-schema";
 const SCHEMA_VERSION: u64 = 1;
 const FILE_NAME: &str = "eventbus.redb";
+/// `location` of an in-memory store.
+const MEMORY: &str = "(memory)";
 
 /// How hard commits push to disk (`durable.fsync`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,8 +79,8 @@ impl RedbStore {
         let (db, location) = if data_dir.as_os_str().is_empty() {
             let db = Database::builder()
                 .create_with_backend(redb::backends::InMemoryBackend::new())
-                .map_err(|e| StoreError::Open { path: "(memory)".into(), reason: e.to_string() })?;
-            (db, "(memory)".to_owned())
+                .map_err(|e| StoreError::Open { path: MEMORY.into(), reason: e.to_string() })?;
+            (db, MEMORY.to_owned())
         } else {
             let open_error = |reason: String| StoreError::Open { path: data_dir.display().to_string(), reason };
             std::fs::create_dir_all(data_dir).map_err(|e| open_error(format!("cannot create the directory: {e}")))?;
@@ -265,6 +267,10 @@ fn put_dedup(txn: &redb::WriteTransaction, d: &DedupRecord, now_ms: u64) -> Resu
 }
 
 impl Store for RedbStore {
+    fn inline(&self) -> bool {
+        self.location == MEMORY
+    }
+
     fn load(&self) -> Result<Loaded, StoreError> {
         let txn = self.db.begin_read().map_err(io)?;
         let mut loaded = Loaded::default();

@@ -139,6 +139,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Commits `ops` atomically; on return they survive a crash (per the fsync policy).
     fn apply(&self, ops: &[StoreOp]) -> Result<(), StoreError>;
 
+    /// True when commits are cheap, in-process memory writes: the engine then applies
+    /// them inline instead of through the writer thread (deterministic under paused
+    /// time in tests).
+    fn inline(&self) -> bool {
+        false
+    }
+
     /// The terminal log of `consumer`, oldest first, after position `after`.
     fn log(
         &self,

@@ -285,3 +285,101 @@ async fn restart_restores_pending_events_with_their_attempts() {
     assert_eq!(by_payload["one"].attempt, 2, "delivered before the restart: attempt + 1");
     assert_eq!(by_payload["two"].attempt, 1);
 }
+
+mod model {
+    //! The engine against a simple model: random publishes (with and without ordering
+    //! keys), acks, nacks and passing time, checking after every step that nothing is
+    //! in flight twice, per-key exclusivity, the in-flight ceiling, no redelivery of a
+    //! finished event, the attempt bound, and conservation of events.
+
+    use std::collections::{HashMap, HashSet};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Publish(Option<u8>),
+        Ack,
+        Nack,
+        Advance(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => prop::option::of(0u8..3).prop_map(Op::Publish),
+            2 => Just(Op::Ack),
+            2 => Just(Op::Nack),
+            1 => (1u64..3_000).prop_map(Op::Advance),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn engine_matches_the_model(ops in prop::collection::vec(op(), 1..60)) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+            rt.block_on(async move {
+                let (bus, durable) = bus_with(memory(), Duration::from_secs(1));
+                let config = ConsumerConfig { max_attempts: 3, max_in_flight: 2, ack_deadline_ms: 3_600_000, ..consumer("m", &["m"]) };
+                durable.create_consumer(config).await.unwrap();
+                let mut a = durable.attach("m", ClientOptions::default(), None).await.unwrap();
+                let mut in_flight: Vec<(String, Option<String>, u32)> = Vec::new();
+                let mut keys: HashMap<String, Option<String>> = HashMap::new();
+                let mut finished: HashSet<String> = HashSet::new();
+                let mut published = 0u64;
+                for op in ops {
+                    match op {
+                        Op::Publish(key) => {
+                            let key = key.map(|k| format!("k{k}")).unwrap_or_default();
+                            let p = publish_keyed(&bus, "m", "x", &key, "").await;
+                            keys.insert(p.event_id, (!key.is_empty()).then_some(key));
+                            published += 1;
+                        }
+                        Op::Ack => {
+                            if !in_flight.is_empty() {
+                                let (id, _, _) = in_flight.remove(0);
+                                a.client.ack(std::slice::from_ref(&id));
+                                finished.insert(id);
+                            }
+                        }
+                        Op::Nack => {
+                            if !in_flight.is_empty() {
+                                let (id, _, attempt) = in_flight.remove(0);
+                                a.client.nack(&id, "no", None);
+                                if attempt >= 3 {
+                                    finished.insert(id); // dead-lettered
+                                }
+                            }
+                        }
+                        Op::Advance(ms) => {
+                            tokio::time::advance(Duration::from_millis(ms)).await;
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    tokio::task::yield_now().await;
+                    while let Ok(batch) = a.deliveries.try_recv() {
+                        for d in batch {
+                            assert!(!finished.contains(&d.event.id), "a finished event came back");
+                            assert!(in_flight.iter().all(|(id, _, _)| *id != d.event.id), "in flight twice");
+                            assert!(d.attempt <= 3, "attempt bound");
+                            in_flight.push((d.event.id.clone(), keys[&d.event.id].clone(), d.attempt));
+                        }
+                    }
+                    assert!(in_flight.len() <= 2, "max_in_flight");
+                    let mut held = HashSet::new();
+                    for (_, key, _) in &in_flight {
+                        if let Some(k) = key {
+                            assert!(held.insert(k.clone()), "two events of key {k} in flight");
+                        }
+                    }
+                    let info = durable.get_consumer("m").unwrap();
+                    assert_eq!(info.in_flight, in_flight.len() as u64);
+                    assert_eq!(info.pending + info.in_flight + finished.len() as u64, published, "events are conserved");
+                    assert_eq!(info.acked + info.dead_lettered, finished.len() as u64);
+                }
+            });
+        }
+    }
+}
