@@ -35,9 +35,10 @@ PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-nats-server -a 127.0.0.1 -p "$NATS_PORT" >"$OUT/nats.log" 2>&1 & PIDS+=($!)
+rm -rf "$OUT/jetstream" "$OUT/eventbus-data"
+nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$OUT/jetstream" >"$OUT/nats.log" 2>&1 & PIDS+=($!)
 redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no >"$OUT/redis.log" 2>&1 & PIDS+=($!)
-target/release/eventbusd --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$HTTP_PORT" --log-level warn \
+EVENTBUS__DURABLE__DATA_DIR="$OUT/eventbus-data" target/release/eventbusd --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$HTTP_PORT" --log-level warn \
   >"$OUT/eventbusd.log" 2>&1 & PIDS+=($!)
 wait_port "$NATS_PORT"; wait_port "$REDIS_PORT"; wait_port "$GRPC_PORT"
 
@@ -57,14 +58,23 @@ run() { # system workload...
   esac
 }
 
+tag() { python3 -c "import json,sys; r=json.load(sys.stdin); r['round']=$1; print(json.dumps(r))"; }
+DURABLE="durable --publishers 16 --count 20000 --payload 128"
+
 for round in $(seq "$ROUNDS"); do
   for workload in "${WORKLOADS[@]}"; do
     for system in eventbus nats redis; do
       echo "round $round/$ROUNDS: $system $workload" >&2
       # shellcheck disable=SC2086
-      run "$system" $workload | python3 -c "import json,sys; r=json.load(sys.stdin); r['round']=$round; print(json.dumps(r))" >>"$RESULTS"
+      run "$system" $workload | tag "$round" >>"$RESULTS"
     done
   done
+  # Durable: eventbus (embedded store, fsync always) next to JetStream (file storage).
+  echo "round $round/$ROUNDS: durable" >&2
+  # shellcheck disable=SC2086
+  run eventbus $DURABLE | tag "$round" >>"$RESULTS"
+  # shellcheck disable=SC2086
+  target/release/peers --system nats --url "nats://127.0.0.1:$NATS_PORT" --json $DURABLE | tag "$round" >>"$RESULTS"
 done
 
 python3 bench/summarize.py "$RESULTS"

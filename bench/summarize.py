@@ -8,6 +8,8 @@ from collections import defaultdict
 
 def key(r):
     p = r["params"]
+    if r["workload"] == "durable":
+        return f"durable {p['publishers']} pub, {p['payload']} B"
     if r["workload"] == "fanout":
         return f"fanout {p['publishers']}→{p['subscribers']}, {p['payload']} B, {p['mode']}"
     if r["workload"] == "latency":
@@ -19,7 +21,8 @@ def main(path):
     runs = defaultdict(lambda: defaultdict(list))
     for line in open(path):
         r = json.loads(line)
-        runs[key(r)][r["system"]].append(r)
+        system = "nats" if r["system"] == "jetstream" else r["system"]
+        runs[key(r)][system].append(r)
     systems = ["eventbus", "nats", "redis"]
     print("| workload | metric | eventbus | nats | redis | eventbus/nats | eventbus/redis |")
     print("|---|---|---:|---:|---:|---:|---:|")
@@ -27,6 +30,10 @@ def main(path):
         if workload.startswith("latency"):
             metrics = [("p50 µs", lambda r: r["latency_us"]["p50"]), ("p99 µs", lambda r: r["latency_us"]["p99"]),
                        ("p99.9 µs", lambda r: r["latency_us"]["p99_9"])]
+        elif workload.startswith("durable"):
+            metrics = [("published/s (nats = JetStream)", lambda r: r["published_per_sec"]),
+                       ("publish p99 µs", lambda r: r["publish_latency_us"]["p99"]),
+                       ("consumed+acked/s", lambda r: r["consumed_per_sec"])]
         elif workload.startswith("pubonly"):
             metrics = [("published/s", lambda r: r["published_per_sec"])]
         else:

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use eventbus_bench::BenchCommand;
 
+mod jetstream;
 mod nats;
 mod redis_target;
 
@@ -23,7 +24,15 @@ struct Args {
     #[arg(long)]
     json: bool,
     #[command(subcommand)]
-    workload: BenchCommand,
+    workload: Workload,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Workload {
+    #[command(flatten)]
+    Traffic(BenchCommand),
+    /// NATS only: JetStream (file storage) durable publish, then consume with acks.
+    Durable(jetstream::DurableArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -41,12 +50,24 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Workload::Durable(durable) = &args.workload {
+        let done = match args.system {
+            System::Nats => runtime.block_on(jetstream::run(&args.url, args.json, durable)),
+            System::Redis => Err(anyhow::anyhow!("the durable workload compares with NATS JetStream only")),
+        };
+        return match done {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let Workload::Traffic(workload) = &args.workload else { return ExitCode::FAILURE };
     let result = runtime.block_on(async {
         match args.system {
-            System::Nats => eventbus_bench::run(&nats::NatsTarget::new(&args.url), &args.workload, true).await,
-            System::Redis => {
-                eventbus_bench::run(&redis_target::RedisTarget::new(&args.url)?, &args.workload, true).await
-            }
+            System::Nats => eventbus_bench::run(&nats::NatsTarget::new(&args.url), workload, true).await,
+            System::Redis => eventbus_bench::run(&redis_target::RedisTarget::new(&args.url)?, workload, true).await,
         }
     });
     match result {

@@ -130,6 +130,9 @@ pub(crate) enum BenchWorkload {
     Traffic(eventbus_bench::BenchCommand),
     /// Idle subscriptions held open: the daemon's CPU and memory (local daemon, by PID).
     Idle(crate::idle::IdleArgs),
+    /// Durable publish (each awaited: committed) from concurrent publishers, then
+    /// consume with batched acks.
+    Durable(crate::durable_bench::DurableArgs),
 }
 
 #[derive(Debug, Args)]

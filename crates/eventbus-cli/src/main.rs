@@ -9,6 +9,7 @@ mod admin;
 mod cli;
 mod connect;
 mod durable;
+mod durable_bench;
 mod idle;
 mod output;
 mod publish;
@@ -24,6 +25,7 @@ use crate::cli::{Cli, Command};
 async fn bench(server: &str, json: bool, workload: &cli::BenchWorkload) -> anyhow::Result<()> {
     let workload = match workload {
         cli::BenchWorkload::Idle(args) => return idle::run(server, json, args).await,
+        cli::BenchWorkload::Durable(args) => return durable_bench::run(server, json, args).await,
         cli::BenchWorkload::Traffic(workload) => workload,
     };
     let target = eventbus_bench::eventbus::EventBusTarget::new(server);

@@ -256,6 +256,9 @@ struct Inner {
     options: DurableOptions,
     registry: RwLock<Registry>,
     next_seq: AtomicU64,
+    /// Consumers registered: with none and no idempotency key, a publish skips the
+    /// engine entirely (no lock, no trie walk on the plain pub/sub path).
+    consumer_count: AtomicU64,
     next_client: AtomicU64,
     dedup: Mutex<Dedup>,
     writer: mpsc::Sender<WriteRequest>,
@@ -295,6 +298,7 @@ impl Durable {
                 options,
                 registry: RwLock::default(),
                 next_seq: AtomicU64::new(loaded.next_seq.max(1)),
+                consumer_count: AtomicU64::new(0),
                 next_client: AtomicU64::new(1),
                 dedup: Mutex::default(),
                 writer,
@@ -366,7 +370,9 @@ impl Durable {
         for f in &consumer.filters {
             registry.trie.insert(f, Arc::clone(&name));
         }
-        registry.by_name.insert(name, Arc::clone(&consumer));
+        if registry.by_name.insert(name, Arc::clone(&consumer)).is_none() {
+            self.inner.consumer_count.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(consumer)
     }
 
@@ -480,7 +486,9 @@ impl Durable {
         for f in &consumer.filters {
             registry.trie.remove(f, |n| **n == *consumer.name);
         }
-        registry.by_name.remove(name);
+        if registry.by_name.remove(name).is_some() {
+            self.inner.consumer_count.fetch_sub(1, Ordering::Relaxed);
+        }
         drop(registry);
         let mut st = consumer.state.lock();
         st.deleted = true;
@@ -511,6 +519,9 @@ impl Durable {
         ordering_key: Option<&str>,
         idempotency_key: Option<&str>,
     ) -> Result<Captured, DurableError> {
+        if idempotency_key.is_none() && self.inner.consumer_count.load(Ordering::Relaxed) == 0 {
+            return Ok(Captured::Stored(0));
+        }
         let window = self.inner.options.dedup_window;
         let dedup = match idempotency_key {
             Some(key) => {

@@ -1,0 +1,105 @@
+//! The durable workload against NATS JetStream with file storage: publishes awaited
+//! until JetStream acknowledges them (stored), then a pull consumer acking each message.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_nats::jetstream::{self, consumer::pull, stream};
+use bytes::Bytes;
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use serde_json::json;
+
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DurableArgs {
+    #[arg(long, default_value_t = 16)]
+    publishers: usize,
+    #[arg(long, default_value_t = 20_000)]
+    count: u64,
+    #[arg(long, default_value_t = 128)]
+    payload: usize,
+    #[arg(long, default_value_t = 256)]
+    max_batch: usize,
+}
+
+pub(crate) async fn run(url: &str, json: bool, a: &DurableArgs) -> anyhow::Result<()> {
+    let client = async_nats::connect(url).await.with_context(|| format!("cannot connect to {url}"))?;
+    let js = jetstream::new(client);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let (name, subject) = (format!("BENCH{nanos}"), format!("bench.durable.{nanos}"));
+    let stream = js
+        .create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![subject.clone()],
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await?;
+
+    let payload = Bytes::from(vec![0xAB; a.payload]);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    let n = a.publishers.max(1) as u64;
+    for i in 0..n {
+        let share = a.count / n + u64::from(i < a.count % n);
+        let client = async_nats::connect(url).await?;
+        let js = jetstream::new(client);
+        let (subject, payload) = (subject.clone(), payload.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+            for _ in 0..share {
+                let t = Instant::now();
+                js.publish(subject.clone(), payload.clone()).await?.await?;
+                h.saturating_record(t.elapsed().as_nanos() as u64);
+            }
+            anyhow::Ok(h)
+        }));
+    }
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    for t in tasks {
+        hist.add(&t.await??)?;
+    }
+    let publish_secs = start.elapsed().as_secs_f64();
+
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("bench".into()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await?;
+    let start = Instant::now();
+    let mut consumed = 0u64;
+    while consumed < a.count {
+        let mut batch = consumer.fetch().max_messages(a.max_batch).expires(Duration::from_secs(5)).messages().await?;
+        while let Some(msg) = batch.next().await {
+            let msg = msg.map_err(|e| anyhow::anyhow!("{e}"))?;
+            msg.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            consumed += 1;
+        }
+    }
+    let consume_secs = start.elapsed().as_secs_f64();
+    js.delete_stream(&name).await?;
+
+    let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    let report = json!({
+        "system": "jetstream", "workload": "durable",
+        "params": {"publishers": a.publishers, "count": a.count, "payload": a.payload, "max_batch": a.max_batch},
+        "published_per_sec": (a.count as f64 / publish_secs).round(),
+        "publish_latency_us": {"p50": us(0.5), "p90": us(0.9), "p99": us(0.99), "max": hist.max() as f64 / 1000.0},
+        "consumed_per_sec": (consumed as f64 / consume_secs).round(),
+    });
+    if json {
+        println!("{report}");
+    } else {
+        println!("jetstream durable (publishers={} count={} payload={})", a.publishers, a.count, a.payload);
+        println!(
+            "  durable publish  {:>10.0}/s   latency µs p50 {:.0}  p99 {:.0}",
+            a.count as f64 / publish_secs,
+            us(0.5),
+            us(0.99)
+        );
+        println!("  consume + ack    {:>10.0}/s", consumed as f64 / consume_secs);
+    }
+    Ok(())
+}
