@@ -190,6 +190,13 @@ impl Bus {
         let ordering_key = std::mem::take(&mut input.ordering_key);
         let idempotency_key = std::mem::take(&mut input.idempotency_key);
         let event = input.into_event(self.inner.config.max_payload_bytes)?;
+        if self.inner.durable.get().is_none() && !idempotency_key.is_empty() {
+            // Promising "delivered once" and then not checking would be a silent lie.
+            return Err(Error::InvalidOption {
+                field: "idempotency_key",
+                message: "needs durable consumers, which this broker does not run (redis mode)".into(),
+            });
+        }
         if let Some(durable) = self.inner.durable.get() {
             let key = (!ordering_key.is_empty()).then_some(ordering_key.as_str());
             let idem = (!idempotency_key.is_empty()).then_some(idempotency_key.as_str());

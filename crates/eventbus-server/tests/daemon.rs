@@ -159,3 +159,17 @@ async fn json_logs_are_one_object_per_line() {
     assert!(value["grpc_addr"].as_str().unwrap().starts_with("127.0.0.1:"), "{line}");
     assert_eq!(value["level"], "INFO");
 }
+
+#[tokio::test]
+async fn a_foreign_file_in_data_dir_stops_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("eventbus.redb"), b"not a database at all").unwrap();
+    let mut cmd = command(dir.path(), &["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]);
+    cmd.env("EVENTBUS__DURABLE__DATA_DIR", &data);
+    let out = within(cmd.output()).await.unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("durable store") && err.contains("eventbus.redb"), "{err}");
+}
