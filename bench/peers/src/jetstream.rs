@@ -6,21 +6,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use async_nats::jetstream::{self, consumer::pull, stream};
 use bytes::Bytes;
+use eventbus_bench::durable::{DurableArgs, DurableReport, latency_histogram};
 use futures::StreamExt;
-use hdrhistogram::Histogram;
-use serde_json::json;
-
-#[derive(Debug, Clone, clap::Args)]
-pub(crate) struct DurableArgs {
-    #[arg(long, default_value_t = 16)]
-    publishers: usize,
-    #[arg(long, default_value_t = 20_000)]
-    count: u64,
-    #[arg(long, default_value_t = 128)]
-    payload: usize,
-    #[arg(long, default_value_t = 256)]
-    max_batch: usize,
-}
 
 pub(crate) async fn run(url: &str, json: bool, a: &DurableArgs) -> anyhow::Result<()> {
     let client = async_nats::connect(url).await.with_context(|| format!("cannot connect to {url}"))?;
@@ -46,7 +33,7 @@ pub(crate) async fn run(url: &str, json: bool, a: &DurableArgs) -> anyhow::Resul
         let js = jetstream::new(client);
         let (subject, payload) = (subject.clone(), payload.clone());
         tasks.push(tokio::spawn(async move {
-            let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+            let mut h = latency_histogram();
             for _ in 0..share {
                 let t = Instant::now();
                 js.publish(subject.clone(), payload.clone()).await?.await?;
@@ -55,7 +42,7 @@ pub(crate) async fn run(url: &str, json: bool, a: &DurableArgs) -> anyhow::Resul
             anyhow::Ok(h)
         }));
     }
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let mut hist = latency_histogram();
     for t in tasks {
         hist.add(&t.await??)?;
     }
@@ -71,7 +58,8 @@ pub(crate) async fn run(url: &str, json: bool, a: &DurableArgs) -> anyhow::Resul
     let start = Instant::now();
     let mut consumed = 0u64;
     while consumed < a.count {
-        let mut batch = consumer.fetch().max_messages(a.max_batch).expires(Duration::from_secs(5)).messages().await?;
+        let mut batch =
+            consumer.fetch().max_messages(a.max_batch as usize).expires(Duration::from_secs(5)).messages().await?;
         while let Some(msg) = batch.next().await {
             let msg = msg.map_err(|e| anyhow::anyhow!("{e}"))?;
             msg.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -81,25 +69,11 @@ pub(crate) async fn run(url: &str, json: bool, a: &DurableArgs) -> anyhow::Resul
     let consume_secs = start.elapsed().as_secs_f64();
     js.delete_stream(&name).await?;
 
-    let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
-    let report = json!({
-        "system": "jetstream", "workload": "durable",
-        "params": {"publishers": a.publishers, "count": a.count, "payload": a.payload, "max_batch": a.max_batch},
-        "published_per_sec": (a.count as f64 / publish_secs).round(),
-        "publish_latency_us": {"p50": us(0.5), "p90": us(0.9), "p99": us(0.99), "max": hist.max() as f64 / 1000.0},
-        "consumed_per_sec": (consumed as f64 / consume_secs).round(),
-    });
+    let report = DurableReport { system: "jetstream", args: a, publish_secs, latency: hist, consumed, consume_secs };
     if json {
-        println!("{report}");
+        println!("{}", report.to_json());
     } else {
-        println!("jetstream durable (publishers={} count={} payload={})", a.publishers, a.count, a.payload);
-        println!(
-            "  durable publish  {:>10.0}/s   latency µs p50 {:.0}  p99 {:.0}",
-            a.count as f64 / publish_secs,
-            us(0.5),
-            us(0.99)
-        );
-        println!("  consume + ack    {:>10.0}/s", consumed as f64 / consume_secs);
+        print!("{}", report.human());
     }
     Ok(())
 }

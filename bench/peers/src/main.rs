@@ -32,7 +32,7 @@ enum Workload {
     #[command(flatten)]
     Traffic(BenchCommand),
     /// NATS only: JetStream (file storage) durable publish, then consume with acks.
-    Durable(jetstream::DurableArgs),
+    Durable(eventbus_bench::durable::DurableArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

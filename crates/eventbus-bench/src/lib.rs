@@ -7,8 +7,10 @@
 //! - [`target`]: what a system must offer: publishers and live subscribers.
 //! - [`workload`]: the three workloads (fan-out, latency at a fixed rate, publish-only),
 //!   their command-line arguments and their [`Report`](workload::Report).
+//! - [`durable`]: the durable workload's arguments and report (eventbus and JetStream).
 //! - [`eventbus`]: the eventbus target (unary `Publish` or `PublishStream`).
 
+pub mod durable;
 pub mod eventbus;
 pub mod target;
 pub mod workload;

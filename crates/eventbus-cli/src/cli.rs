@@ -132,7 +132,7 @@ pub(crate) enum BenchWorkload {
     Idle(crate::idle::IdleArgs),
     /// Durable publish (each awaited: committed) from concurrent publishers, then
     /// consume with batched acks.
-    Durable(crate::durable_bench::DurableArgs),
+    Durable(eventbus_bench::durable::DurableArgs),
 }
 
 #[derive(Debug, Args)]

@@ -5,29 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use eventbus_bench::durable::{DurableArgs, DurableReport, latency_histogram};
 use eventbus_proto::pb::{self, consume_request, consume_response};
-use hdrhistogram::Histogram;
-use serde_json::json;
 use tokio::sync::{Mutex, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::connect;
-
-#[derive(Debug, Clone, clap::Args)]
-pub(crate) struct DurableArgs {
-    /// Concurrent publishers (each its own connection, each publish awaited).
-    #[arg(long, default_value_t = 16)]
-    publishers: usize,
-    /// Events to publish (and then consume).
-    #[arg(long, default_value_t = 20_000)]
-    count: u64,
-    /// Payload size in bytes.
-    #[arg(long, default_value_t = 128)]
-    payload: usize,
-    /// Deliveries per message when consuming.
-    #[arg(long, default_value_t = 256)]
-    max_batch: u32,
-}
 
 pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Result<()> {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -43,7 +26,7 @@ pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Re
     admin.create_consumer(pb::CreateConsumerRequest { config: Some(config) }).await.context("create consumer")?;
 
     // Phase 1: publish, every call awaited (OK = committed).
-    let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?));
+    let hist = Arc::new(Mutex::new(latency_histogram()));
     let payload = bytes::Bytes::from(vec![0xAB; a.payload]);
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -53,7 +36,7 @@ pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Re
         let mut client = connect::event_bus(server).await?;
         let (channel, payload, hist) = (channel.clone(), payload.clone(), Arc::clone(&hist));
         tasks.push(tokio::spawn(async move {
-            let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+            let mut local = latency_histogram();
             for _ in 0..share {
                 let t = Instant::now();
                 let req =
@@ -69,9 +52,6 @@ pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Re
         t.await??;
     }
     let publish_secs = start.elapsed().as_secs_f64();
-    let h = hist.lock().await.clone();
-    let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-
     // Phase 2: consume everything, acking each batch.
     let mut client = connect::event_bus(server).await?;
     let (tx, rx) = mpsc::channel(1024);
@@ -98,29 +78,12 @@ pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Re
     drop(tx);
     admin.delete_consumer(pb::DeleteConsumerRequest { name }).await?;
 
-    let report = json!({
-        "system": "eventbus", "workload": "durable",
-        "params": {"publishers": a.publishers, "count": a.count, "payload": a.payload, "max_batch": a.max_batch},
-        "published_per_sec": (a.count as f64 / publish_secs).round(),
-        "publish_latency_us": {"p50": us(0.5), "p90": us(0.9), "p99": us(0.99), "max": h.max() as f64 / 1000.0},
-        "consumed_per_sec": (consumed as f64 / consume_secs).round(),
-    });
+    let latency = hist.lock().await.clone();
+    let report = DurableReport { system: "eventbus", args: a, publish_secs, latency, consumed, consume_secs };
     if json {
-        println!("{report}");
+        println!("{}", report.to_json());
     } else {
-        println!(
-            "eventbus durable (publishers={} count={} payload={} max_batch={})",
-            a.publishers, a.count, a.payload, a.max_batch
-        );
-        println!(
-            "  durable publish  {:>10.0}/s   latency µs p50 {:.0}  p90 {:.0}  p99 {:.0}  max {:.0}",
-            a.count as f64 / publish_secs,
-            us(0.5),
-            us(0.9),
-            us(0.99),
-            h.max() as f64 / 1000.0
-        );
-        println!("  consume + ack    {:>10.0}/s", consumed as f64 / consume_secs);
+        print!("{}", report.human());
     }
     Ok(())
 }
