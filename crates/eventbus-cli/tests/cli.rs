@@ -264,4 +264,11 @@ async fn durable_consumer_commands_end_to_end() {
     let out = run(eventbus(&broker, &["consumer", "info", "ghost"])).await;
     assert!(!out.ok && out.stderr.contains("ghost") && out.stderr.contains("NotFound"), "{}", out.stderr);
     assert!(run(eventbus(&broker, &["consumer", "delete", "inbox"])).await.ok);
+
+    let out = run(eventbus(&broker, &["--json", "bench", "durable", "--publishers", "2", "--count", "200"])).await;
+    assert!(out.ok, "{}", out.stderr);
+    let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert!(report["published_per_sec"].as_f64().unwrap() > 0.0 && report["consumed_per_sec"].as_f64().unwrap() > 0.0);
+    let out = run(eventbus(&broker, &["consumer", "list"])).await;
+    assert_eq!(out.stdout.lines().count(), 1, "the bench removed its consumer: {}", out.stdout);
 }
