@@ -236,7 +236,10 @@ fn release_event(txn: &redb::WriteTransaction, seq: u64) -> Result<(), StoreErro
         Some(v) => v.value().to_vec(),
         None => return Ok(()),
     };
-    let refs = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    let Some(&[a, b, c, d]) = bytes.get(..4).and_then(|h| <&[u8; 4]>::try_from(h).ok()) else {
+        return Err(StoreError::Corrupt(format!("event {seq}: record too short")));
+    };
+    let refs = u32::from_le_bytes([a, b, c, d]);
     if refs <= 1 {
         events.remove(seq).map_err(io)?;
     } else {
