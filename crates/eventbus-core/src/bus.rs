@@ -9,7 +9,7 @@ use parking_lot::RwLock;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::durable::{Captured, Durable};
+use crate::durable::{Captured, DurableBackend};
 use crate::error::Error;
 use crate::event::{Event, PublishInput, new_id};
 use crate::name::Pattern;
@@ -124,7 +124,7 @@ pub(crate) struct Inner {
     /// Signalled whenever a subscription leaves (shutdown waits on it).
     removed: Notify,
     /// Durable consumers, when enabled: captured before a publish is answered.
-    durable: std::sync::OnceLock<Durable>,
+    durable: std::sync::OnceLock<Arc<dyn DurableBackend>>,
 }
 
 impl Bus {
@@ -145,7 +145,12 @@ impl Bus {
 
     /// Enables durable consumers: every later publish is captured for the consumers it
     /// matches before it is answered, and dead letters are published on this bus.
-    pub fn enable_durable(&self, durable: Durable) {
+    pub fn enable_durable(&self, durable: impl DurableBackend) {
+        self.enable_durable_backend(Arc::new(durable));
+    }
+
+    /// [`Bus::enable_durable`] for an engine already shared.
+    pub fn enable_durable_backend(&self, durable: Arc<dyn DurableBackend>) {
         let bus = Arc::downgrade(&self.inner);
         durable.set_dead_letter_sink(Arc::new(move |channel, payload, content_type| {
             let Some(inner) = bus.upgrade() else { return };
@@ -167,7 +172,7 @@ impl Bus {
     }
 
     /// The durable consumer engine, when enabled.
-    pub fn durable(&self) -> Option<&Durable> {
+    pub fn durable(&self) -> Option<&Arc<dyn DurableBackend>> {
         self.inner.durable.get()
     }
 
@@ -190,25 +195,41 @@ impl Bus {
         let ordering_key = std::mem::take(&mut input.ordering_key);
         let idempotency_key = std::mem::take(&mut input.idempotency_key);
         let event = input.into_event(self.inner.config.max_payload_bytes)?;
-        if self.inner.durable.get().is_none() && !idempotency_key.is_empty() {
-            // Promising "delivered once" and then not checking would be a silent lie.
-            return Err(Error::InvalidOption {
-                field: "idempotency_key",
-                message: "needs durable consumers, which this broker does not run (redis mode)".into(),
-            });
-        }
+        let mut event = event;
         if let Some(durable) = self.inner.durable.get() {
             let key = (!ordering_key.is_empty()).then_some(ordering_key.as_str());
             let idem = (!idempotency_key.is_empty()).then_some(idempotency_key.as_str());
-            if let Captured::Duplicate(original) = durable.capture(&event, key, idem).await? {
-                return Ok(Published {
-                    event_id: original,
-                    delivered: 0,
-                    failed: 0,
-                    duration: start.elapsed(),
-                    duplicate: true,
-                });
+            let shared = Arc::new(event);
+            match durable.capture(&shared, key, idem).await? {
+                Captured::Duplicate(original) => {
+                    return Ok(Published {
+                        event_id: original,
+                        delivered: 0,
+                        failed: 0,
+                        duration: start.elapsed(),
+                        duplicate: true,
+                    });
+                }
+                Captured::Forwarded { fanout, .. } => {
+                    self.inner.channel(&shared.channel).counters.mark_published(shared.timestamp);
+                    self.inner.counters.published.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Published {
+                        event_id: shared.id.clone(),
+                        delivered: fanout.delivered,
+                        failed: fanout.failed,
+                        duration: start.elapsed(),
+                        duplicate: false,
+                    });
+                }
+                Captured::Stored(_) => {}
             }
+            event = Arc::try_unwrap(shared).unwrap_or_else(|shared| (*shared).clone());
+        } else if !idempotency_key.is_empty() {
+            // Promising "delivered once" and then not checking would be a silent lie.
+            return Err(Error::InvalidOption {
+                field: "idempotency_key",
+                message: "needs durable consumers, which this broker does not run".into(),
+            });
         }
         let event_id = event.id.clone();
         let fanout = match &self.inner.transport {

@@ -6,8 +6,9 @@ use std::pin::Pin;
 use bytes::Bytes;
 use eventbus_core::durable::store::{Failure, LogEntry, LogStatus, from_epoch_ms};
 use eventbus_core::durable::{
-    Backoff, ClientOptions, ConsumerConfig, ConsumerInfo, Delivery, Durable, PublishedDeadLetter,
+    Backoff, ClientOptions, ConsumerClient, ConsumerConfig, ConsumerInfo, Delivery, DurableBackend, PublishedDeadLetter,
 };
+use std::sync::Arc;
 use eventbus_core::{Bus, Error};
 use eventbus_proto::pb::{self, consume_request, consume_response};
 use futures::{Stream, StreamExt};
@@ -21,12 +22,8 @@ use crate::convert::{self, status};
 pub const DEAD_LETTER_CONTENT_TYPE: &str = "application/x-protobuf; type=eventbus.v1.DeadLetter";
 
 /// The engine, or why there is none.
-pub(crate) fn durable(bus: &Bus) -> Result<&Durable, Status> {
-    bus.durable().ok_or_else(|| {
-        Status::failed_precondition(
-            "durable consumers are not available in redis mode yet; use eventbus.mode in_memory",
-        )
-    })
+pub(crate) fn durable(bus: &Bus) -> Result<&Arc<dyn DurableBackend>, Status> {
+    bus.durable().ok_or_else(|| Status::failed_precondition("durable consumers are not enabled on this broker"))
 }
 
 /// A consumer definition from the wire; zero values take the defaults.
@@ -128,14 +125,6 @@ pub(crate) fn status_filter(status: i32) -> Result<Option<LogStatus>, Status> {
     }
 }
 
-/// `page_token` of ListEventLog.
-pub(crate) fn page_after(token: &str) -> Result<Option<u64>, Status> {
-    if token.is_empty() {
-        return Ok(None);
-    }
-    token.parse().map(Some).map_err(|_| Status::invalid_argument(format!("invalid page_token {token:?}")))
-}
-
 pub(crate) type ConsumeStream = Pin<Box<dyn Stream<Item = Result<pb::ConsumeResponse, Status>> + Send + 'static>>;
 
 /// `EventBus.Consume`: attach, then serve requests and push deliveries until either
@@ -149,7 +138,8 @@ pub(crate) async fn consume(bus: &Bus, mut inbound: Streaming<pb::ConsumeRequest
     let options = ClientOptions { max_in_flight: attach.max_in_flight, max_batch: attach.max_batch };
     let create = attach.create_if_missing.map(config_from_pb);
     let attached = durable.attach(&attach.consumer, options, create).await.map_err(|e| status(Error::from(e)))?;
-    let client = attached.client;
+    let client: Arc<dyn ConsumerClient> = Arc::from(attached.client);
+    let watcher = Arc::clone(&client);
     let consumer = attach.consumer.clone();
     // Requests are served by their own task; when the client's request stream ends (or
     // breaks), the handle drops and what it held is released at once.
@@ -164,15 +154,15 @@ pub(crate) async fn consume(bus: &Bus, mut inbound: Streaming<pb::ConsumeRequest
                 }
             };
             match request.kind {
-                Some(consume_request::Kind::Ack(a)) => client.ack(&a.event_ids),
+                Some(consume_request::Kind::Ack(a)) => client.ack(a.event_ids).await,
                 Some(consume_request::Kind::Nack(n)) => {
                     let delay = (n.delay_ms > 0).then(|| std::time::Duration::from_millis(n.delay_ms));
-                    client.nack(&n.event_id, &n.reason, delay);
+                    client.nack(n.event_id, n.reason, delay).await;
                 }
                 Some(consume_request::Kind::Extend(e)) => {
-                    client.extend(&e.event_ids, std::time::Duration::from_millis(e.by_ms));
+                    client.extend(e.event_ids, std::time::Duration::from_millis(e.by_ms)).await;
                 }
-                Some(consume_request::Kind::Term(t)) => client.term(&t.event_id, &t.reason),
+                Some(consume_request::Kind::Term(t)) => client.term(t.event_id, t.reason).await,
                 Some(consume_request::Kind::Attach(_)) | None => {
                     tracing::debug!(%consumer, "ignoring a second attach on a Consume stream");
                 }
@@ -187,10 +177,15 @@ pub(crate) async fn consume(bus: &Bus, mut inbound: Streaming<pb::ConsumeRequest
         let deliveries = batch.iter().map(delivery_to_pb).collect();
         Ok(pb::ConsumeResponse { kind: Some(consume_response::Kind::Deliveries(pb::Deliveries { deliveries })) })
     });
-    // Detached by shutdown: say so, so the client reconnects elsewhere.
+    // Detached by shutdown or a lost store: say so, so the client reconnects.
     let bus = bus.clone();
-    let end =
-        futures::stream::once(async move { bus.is_shutting_down().then(|| Err(Status::unavailable("shutting down"))) })
-            .filter_map(|end| async move { end });
+    let end = futures::stream::once(async move {
+        if let Some(err) = watcher.closed_reason() {
+            return Some(Err(status(Error::from(err))));
+        }
+        drop(watcher);
+        bus.is_shutting_down().then(|| Err(Status::unavailable("shutting down")))
+    })
+    .filter_map(|end| async move { end });
     Ok(Box::pin(futures::stream::once(async { Ok(attached_msg) }).chain(deliveries).chain(end)))
 }

@@ -177,7 +177,7 @@ impl pb::admin_server::Admin for AdminService {
     }
 
     async fn get_consumer(&self, req: Request<pb::GetConsumerRequest>) -> Result<Response<pb::ConsumerInfo>, Status> {
-        let info = consume::durable(&self.bus)?.get_consumer(&req.into_inner().name).map_err(durable_status)?;
+        let info = consume::durable(&self.bus)?.get_consumer(&req.into_inner().name).await.map_err(durable_status)?;
         Ok(Response::new(consume::info_to_pb(&info)))
     }
 
@@ -185,7 +185,8 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         _: Request<pb::ListConsumersRequest>,
     ) -> Result<Response<pb::ListConsumersResponse>, Status> {
-        let consumers = consume::durable(&self.bus)?.list_consumers().iter().map(consume::info_to_pb).collect();
+        let consumers = consume::durable(&self.bus)?.list_consumers().await.map_err(durable_status)?;
+        let consumers = consumers.iter().map(consume::info_to_pb).collect();
         Ok(Response::new(pb::ListConsumersResponse { consumers }))
     }
 
@@ -203,15 +204,14 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::ListEventLogResponse>, Status> {
         let req = req.into_inner();
         let status_filter = consume::status_filter(req.status)?;
-        let after = consume::page_after(&req.page_token)?;
         let limit = if req.limit == 0 { 100 } else { req.limit as usize };
         let page = consume::durable(&self.bus)?
-            .log(&req.consumer, status_filter, limit, after)
+            .log(&req.consumer, status_filter, limit, &req.page_token)
             .await
             .map_err(durable_status)?;
         Ok(Response::new(pb::ListEventLogResponse {
             entries: page.entries.iter().map(consume::log_entry_to_pb).collect(),
-            next_page_token: page.next.map(|n| n.to_string()).unwrap_or_default(),
+            next_page_token: page.next_page_token,
         }))
     }
 }

@@ -14,7 +14,7 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use eventbus_core::durable::store::{LogStatus, from_epoch_ms};
-use eventbus_core::durable::{ConsumerInfo, Durable};
+use eventbus_core::durable::{ConsumerInfo, DurableBackend};
 use eventbus_core::{Bus, Error, ErrorKind, PublishInput, TransportStatus};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -124,6 +124,13 @@ async fn metrics(State(state): State<HttpState>) -> Result<Response, ApiError> {
     let Some(metrics) = &state.metrics else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "metrics are disabled (eventbus.metrics.enabled: false)"));
     };
+    // Refreshes the consumer snapshot the collector reads (a Redis round trip in redis
+    // mode); a failure leaves the last known figures, and the scrape still answers.
+    if let Some(durable) = state.bus.durable()
+        && let Err(err) = durable.list_consumers().await
+    {
+        tracing::warn!(%err, "cannot refresh durable consumer metrics");
+    }
     let text = metrics.render().map_err(|e| {
         tracing::error!(%e, "cannot render metrics");
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "cannot render metrics")
@@ -302,13 +309,11 @@ async fn publish(
 
 // --- durable consumers ---
 
-fn engine(state: &HttpState) -> Result<&Durable, ApiError> {
-    state.bus.durable().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "durable consumers are not available in redis mode yet; use eventbus.mode in_memory",
-        )
-    })
+fn engine(state: &HttpState) -> Result<&Arc<dyn DurableBackend>, ApiError> {
+    state
+        .bus
+        .durable()
+        .ok_or_else(|| ApiError::new(StatusCode::CONFLICT, "durable consumers are not enabled on this broker"))
 }
 
 fn consumer_json(i: &ConsumerInfo) -> serde_json::Value {
@@ -331,7 +336,8 @@ fn consumer_json(i: &ConsumerInfo) -> serde_json::Value {
 }
 
 async fn list_consumers(State(state): State<HttpState>) -> Result<Json<serde_json::Value>, ApiError> {
-    let consumers: Vec<_> = engine(&state)?.list_consumers().iter().map(consumer_json).collect();
+    let consumers = engine(&state)?.list_consumers().await.map_err(Error::from)?;
+    let consumers: Vec<_> = consumers.iter().map(consumer_json).collect();
     Ok(Json(json!({ "consumers": consumers })))
 }
 
@@ -347,7 +353,7 @@ async fn get_consumer(
     State(state): State<HttpState>,
     Path(name): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let info = engine(&state)?.get_consumer(&name).map_err(Error::from)?;
+    let info = engine(&state)?.get_consumer(&name).await.map_err(Error::from)?;
     Ok(Json(consumer_json(&info)))
 }
 
@@ -379,14 +385,8 @@ async fn consumer_log(
             return Err(ApiError::new(StatusCode::BAD_REQUEST, message));
         }
     };
-    let after = match q.page_token.as_deref().filter(|t| !t.is_empty()) {
-        None => None,
-        Some(t) => Some(
-            t.parse::<u64>()
-                .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid page_token {t:?}")))?,
-        ),
-    };
-    let page = engine(&state)?.log(&name, status, q.limit.unwrap_or(100), after).await.map_err(Error::from)?;
+    let token = q.page_token.unwrap_or_default();
+    let page = engine(&state)?.log(&name, status, q.limit.unwrap_or(100), &token).await.map_err(Error::from)?;
     let ms = |ms: u64| rfc3339(from_epoch_ms(ms));
     let entries: Vec<_> = page
         .entries
@@ -403,5 +403,5 @@ async fn consumer_log(
             })
         })
         .collect();
-    Ok(Json(json!({ "entries": entries, "next_page_token": page.next.map(|n| n.to_string()).unwrap_or_default() })))
+    Ok(Json(json!({ "entries": entries, "next_page_token": page.next_page_token })))
 }

@@ -216,7 +216,7 @@ impl BusCollector {
             let [acked, redelivered, dead] = counters;
             let [pending, in_flight] = gauges;
             let (acked, redelivered, dead, pending, in_flight) = (acked?, redelivered?, dead?, pending?, in_flight?);
-            for info in durable.list_consumers() {
+            for info in durable.consumers_snapshot() {
                 let name = [info.config.name.as_str()];
                 acked.with_label_values(&name).inc_by(info.acked);
                 redelivered.with_label_values(&name).inc_by(info.redelivered);

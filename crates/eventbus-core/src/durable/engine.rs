@@ -24,6 +24,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util_shim::CancelOnDrop;
 
+use crate::durable::backend::{Attachment, BoxFuture, Captured, ConsumerClient, DurableBackend, LogSlice};
 use crate::durable::config::ConsumerConfig;
 use crate::durable::store::{
     DedupRecord, EntryRecord, Failure, LogEntry, LogPage, LogStatus, Store, StoreError, StoreOp, epoch_ms,
@@ -58,6 +59,8 @@ pub enum DurableError {
     Store(#[from] StoreError),
     #[error("the durable store is not available: {0}")]
     Unavailable(String),
+    #[error("invalid {field}: {message}")]
+    InvalidArgument { field: &'static str, message: String },
 }
 
 /// A dead-lettered event, to be published on its dead-letter channel.
@@ -124,14 +127,6 @@ pub struct ConsumerInfo {
     pub redelivered: u64,
 }
 
-/// Outcome of capturing a publish.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Captured {
-    /// Stored for `n` consumers (possibly 0).
-    Stored(usize),
-    /// The idempotency key was seen within the window: the original event id.
-    Duplicate(String),
-}
 
 // ---------------------------------------------------------------------------------
 
@@ -515,7 +510,7 @@ impl Durable {
     /// answered; detects repeated idempotency keys.
     pub async fn capture(
         &self,
-        event: &Event,
+        event: &Arc<Event>,
         ordering_key: Option<&str>,
         idempotency_key: Option<&str>,
     ) -> Result<Captured, DurableError> {
@@ -549,7 +544,7 @@ impl Durable {
             return Ok(Captured::Stored(0));
         }
         let seq = self.inner.next_seq.fetch_add(1, Ordering::Relaxed);
-        let shared = Arc::new(event.clone());
+        let shared = Arc::clone(event);
         let key: Option<Arc<str>> = ordering_key.filter(|k| !k.is_empty()).map(Arc::from);
         let op = match (consumers.is_empty(), dedup.clone()) {
             (true, Some(record)) => StoreOp::Dedup(record),
@@ -1072,5 +1067,106 @@ fn fire_due(durable: &Durable, now: Instant) {
         if let Some(consumer) = consumer.upgrade() {
             durable.fire(&consumer, seq);
         }
+    }
+}
+
+impl DurableBackend for Durable {
+    fn set_dead_letter_sink(&self, sink: DeadLetterSink) {
+        Durable::set_dead_letter_sink(self, sink);
+    }
+
+    fn capture<'a>(
+        &'a self,
+        event: &'a Arc<Event>,
+        ordering_key: Option<&'a str>,
+        idempotency_key: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Captured, DurableError>> {
+        Box::pin(Durable::capture(self, event, ordering_key, idempotency_key))
+    }
+
+    fn create_consumer(&self, config: ConsumerConfig) -> BoxFuture<'_, Result<ConsumerInfo, DurableError>> {
+        Box::pin(Durable::create_consumer(self, config))
+    }
+
+    fn declare_consumer(&self, config: ConsumerConfig) -> BoxFuture<'_, Result<(), DurableError>> {
+        Box::pin(Durable::declare_consumer(self, config))
+    }
+
+    fn get_consumer<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<ConsumerInfo, DurableError>> {
+        Box::pin(std::future::ready(Durable::get_consumer(self, name)))
+    }
+
+    fn list_consumers(&self) -> BoxFuture<'_, Result<Vec<ConsumerInfo>, DurableError>> {
+        Box::pin(std::future::ready(Ok(Durable::list_consumers(self))))
+    }
+
+    fn consumers_snapshot(&self) -> Vec<ConsumerInfo> {
+        Durable::list_consumers(self)
+    }
+
+    fn delete_consumer<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), DurableError>> {
+        Box::pin(Durable::delete_consumer(self, name))
+    }
+
+    fn log<'a>(
+        &'a self,
+        name: &'a str,
+        status: Option<LogStatus>,
+        limit: usize,
+        page_token: &'a str,
+    ) -> BoxFuture<'a, Result<LogSlice, DurableError>> {
+        Box::pin(async move {
+            let after = match page_token {
+                "" => None,
+                token => Some(token.parse::<u64>().map_err(|_| DurableError::InvalidArgument {
+                    field: "page_token",
+                    message: format!("{token:?} is not a page token this broker issued"),
+                })?),
+            };
+            let page = Durable::log(self, name, status, limit, after).await?;
+            Ok(LogSlice { entries: page.entries, next_page_token: page.next.map(|n| n.to_string()).unwrap_or_default() })
+        })
+    }
+
+    fn attach<'a>(
+        &'a self,
+        name: &'a str,
+        options: ClientOptions,
+        create_if_missing: Option<ConsumerConfig>,
+    ) -> BoxFuture<'a, Result<Attachment, DurableError>> {
+        Box::pin(async move {
+            let attached = Durable::attach(self, name, options, create_if_missing).await?;
+            Ok(Attachment { info: attached.info, deliveries: attached.deliveries, client: Box::new(attached.client) })
+        })
+    }
+
+    fn detach_all(&self) {
+        Durable::detach_all(self);
+    }
+
+    fn flush(&self) -> BoxFuture<'_, Result<(), DurableError>> {
+        Box::pin(Durable::flush(self))
+    }
+}
+
+impl ConsumerClient for ClientHandle {
+    fn ack(&self, event_ids: Vec<String>) -> BoxFuture<'_, ()> {
+        ClientHandle::ack(self, &event_ids);
+        Box::pin(std::future::ready(()))
+    }
+
+    fn nack(&self, event_id: String, reason: String, delay: Option<Duration>) -> BoxFuture<'_, ()> {
+        ClientHandle::nack(self, &event_id, &reason, delay);
+        Box::pin(std::future::ready(()))
+    }
+
+    fn extend(&self, event_ids: Vec<String>, by: Duration) -> BoxFuture<'_, ()> {
+        ClientHandle::extend(self, &event_ids, by);
+        Box::pin(std::future::ready(()))
+    }
+
+    fn term(&self, event_id: String, reason: String) -> BoxFuture<'_, ()> {
+        ClientHandle::term(self, &event_id, &reason);
+        Box::pin(std::future::ready(()))
     }
 }

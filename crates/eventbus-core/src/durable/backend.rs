@@ -1,0 +1,131 @@
+//! The seam between the wire layer and a durable consumer implementation.
+//!
+//! Two implementations exist: the embedded [`Durable`](crate::durable::Durable) engine
+//! (`in_memory` mode: working state in memory, persisted to redb) and the Redis Streams
+//! engine of the `eventbus-redis` crate (`redis` mode: state lives in Redis, shared by
+//! every instance). The gRPC, REST and metrics layers only see this trait.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::durable::config::ConsumerConfig;
+use crate::durable::engine::{ClientOptions, ConsumerInfo, DeadLetterSink, Delivery, DurableError};
+use crate::durable::store::{LogEntry, LogStatus};
+use crate::event::Event;
+use crate::transport::Fanout;
+
+/// A boxed future, so the trait stays object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Outcome of capturing a publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Captured {
+    /// Stored for `n` consumers (possibly 0); the bus still has to fan the event out.
+    Stored(usize),
+    /// Stored for `consumers` and fanned out in the same atomic step (redis mode): the
+    /// bus must not publish it again.
+    Forwarded { consumers: usize, fanout: Fanout },
+    /// The idempotency key was seen within the window: the original event id.
+    Duplicate(String),
+}
+
+/// A page of a consumer's terminal log.
+#[derive(Debug, Clone, Default)]
+pub struct LogSlice {
+    pub entries: Vec<LogEntry>,
+    /// Pass back as `page_token` to continue; empty at the end.
+    pub next_page_token: String,
+}
+
+/// Acks and friends for one attached client. Dropping it detaches the client: events
+/// it holds count a failed attempt ("consumer disconnected") and are released at once.
+///
+/// The calls resolve once the request is queued (not committed): a client sending
+/// faster than the engine absorbs is slowed down, never buffered without bound.
+pub trait ConsumerClient: Send + Sync + fmt::Debug {
+    /// Completes events (also late acks; unknown ids are ignored: already done).
+    fn ack(&self, event_ids: Vec<String>) -> BoxFuture<'_, ()>;
+    /// Fails one in-flight event now; redelivered after `delay` or the backoff.
+    fn nack(&self, event_id: String, reason: String, delay: Option<Duration>) -> BoxFuture<'_, ()>;
+    /// Moves the deadlines of in-flight events to `by` from now (0 = the ack deadline).
+    fn extend(&self, event_ids: Vec<String>, by: Duration) -> BoxFuture<'_, ()>;
+    /// Dead-letters an in-flight event now.
+    fn term(&self, event_id: String, reason: String) -> BoxFuture<'_, ()>;
+    /// Why the deliveries stream ended, when the engine ended it (for example the
+    /// store became unreachable); `None` for a normal end.
+    fn closed_reason(&self) -> Option<DurableError> {
+        None
+    }
+}
+
+/// A client attached to a consumer.
+#[derive(Debug)]
+pub struct Attachment {
+    pub info: ConsumerInfo,
+    /// Delivery batches, pushed as events become available; ends when the client is
+    /// detached (consumer deleted, shutdown, store lost).
+    pub deliveries: mpsc::Receiver<Vec<Delivery>>,
+    pub client: Box<dyn ConsumerClient>,
+}
+
+/// Durable consumers (SPEC §9), whatever keeps them.
+pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
+    /// Where dead letters are published (the bus, set once it exists).
+    fn set_dead_letter_sink(&self, sink: DeadLetterSink);
+
+    /// Stores a published event for every consumer it matches before the publish is
+    /// answered; detects repeated idempotency keys.
+    fn capture<'a>(
+        &'a self,
+        event: &'a Arc<Event>,
+        ordering_key: Option<&'a str>,
+        idempotency_key: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Captured, DurableError>>;
+
+    /// Creates a consumer. Idempotent for an identical configuration.
+    fn create_consumer(&self, config: ConsumerConfig) -> BoxFuture<'_, Result<ConsumerInfo, DurableError>>;
+
+    /// Creates or replaces a consumer declared in the configuration file (what it
+    /// holds is kept).
+    fn declare_consumer(&self, config: ConsumerConfig) -> BoxFuture<'_, Result<(), DurableError>>;
+
+    fn get_consumer<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<ConsumerInfo, DurableError>>;
+
+    /// Every consumer, sorted by name.
+    fn list_consumers(&self) -> BoxFuture<'_, Result<Vec<ConsumerInfo>, DurableError>>;
+
+    /// The last known state of every consumer, without I/O (for metrics scrapes; the
+    /// Redis engine refreshes it on [`DurableBackend::list_consumers`]).
+    fn consumers_snapshot(&self) -> Vec<ConsumerInfo>;
+
+    /// Deletes a consumer, what it holds and its log; attached clients are detached.
+    fn delete_consumer<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), DurableError>>;
+
+    /// The terminal log of a consumer, oldest first, from `page_token` (empty = start).
+    fn log<'a>(
+        &'a self,
+        name: &'a str,
+        status: Option<LogStatus>,
+        limit: usize,
+        page_token: &'a str,
+    ) -> BoxFuture<'a, Result<LogSlice, DurableError>>;
+
+    /// Attaches a client (creating the consumer from `create_if_missing` when absent).
+    fn attach<'a>(
+        &'a self,
+        name: &'a str,
+        options: ClientOptions,
+        create_if_missing: Option<ConsumerConfig>,
+    ) -> BoxFuture<'a, Result<Attachment, DurableError>>;
+
+    /// Shutdown: detaches every client of this instance.
+    fn detach_all(&self);
+
+    /// Waits until every change made so far is durable.
+    fn flush(&self) -> BoxFuture<'_, Result<(), DurableError>>;
+}
