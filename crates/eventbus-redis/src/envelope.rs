@@ -38,6 +38,25 @@ pub(crate) fn encode(event: &Event) -> Vec<u8> {
     buf
 }
 
+/// An event this broker encoded, on the channel its envelope names; `None` for
+/// anything else.
+pub(crate) fn decode_own(message: Bytes) -> Option<Event> {
+    if !message.starts_with(&MAGIC) {
+        return None;
+    }
+    let wire = pb::Event::decode(message.slice(MAGIC.len()..)).ok()?;
+    let timestamp = wire.timestamp.and_then(|t| SystemTime::try_from(t).ok()).unwrap_or_else(SystemTime::now);
+    Some(Event::from_parts(
+        wire.id,
+        wire.channel,
+        timestamp,
+        wire.source,
+        wire.payload,
+        wire.metadata,
+        wire.content_type,
+    ))
+}
+
 /// The event a Redis message on `channel` carries.
 pub(crate) fn decode(channel: &str, message: Bytes) -> Event {
     if message.starts_with(&MAGIC)

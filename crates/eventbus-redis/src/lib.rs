@@ -11,10 +11,14 @@
 //!   raw form a foreign producer's plain `PUBLISH` takes.
 //! - `glob`: filters mapped to Redis channels and globs.
 //! - `dedup`: one copy per instance when an exact channel and patterns both match.
+//! - [`durable`]: [`RedisDurable`], durable consumers on Redis Streams, shared by every
+//!   instance (the core's `DurableBackend`).
 
 mod dedup;
+pub mod durable;
 mod envelope;
 mod glob;
 pub mod transport;
 
+pub use durable::{RedisDurable, RedisDurableSettings};
 pub use transport::{RedisOptions, RedisTransport};

@@ -8,7 +8,8 @@ use eventbus_core::durable::engine::AckObserver;
 use eventbus_core::durable::{Durable, DurableOptions, Fsync, RedbStore};
 use eventbus_core::{Bus, TransportStatus};
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
-use eventbus_redis::RedisTransport;
+use eventbus_core::durable::DurableBackend;
+use eventbus_redis::{RedisDurable, RedisDurableSettings, RedisTransport};
 use futures::StreamExt;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -98,10 +99,9 @@ impl Server {
             true => Some(Arc::new(Metrics::new(&settings.eventbus.metrics.prefix, bus.clone())?)),
             false => None,
         };
-        if settings.eventbus.mode == Mode::InMemory {
-            start_durable(&settings, &bus, metrics.clone()).await?;
-        } else if !settings.durable.consumers.is_empty() {
-            return Err(ServerError::Durable("durable consumers are not available in redis mode yet".into()));
+        match settings.eventbus.mode {
+            Mode::InMemory => start_durable(&settings, &bus, metrics.clone()).await?,
+            Mode::Redis => start_redis_durable(&settings, &bus, metrics.clone(), transport_stop.clone())?,
         }
         Ok(Self { settings, bus, metrics, transport_stop, grpc, grpc_addr, http, http_addr })
     }
@@ -207,11 +207,7 @@ async fn start_durable(settings: &Settings, bus: &Bus, metrics: Option<Arc<Metri
     };
     let store = RedbStore::open(std::path::Path::new(&d.data_dir), fsync, settings.retention())
         .map_err(|e| ServerError::Durable(e.to_string()))?;
-    let options = DurableOptions {
-        dedup_window: Duration::from_millis(d.dedup_window_ms),
-        dead_letter_encoder: Arc::new(consume::encode_dead_letter),
-        on_ack: metrics.map(|m| -> AckObserver { Arc::new(move |consumer, latency| m.observe_ack(consumer, latency)) }),
-    };
+    let options = durable_options(settings, metrics);
     let durable = Durable::start(Arc::new(store), options).map_err(|e| ServerError::Durable(e.to_string()))?;
     bus.enable_durable(durable.clone());
     for consumer in &d.consumers {
@@ -219,6 +215,61 @@ async fn start_durable(settings: &Settings, bus: &Bus, metrics: Option<Arc<Metri
     }
     let where_ = if d.data_dir.is_empty() { "memory" } else { d.data_dir.as_str() };
     info!(store = where_, consumers = durable.list_consumers().len(), "durable consumers ready");
+    Ok(())
+}
+
+fn durable_options(settings: &Settings, metrics: Option<Arc<Metrics>>) -> DurableOptions {
+    DurableOptions {
+        dedup_window: Duration::from_millis(settings.durable.dedup_window_ms),
+        dead_letter_encoder: Arc::new(consume::encode_dead_letter),
+        on_ack: metrics.map(|m| -> AckObserver { Arc::new(move |consumer, latency| m.observe_ack(consumer, latency)) }),
+    }
+}
+
+/// Redis mode: durable consumers live in Redis Streams, shared by every instance.
+/// Redis may be down at start-up: consumers declared in the configuration are written
+/// once it is reachable (retried in the background), never silently skipped.
+fn start_redis_durable(
+    settings: &Settings,
+    bus: &Bus,
+    metrics: Option<Arc<Metrics>>,
+    stop: CancellationToken,
+) -> Result<(), ServerError> {
+    let redis = settings.redis_settings();
+    let client = redis.client().map_err(|e| ServerError::Redis(e.to_string()))?;
+    let durable_settings = RedisDurableSettings {
+        prefix: redis.prefix.clone(),
+        instance_id: bus.instance_id().to_owned(),
+        retention: settings.retention(),
+    };
+    let durable = RedisDurable::start(client, durable_settings, durable_options(settings, metrics), stop.clone())
+        .map_err(|e| ServerError::Durable(e.to_string()))?;
+    bus.enable_durable(durable.clone());
+    let declared: Vec<_> = settings.durable.consumers.iter().map(|c| c.to_config()).collect();
+    if declared.is_empty() {
+        return Ok(());
+    }
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(200);
+        for config in declared {
+            loop {
+                match durable.declare_consumer(config.clone()).await {
+                    Ok(()) => {
+                        info!(consumer = %config.name, "durable consumer declared in Redis");
+                        break;
+                    }
+                    Err(err) => {
+                        warn!(consumer = %config.name, %err, retry_in = ?backoff, "cannot declare a durable consumer yet");
+                        tokio::select! {
+                            () = stop.cancelled() => return,
+                            () = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        }
+    });
     Ok(())
 }
 

@@ -1,0 +1,866 @@
+//! One consumer as seen from one instance: its local clients and the actor serving
+//! them.
+//!
+//! The actor owns everything local (clients, what each holds, timers), so it needs no
+//! lock: clients talk to it through a bounded channel. It reads the consumer's stream
+//! with a blocking XREADGROUP (as this instance, for as many events as its clients have
+//! room for), hands events out round-robin in batches, and turns acks, nacks, terms,
+//! expired deadlines and disconnects into batched scripts. While clients are attached it
+//! also runs the janitor: due retries back onto the stream, XAUTOCLAIM of events held
+//! past the ack deadline by instances that went away.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use eventbus_core::durable::engine::{DEFAULT_MAX_BATCH, REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM};
+use eventbus_core::durable::store::Failure;
+use eventbus_core::durable::{
+    BoxFuture, ClientOptions, ConsumerClient, ConsumerConfig, Delivery, DurableError, PublishedDeadLetter,
+};
+use eventbus_core::Event;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use parking_lot::{Mutex, RwLock};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::scripts::Scripts;
+use super::{CONNECT_TIMEOUT, GROUP, Shared, now_ms};
+use crate::envelope;
+
+/// Commands queued per consumer actor before clients wait.
+const COMMAND_QUEUE: usize = 1024;
+/// Most events one read asks for.
+const READ_BATCH: usize = 1024;
+/// Scripts in flight per actor before it stops taking commands.
+const MAX_OPS: usize = 64;
+/// Entries one janitor run handles.
+const JANITOR_BATCH: usize = 256;
+
+/// Why an actor stops.
+#[derive(Debug, Clone)]
+pub(crate) enum StopReason {
+    /// The consumer was deleted: client streams end normally.
+    Deleted,
+    /// The broker is stopping: held events count a failed attempt and are released.
+    Shutdown,
+    /// Redis failed under us: client streams end with UNAVAILABLE.
+    Lost(String),
+}
+
+pub(crate) enum Command {
+    Attach(Client),
+    Detach(u64),
+    Ack(u64, Vec<String>),
+    Nack(u64, String, String, Option<Duration>),
+    Extend(u64, Vec<String>, Duration),
+    Term(u64, String, String),
+    Stop(StopReason),
+}
+
+/// A consumer known to this instance.
+#[derive(Debug)]
+pub(crate) struct Runtime {
+    pub(crate) name: Arc<str>,
+    /// `{prefix}:durable:{name}`.
+    pub(crate) base: String,
+    config: RwLock<Arc<ConsumerConfig>>,
+    actor: Mutex<Option<mpsc::Sender<Command>>>,
+    clients: std::sync::atomic::AtomicU32,
+}
+
+impl Runtime {
+    pub(crate) fn new(name: Arc<str>, base: String, config: ConsumerConfig) -> Self {
+        Self {
+            name,
+            base,
+            config: RwLock::new(Arc::new(config)),
+            actor: Mutex::new(None),
+            clients: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    pub(crate) fn config(&self) -> Arc<ConsumerConfig> {
+        Arc::clone(&self.config.read())
+    }
+
+    pub(crate) fn set_config(&self, config: ConsumerConfig) {
+        let mut current = self.config.write();
+        if **current != config {
+            *current = Arc::new(config);
+        }
+    }
+
+    pub(crate) fn local_clients(&self) -> u32 {
+        self.clients.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The running actor, started on first use.
+    fn actor(self: &Arc<Self>, shared: &Arc<Shared>) -> mpsc::Sender<Command> {
+        let mut slot = self.actor.lock();
+        if let Some(tx) = slot.as_ref().filter(|tx| !tx.is_closed()) {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        *slot = Some(tx.clone());
+        let actor = Actor::new(Arc::clone(self), Arc::clone(shared), rx);
+        tokio::spawn(actor.run());
+        tx
+    }
+
+    pub(crate) async fn attach(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        id: u64,
+        options: ClientOptions,
+    ) -> Result<(mpsc::Receiver<Vec<Delivery>>, RedisClient), DurableError> {
+        let ceiling = self.config().max_in_flight;
+        let max_in_flight = match options.max_in_flight {
+            0 => ceiling,
+            n => n.min(ceiling),
+        };
+        let max_batch = match options.max_batch {
+            0 => DEFAULT_MAX_BATCH,
+            n => n,
+        };
+        // One message per batch; a batch holds at least one in-flight event.
+        let (tx, rx) = mpsc::channel(max_in_flight.max(1) as usize);
+        let closed = Arc::new(Mutex::new(None));
+        let client = Client { id, max_in_flight, max_batch, in_flight: 0, tx, closed: Arc::clone(&closed) };
+        let actor = self.actor(shared);
+        actor
+            .send(Command::Attach(client))
+            .await
+            .map_err(|_| DurableError::Unavailable("the consumer was stopped".into()))?;
+        Ok((rx, RedisClient { actor, id, closed }))
+    }
+
+    /// Stops the actor, if one runs; the next attach starts a new one.
+    pub(crate) fn stop(&self, reason: StopReason) {
+        let Some(tx) = self.actor.lock().take() else { return };
+        if let Err(mpsc::error::TrySendError::Full(cmd)) = tx.try_send(Command::Stop(reason)) {
+            tokio::spawn(async move {
+                let _ = tx.send(cmd).await;
+            });
+        }
+    }
+}
+
+/// An attached client's handle.
+#[derive(Debug)]
+pub(crate) struct RedisClient {
+    actor: mpsc::Sender<Command>,
+    id: u64,
+    closed: Arc<Mutex<Option<String>>>,
+}
+
+impl RedisClient {
+    fn send(&self, cmd: Command) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            // A stopped actor has already ended this client's stream.
+            let _ = self.actor.send(cmd).await;
+        })
+    }
+}
+
+impl ConsumerClient for RedisClient {
+    fn ack(&self, event_ids: Vec<String>) -> BoxFuture<'_, ()> {
+        self.send(Command::Ack(self.id, event_ids))
+    }
+
+    fn nack(&self, event_id: String, reason: String, delay: Option<Duration>) -> BoxFuture<'_, ()> {
+        self.send(Command::Nack(self.id, event_id, reason, delay))
+    }
+
+    fn extend(&self, event_ids: Vec<String>, by: Duration) -> BoxFuture<'_, ()> {
+        self.send(Command::Extend(self.id, event_ids, by))
+    }
+
+    fn term(&self, event_id: String, reason: String) -> BoxFuture<'_, ()> {
+        self.send(Command::Term(self.id, event_id, reason))
+    }
+
+    fn closed_reason(&self) -> Option<DurableError> {
+        self.closed.lock().clone().map(DurableError::Unavailable)
+    }
+}
+
+impl Drop for RedisClient {
+    fn drop(&mut self) {
+        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.actor.try_send(Command::Detach(self.id)) {
+            let actor = self.actor.clone();
+            tokio::spawn(async move {
+                let _ = actor.send(cmd).await;
+            });
+        }
+    }
+}
+
+pub(crate) struct Client {
+    id: u64,
+    max_in_flight: u32,
+    max_batch: u32,
+    in_flight: u32,
+    tx: mpsc::Sender<Vec<Delivery>>,
+    closed: Arc<Mutex<Option<String>>>,
+}
+
+/// An event a local client holds.
+struct Held {
+    client: u64,
+    /// Stream entry id.
+    sid: String,
+    deadline: Instant,
+    first_ms: u64,
+    since: Instant,
+}
+
+/// Read from the stream, not yet handed to a client.
+struct Ready {
+    sid: String,
+    event: Arc<Event>,
+    attempt: u32,
+    first_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+enum Timer {
+    Deadline(Arc<str>),
+    /// Keeps an extended event's idle time under the ack deadline, so no janitor
+    /// reclaims it.
+    Touch(Arc<str>),
+    /// Janitor run (retries due, reclaim of abandoned events).
+    Janitor,
+}
+
+/// One failed attempt to report.
+struct FailItem {
+    sid: String,
+    reason: String,
+    delay_ms: i64,
+    term: bool,
+    first_ms: u64,
+}
+
+/// What a script run tells the actor.
+#[derive(Default)]
+struct Outcome {
+    /// Earliest retry due (ms since the epoch).
+    next_due: Option<u64>,
+    /// More work waits (run the janitor again now).
+    more: bool,
+    dead: Vec<(Bytes, u32, String)>,
+    error: Option<String>,
+}
+
+type ReadFuture = BoxFuture<'static, (Option<MultiplexedConnection>, RedisResult<Value>)>;
+
+struct Actor {
+    rt: Arc<Runtime>,
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<Command>,
+    config: Arc<ConsumerConfig>,
+    stream: String,
+    clients: Vec<Client>,
+    next_client: usize,
+    held: HashMap<Arc<str>, Held>,
+    buffer: VecDeque<Ready>,
+    timers: BTreeMap<(Instant, u64), Timer>,
+    timer_seq: u64,
+    janitor_at: BTreeSet<Instant>,
+    read: Option<ReadFuture>,
+    idle_conn: Option<MultiplexedConnection>,
+    ops: FuturesUnordered<BoxFuture<'static, Outcome>>,
+    acks: Vec<(String, Arc<str>, u64)>,
+    fails: Vec<FailItem>,
+    touches: Vec<String>,
+    requeue: Vec<String>,
+}
+
+impl Actor {
+    fn new(rt: Arc<Runtime>, shared: Arc<Shared>, rx: mpsc::Receiver<Command>) -> Self {
+        let config = rt.config();
+        let stream = format!("{}:s", rt.base);
+        Self {
+            rt,
+            shared,
+            rx,
+            config,
+            stream,
+            clients: Vec::new(),
+            next_client: 0,
+            held: HashMap::new(),
+            buffer: VecDeque::new(),
+            timers: BTreeMap::new(),
+            timer_seq: 0,
+            janitor_at: BTreeSet::new(),
+            read: None,
+            idle_conn: None,
+            ops: FuturesUnordered::new(),
+            acks: Vec::new(),
+            fails: Vec::new(),
+            touches: Vec::new(),
+            requeue: Vec::new(),
+        }
+    }
+
+    async fn run(mut self) {
+        let stop = loop {
+            self.config = self.rt.config();
+            self.dispatch();
+            self.flush();
+            if self.read.is_none() {
+                self.start_read();
+            }
+            let next_timer = self.timers.first_key_value().map(|(k, _)| k.0);
+            tokio::select! {
+                cmd = self.rx.recv(), if self.ops.len() < MAX_OPS => match cmd {
+                    None => break StopReason::Deleted,
+                    Some(Command::Stop(reason)) => break reason,
+                    Some(cmd) => {
+                        if let Some(reason) = self.handle(cmd) {
+                            break reason;
+                        }
+                        // Take everything already queued: one script for a burst of acks.
+                        let mut stop = None;
+                        while let Ok(cmd) = self.rx.try_recv() {
+                            if let Some(reason) = self.handle(cmd) {
+                                stop = Some(reason);
+                                break;
+                            }
+                        }
+                        if let Some(reason) = stop {
+                            break reason;
+                        }
+                    }
+                },
+                (conn, result) = async { self.read.as_mut().expect("guarded").await }, if self.read.is_some() => {
+                    self.read = None;
+                    match result {
+                        Ok(value) => {
+                            self.idle_conn = conn;
+                            if let Err(err) = self.take_read(value) {
+                                break StopReason::Lost(format!("unreadable stream entry: {err}"));
+                            }
+                        }
+                        Err(err) => break StopReason::Lost(format!("redis: reading consumer {:?} failed: {err}", &*self.rt.name)),
+                    }
+                },
+                Some(outcome) = self.ops.next(), if !self.ops.is_empty() => {
+                    if let Some(reason) = self.take_outcome(outcome) {
+                        break reason;
+                    }
+                },
+                () = sleep_until(next_timer), if next_timer.is_some() => self.fire_timers(),
+                () = self.shared.shutdown.cancelled() => break StopReason::Shutdown,
+            }
+        };
+        self.finish(stop).await;
+    }
+
+    /// Applies one command; returns a reason to stop.
+    fn handle(&mut self, cmd: Command) -> Option<StopReason> {
+        match cmd {
+            Command::Attach(client) => {
+                self.clients.push(client);
+                self.rt.clients.store(self.clients.len() as u32, std::sync::atomic::Ordering::Relaxed);
+                if self.janitor_at.is_empty() {
+                    self.schedule_janitor(Instant::now());
+                }
+            }
+            Command::Detach(id) => self.detach(id),
+            Command::Ack(id, event_ids) => {
+                for event_id in event_ids {
+                    match self.release(id, &event_id) {
+                        Some((key, held)) => {
+                            if let Some(on_ack) = &self.shared.options.on_ack {
+                                on_ack(&self.rt.name, held.since.elapsed());
+                            }
+                            self.acks.push((held.sid, key, held.first_ms));
+                        }
+                        // Not held here: perhaps waiting for its retry (a late ack).
+                        None => self.acks.push((String::new(), event_id.into(), 0)),
+                    }
+                }
+            }
+            Command::Nack(id, event_id, reason, delay) => {
+                if let Some((_, held)) = self.release(id, &event_id) {
+                    let reason = if reason.is_empty() { "nacked".to_owned() } else { reason };
+                    let delay_ms = delay.map_or(-1, |d| d.as_millis() as i64);
+                    self.fails.push(FailItem { sid: held.sid, reason, delay_ms, term: false, first_ms: held.first_ms });
+                }
+            }
+            Command::Term(id, event_id, reason) => {
+                if let Some((_, held)) = self.release(id, &event_id) {
+                    let reason = if reason.is_empty() { REASON_TERM.to_owned() } else { reason };
+                    self.fails.push(FailItem { sid: held.sid, reason, delay_ms: -1, term: true, first_ms: held.first_ms });
+                }
+            }
+            Command::Extend(id, event_ids, by) => {
+                let deadline_in = self.config.ack_deadline();
+                let by = if by.is_zero() { deadline_in } else { by };
+                let now = Instant::now();
+                for event_id in event_ids {
+                    let Some((key, _)) = self.held.get_key_value(event_id.as_str()) else { continue };
+                    let key = Arc::clone(key);
+                    let Some(held) = self.held.get_mut(&key).filter(|h| h.client == id) else { continue };
+                    held.deadline = now + by;
+                    let deadline = held.deadline;
+                    self.touches.push(held.sid.clone());
+                    self.add_timer(deadline, Timer::Deadline(Arc::clone(&key)));
+                    if by > deadline_in / 2 {
+                        self.add_timer(now + deadline_in / 2, Timer::Touch(key));
+                    }
+                }
+            }
+            Command::Stop(reason) => return Some(reason),
+        }
+        None
+    }
+
+    /// Takes an event off a client: it no longer counts against its room.
+    fn release(&mut self, client: u64, event_id: &str) -> Option<(Arc<str>, Held)> {
+        if self.held.get(event_id).is_none_or(|h| h.client != client) {
+            return None;
+        }
+        let (key, held) = self.held.remove_entry(event_id)?;
+        if let Some(c) = self.clients.iter_mut().find(|c| c.id == client) {
+            c.in_flight = c.in_flight.saturating_sub(1);
+        }
+        Some((key, held))
+    }
+
+    fn detach(&mut self, id: u64) {
+        self.clients.retain(|c| c.id != id);
+        self.rt.clients.store(self.clients.len() as u32, std::sync::atomic::Ordering::Relaxed);
+        let held: Vec<Arc<str>> = self.held.iter().filter(|(_, h)| h.client == id).map(|(k, _)| Arc::clone(k)).collect();
+        for key in held {
+            if let Some(h) = self.held.remove(&key) {
+                self.fails.push(FailItem {
+                    sid: h.sid,
+                    reason: REASON_DISCONNECT.to_owned(),
+                    delay_ms: -1,
+                    term: false,
+                    first_ms: h.first_ms,
+                });
+            }
+        }
+        if self.clients.is_empty() {
+            // Nobody to read for: stop blocking on the stream (closing the connection
+            // cancels the XREADGROUP) and give back what was read but not handed out.
+            self.read = None;
+            self.idle_conn = None;
+            self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
+        }
+    }
+
+    fn add_timer(&mut self, at: Instant, timer: Timer) {
+        self.timer_seq += 1;
+        self.timers.insert((at, self.timer_seq), timer);
+    }
+
+    fn schedule_janitor(&mut self, at: Instant) {
+        let slack = Duration::from_millis(5);
+        if self.janitor_at.range(at.checked_sub(slack).unwrap_or(at)..=at + slack).next().is_some() {
+            return;
+        }
+        self.janitor_at.insert(at);
+        self.add_timer(at, Timer::Janitor);
+    }
+
+    /// How often the janitor runs while clients are attached.
+    fn janitor_every(&self) -> Duration {
+        (self.config.ack_deadline() / 2).clamp(Duration::from_millis(100), Duration::from_secs(15))
+    }
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        while let Some(entry) = self.timers.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let ((at, _), timer) = entry.remove_entry();
+            match timer {
+                Timer::Deadline(key) => {
+                    let expired = self.held.get(&key).is_some_and(|h| h.deadline <= now);
+                    if expired && let Some(h) = self.held.remove(&key) {
+                        if let Some(c) = self.clients.iter_mut().find(|c| c.id == h.client) {
+                            c.in_flight = c.in_flight.saturating_sub(1);
+                        }
+                        self.fails.push(FailItem {
+                            sid: h.sid,
+                            reason: REASON_DEADLINE.to_owned(),
+                            delay_ms: -1,
+                            term: false,
+                            first_ms: h.first_ms,
+                        });
+                    }
+                }
+                Timer::Touch(key) => {
+                    let half = self.config.ack_deadline() / 2;
+                    if let Some(h) = self.held.get(&key)
+                        && h.deadline > now
+                    {
+                        self.touches.push(h.sid.clone());
+                        if h.deadline > now + half {
+                            self.add_timer(now + half, Timer::Touch(key));
+                        }
+                    }
+                }
+                Timer::Janitor => {
+                    self.janitor_at.remove(&at);
+                    self.run_janitor();
+                    if !self.clients.is_empty() {
+                        let every = self.janitor_every();
+                        self.schedule_janitor(now + every);
+                    }
+                }
+            }
+        }
+    }
+
+    fn take_outcome(&mut self, outcome: Outcome) -> Option<StopReason> {
+        if let Some(err) = outcome.error {
+            return Some(StopReason::Lost(err));
+        }
+        if let Some(due) = outcome.next_due {
+            let wait = Duration::from_millis(due.saturating_sub(now_ms()));
+            self.schedule_janitor(Instant::now() + wait);
+        }
+        if outcome.more {
+            self.schedule_janitor(Instant::now());
+        }
+        for (envelope, attempts, failures) in outcome.dead {
+            self.publish_dead_letter(envelope, attempts, &failures);
+        }
+        None
+    }
+
+    fn publish_dead_letter(&self, envelope: Bytes, attempts: u32, failures: &str) {
+        let Some(event) = envelope::decode_own(envelope) else {
+            warn!(consumer = %self.rt.name, "dead letter with an unreadable event; not published");
+            return;
+        };
+        let failures: Vec<Failure> = serde_json::from_str(failures).unwrap_or_else(|err| {
+            warn!(consumer = %self.rt.name, %err, "unreadable failure list of a dead letter");
+            Vec::new()
+        });
+        let dl = PublishedDeadLetter {
+            channel: self.config.dead_letter_channel_for(&event.channel),
+            event: Arc::new(event),
+            consumer: self.rt.name.to_string(),
+            attempts,
+            failures,
+        };
+        let (payload, content_type) = (self.shared.options.dead_letter_encoder)(&dl);
+        match self.shared.sink.get() {
+            Some(sink) => sink(dl.channel, payload, content_type),
+            None => warn!(consumer = %dl.consumer, event = %dl.event.id, "dead letter not published: no sink"),
+        }
+    }
+
+    /// Room the clients have for more events than already read.
+    fn room(&self) -> usize {
+        let room: usize = self.clients.iter().map(|c| c.max_in_flight.saturating_sub(c.in_flight) as usize).sum();
+        room.saturating_sub(self.buffer.len())
+    }
+
+    fn start_read(&mut self) {
+        let count = self.room().min(READ_BATCH);
+        if count == 0 {
+            return;
+        }
+        let conn = self.idle_conn.take();
+        let client = self.shared.client.clone();
+        let consumer = self.shared.instance.clone();
+        let stream = self.stream.clone();
+        self.read = Some(Box::pin(async move {
+            let mut conn = match conn {
+                Some(c) => c,
+                None => {
+                    // Its own connection: a blocked read must not hold up other commands.
+                    let config = AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                        .set_response_timeout(None);
+                    match client.get_multiplexed_async_connection_with_config(&config).await {
+                        Ok(c) => c,
+                        Err(err) => return (None, Err(err)),
+                    }
+                }
+            };
+            let result = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(GROUP)
+                .arg(&consumer)
+                .arg("COUNT")
+                .arg(count)
+                .arg("BLOCK")
+                .arg(0)
+                .arg("STREAMS")
+                .arg(&stream)
+                .arg(">")
+                .query_async(&mut conn)
+                .await;
+            (Some(conn), result)
+        }));
+    }
+
+    fn take_read(&mut self, value: Value) -> Result<(), String> {
+        // XREADGROUP: [[stream, [[id, [field, value, ...]], ...]]] or nil.
+        let Value::Array(streams) = value else { return Ok(()) };
+        for s in streams {
+            let Value::Array(mut pair) = s else { continue };
+            let Some(entries) = pair.pop() else { continue };
+            for (sid, fields) in entries_of(entries)? {
+                let text = |name: &str| fields.get(name).and_then(|v| std::str::from_utf8(v).ok());
+                let channel = text("c").ok_or("entry without a channel")?.to_owned();
+                let envelope = fields.get("e").ok_or("entry without an event")?;
+                let event = envelope::decode(&channel, Bytes::copy_from_slice(envelope));
+                let failed: u32 = text("a").and_then(|a| a.parse().ok()).unwrap_or(0);
+                let first_ms = text("f").and_then(|f| f.parse().ok());
+                self.buffer.push_back(Ready { sid, event: Arc::new(event), attempt: failed + 1, first_ms });
+            }
+        }
+        if self.clients.is_empty() {
+            self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
+        }
+        Ok(())
+    }
+
+    /// Hands read events to clients with room, round-robin, in batches.
+    fn dispatch(&mut self) {
+        let n = self.clients.len();
+        let mut idle_rounds = 0;
+        let deadline_in = self.config.ack_deadline();
+        while !self.buffer.is_empty() && idle_rounds < n {
+            let i = self.next_client % n;
+            self.next_client = self.next_client.wrapping_add(1);
+            let client = &self.clients[i];
+            let room = client.max_in_flight.saturating_sub(client.in_flight).min(client.max_batch) as usize;
+            if room == 0 || client.tx.is_closed() {
+                idle_rounds += 1;
+                continue;
+            }
+            idle_rounds = 0;
+            let (now, wall) = (Instant::now(), SystemTime::now());
+            let (id, deadline) = (client.id, now + deadline_in);
+            let take = room.min(self.buffer.len());
+            let mut batch = Vec::with_capacity(take);
+            for ready in self.buffer.drain(..take) {
+                let key: Arc<str> = ready.event.id.as_str().into();
+                let first_ms = ready.first_ms.unwrap_or_else(now_ms);
+                self.held.insert(Arc::clone(&key), Held { client: id, sid: ready.sid, deadline, first_ms, since: now });
+                self.timer_seq += 1;
+                self.timers.insert((deadline, self.timer_seq), Timer::Deadline(key));
+                batch.push(Delivery { event: ready.event, attempt: ready.attempt, deadline: wall + deadline_in });
+            }
+            let client = &mut self.clients[i];
+            client.in_flight += take as u32;
+            // Capacity covers max_in_flight batches; a failure means the client left,
+            // and its detach releases the events.
+            let _ = client.tx.try_send(batch);
+        }
+    }
+
+    /// Sends the changes collected so far, one script per kind.
+    fn flush(&mut self) {
+        let base = self.rt.base.clone();
+        let maxlen = self.shared.retention.max_entries.max(1);
+        if !self.acks.is_empty() {
+            let mut args = Args::default();
+            args.push(&base).push(GROUP).push(now_ms()).push(maxlen);
+            for (sid, event_id, first_ms) in self.acks.drain(..) {
+                args.push(sid).push(&*event_id).push(first_ms);
+            }
+            self.script(|s| &s.ack, args, "ack failed", |_| Outcome::default());
+        }
+        if !self.fails.is_empty() {
+            let mut args = Args::default();
+            args.push(&base).push(GROUP).push(now_ms()).push(maxlen).push(&self.shared.instance);
+            args.retry_config(&self.config);
+            for f in self.fails.drain(..) {
+                args.push(f.sid).push(f.reason).push(f.delay_ms).push(u8::from(f.term)).push(f.first_ms);
+            }
+            self.script(|s| &s.fail, args, "recording a failed attempt failed", |v| outcome_of(v, false));
+        }
+        if !self.requeue.is_empty() {
+            let mut args = Args::default();
+            args.push(&base).push(GROUP).push(&self.shared.instance);
+            for sid in self.requeue.drain(..) {
+                args.push(sid);
+            }
+            self.script(|s| &s.requeue, args, "requeue failed", |_| Outcome::default());
+        }
+        if !self.touches.is_empty() {
+            let mut cmd = redis::cmd("XCLAIM");
+            cmd.arg(&self.stream).arg(GROUP).arg(&self.shared.instance).arg(0);
+            for sid in self.touches.drain(..) {
+                cmd.arg(sid);
+            }
+            cmd.arg("JUSTID");
+            let mut conn = self.shared.conn();
+            self.ops.push(Box::pin(async move {
+                match cmd.query_async::<Value>(&mut conn).await {
+                    Ok(_) => Outcome::default(),
+                    Err(err) => Outcome { error: Some(format!("redis: extending deadlines failed: {err}")), ..Outcome::default() },
+                }
+            }));
+        }
+    }
+
+    /// Runs a script in the background; its outcome comes back through `ops`.
+    fn script(&mut self, pick: fn(&Scripts) -> &Script, args: Args, what: &'static str, parse: fn(Value) -> Outcome) {
+        let shared = Arc::clone(&self.shared);
+        self.ops.push(Box::pin(async move {
+            let mut call = pick(&shared.scripts).prepare_invoke();
+            for arg in &args.0 {
+                call.arg(arg);
+            }
+            match call.invoke_async::<Value>(&mut shared.conn()).await {
+                Ok(value) => parse(value),
+                Err(err) => Outcome { error: Some(format!("redis: {what}: {err}")), ..Outcome::default() },
+            }
+        }));
+    }
+
+    fn run_janitor(&mut self) {
+        let now = now_ms();
+        let lock_ms = self.janitor_every().as_millis().max(50) as u64;
+        let oldest = now.saturating_sub(self.shared.retention.max_age_ms);
+        let mut args = Args::default();
+        args.push(&self.rt.base)
+            .push(GROUP)
+            .push(now)
+            .push(self.shared.retention.max_entries.max(1))
+            .push(&self.shared.instance)
+            .push(lock_ms)
+            .push(self.config.ack_deadline_ms)
+            .push(JANITOR_BATCH)
+            .push(format!("{oldest}-0"));
+        args.retry_config(&self.config);
+        self.script(|s| &s.tick, args, "janitor failed", |v| outcome_of(v, true));
+    }
+
+    /// Ends the actor: clients detached (their streams end), held events released.
+    async fn finish(mut self, reason: StopReason) {
+        debug!(consumer = %self.rt.name, ?reason, "durable consumer actor stopping");
+        // Once closed, every sender of this actor reports closed; a newer actor's does not.
+        self.rx.close();
+        {
+            let mut slot = self.rt.actor.lock();
+            if slot.as_ref().is_some_and(|tx| tx.is_closed()) {
+                *slot = None;
+            }
+        }
+        self.read = None;
+        match &reason {
+            StopReason::Deleted => {}
+            StopReason::Shutdown => {
+                let ids: Vec<u64> = self.clients.iter().map(|c| c.id).collect();
+                for id in ids {
+                    self.detach(id);
+                }
+                self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
+                self.flush();
+                let drain = async { while self.ops.next().await.is_some() {} };
+                if tokio::time::timeout(Duration::from_secs(2), drain).await.is_err() {
+                    warn!(consumer = %self.rt.name, "stopped before Redis confirmed the released events; they come back after their ack deadline");
+                }
+            }
+            StopReason::Lost(err) => {
+                warn!(consumer = %self.rt.name, %err, "durable consumer lost Redis; detaching its clients (they reconnect; held events come back after their ack deadline)");
+                for c in &self.clients {
+                    *c.closed.lock() = Some(err.clone());
+                }
+            }
+        }
+        self.clients.clear();
+        self.rt.clients.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Script arguments, owned (the script runs after the actor moves on).
+#[derive(Default)]
+struct Args(Vec<Vec<u8>>);
+
+impl Args {
+    fn push(&mut self, value: impl redis::ToRedisArgs) -> &mut Self {
+        self.0.extend(value.to_redis_args());
+        self
+    }
+
+    fn retry_config(&mut self, config: &ConsumerConfig) -> &mut Self {
+        self.push(config.max_attempts)
+            .push(config.backoff.initial_ms)
+            .push(config.backoff.multiplier)
+            .push(config.backoff.max_ms)
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// FAIL: `{next due, dead...}`; TICK: `{next due, more, dead...}`.
+fn outcome_of(value: Value, with_more: bool) -> Outcome {
+    let mut out = Outcome::default();
+    let Value::Array(items) = value else { return out };
+    let mut items = items.into_iter();
+    out.next_due = items.next().and_then(|v| text(&v)).and_then(|s| s.parse::<f64>().ok()).map(|f| f as u64);
+    if with_more {
+        out.more = matches!(items.next(), Some(Value::Int(1)));
+    }
+    for dead in items {
+        let Value::Array(parts) = dead else { continue };
+        let mut parts = parts.into_iter();
+        let (Some(env), Some(attempts), Some(failures)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let Value::BulkString(env) = env else { continue };
+        let attempts = text(&attempts).and_then(|a| a.parse().ok()).unwrap_or(0);
+        out.dead.push((Bytes::from(env), attempts, text(&failures).unwrap_or_default()));
+    }
+    out
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// Stream entries `[[id, [field, value, ...]], ...]` as (id, fields).
+pub(crate) fn entries(value: Value) -> Result<Vec<(String, HashMap<String, Vec<u8>>)>, String> {
+    entries_of(value)
+}
+
+fn entries_of(value: Value) -> Result<Vec<(String, HashMap<String, Vec<u8>>)>, String> {
+    let Value::Array(rows) = value else { return Ok(Vec::new()) };
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let Value::Array(row) = row else { return Err("stream entry is not an array".into()) };
+        let mut row = row.into_iter();
+        let (Some(id), Some(Value::Array(kv))) = (row.next(), row.next()) else {
+            // A deleted entry still in the pending list comes back as [id, nil].
+            continue;
+        };
+        let id = text(&id).ok_or("stream entry id is not text")?;
+        let mut fields = HashMap::with_capacity(kv.len() / 2);
+        let mut kv = kv.into_iter();
+        while let (Some(k), Some(v)) = (kv.next(), kv.next()) {
+            let Value::BulkString(v) = v else { continue };
+            fields.insert(text(&k).ok_or("field name is not text")?, v);
+        }
+        out.push((id, fields));
+    }
+    Ok(out)
+}

@@ -1,0 +1,648 @@
+//! Durable consumers on Redis Streams (SPEC §9, redis mode): one consumer shared by
+//! every instance, whichever instance a client or a publisher talks to.
+//!
+//! State lives in Redis, never only in an instance, and every change is one Lua script
+//! ([`scripts`]), so instances never coordinate except through Redis:
+//!
+//! | key (`P` = prefix) | what |
+//! |---|---|
+//! | `P:durable:consumers` | hash: name → definition (JSON) |
+//! | `P:durable:version` | bumped by every create/replace/delete |
+//! | `P/durable/changes` | pub/sub notice of a bump (outside `P:*`, so no event subscriber sees it) |
+//! | `P:durable:idem:{key}` | idempotency key → first event id, expires with the window |
+//! | `P:durable:{name}:s` | stream of live events, consumer group `eventbus` |
+//! | `P:durable:{name}:d` / `:r` | retries: due time (zset) / record (hash), also parked events |
+//! | `P:durable:{name}:k` / `:q:{key}` | ordering key → its one live event / events waiting on it |
+//! | `P:durable:{name}:l` | terminal log (stream, trimmed by count and age) |
+//! | `P:durable:{name}:n` | counters: acked, dead_lettered, redelivered |
+//!
+//! - Capture: the publish script checks the consumer-set version this instance knows
+//!   (a stale instance reloads and retries, so a consumer created on another instance
+//!   a moment ago is never missed), the idempotency key, appends to every matching
+//!   stream and PUBLISHes for ephemeral subscribers: all in one step.
+//! - Delivery: [`consumer`] runs one actor per consumer with local clients; it reads
+//!   with a blocking XREADGROUP (nothing runs while idle) and spreads events to its
+//!   clients.
+//! - A failed attempt takes the event off the stream into the retry set; it is
+//!   appended again when due, carrying its attempt count and failures. So the pending
+//!   entries list holds exactly what is in flight, and XAUTOCLAIM with min-idle = the
+//!   ack deadline finds precisely the events of clients (or instances) that vanished.
+
+mod consumer;
+mod scripts;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use eventbus_core::durable::store::{Failure, LogEntry, LogStatus};
+use eventbus_core::durable::{
+    Attachment, BoxFuture, Captured, ClientOptions, ConsumerConfig, ConsumerInfo, DurableBackend, DurableError,
+    DurableOptions, LogSlice, Retention,
+};
+use eventbus_core::durable::engine::DeadLetterSink;
+use eventbus_core::trie::Trie;
+use eventbus_core::{Event, Fanout};
+use futures::StreamExt;
+use parking_lot::{Mutex, RwLock};
+use redis::aio::ConnectionManager;
+use redis::{Client, Value};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::envelope;
+use crate::glob::redis_channel;
+use consumer::Runtime;
+use scripts::Scripts;
+
+/// Consumer group every instance reads through.
+const GROUP: &str = "eventbus";
+/// Publish retries when the consumer set changed under it.
+const STALE_RETRIES: usize = 5;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Settings of the Redis durable engine.
+#[derive(Debug, Clone)]
+pub struct RedisDurableSettings {
+    /// Key prefix (`eventbus.redis.prefix`).
+    pub prefix: String,
+    /// This instance's name in consumer groups: unique per process.
+    pub instance_id: String,
+    /// Terminal log bounds.
+    pub retention: Retention,
+}
+
+/// Durable consumers on Redis Streams. A cheap handle.
+#[derive(Debug, Clone)]
+pub struct RedisDurable {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    /// Version of the consumer set this registry reflects ("" = never loaded).
+    version: String,
+    by_name: HashMap<Arc<str>, Arc<Runtime>>,
+    trie: Trie<Arc<str>>,
+}
+
+/// Keys outside any one consumer.
+#[derive(Debug)]
+struct GlobalKeys {
+    consumers: String,
+    version: String,
+    notify: String,
+    idem: String,
+}
+
+pub(crate) struct Shared {
+    client: Client,
+    conn: ConnectionManager,
+    prefix: String,
+    instance: String,
+    retention: Retention,
+    options: DurableOptions,
+    sink: OnceLock<DeadLetterSink>,
+    keys: GlobalKeys,
+    scripts: Scripts,
+    registry: RwLock<Registry>,
+    /// One reload at a time (a burst of stale publishes triggers one).
+    reloading: tokio::sync::Mutex<()>,
+    snapshot: Mutex<Vec<ConsumerInfo>>,
+    next_client: AtomicU64,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisDurable").field("prefix", &self.prefix).field("instance", &self.instance).finish()
+    }
+}
+
+pub(crate) fn unavailable(err: redis::RedisError) -> DurableError {
+    DurableError::Unavailable(format!("redis: {err}"))
+}
+
+fn corrupt(what: impl std::fmt::Display) -> DurableError {
+    DurableError::Store(eventbus_core::durable::StoreError::Corrupt(what.to_string()))
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_ms() -> u64 {
+    eventbus_core::durable::store::epoch_ms(std::time::SystemTime::now())
+}
+
+impl RedisDurable {
+    /// Creates the engine and starts following consumer definitions in Redis (until
+    /// `shutdown`). Returns at once: Redis may come up later; calls answer
+    /// UNAVAILABLE until it does.
+    pub fn start(
+        client: Client,
+        settings: RedisDurableSettings,
+        options: DurableOptions,
+        shutdown: CancellationToken,
+    ) -> Result<Self, DurableError> {
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(COMMAND_TIMEOUT))
+            .set_number_of_retries(1)
+            .set_max_delay(MAX_BACKOFF);
+        let conn = client.get_connection_manager_lazy(config).map_err(unavailable)?;
+        let p = &settings.prefix;
+        let keys = GlobalKeys {
+            consumers: format!("{p}:durable:consumers"),
+            version: format!("{p}:durable:version"),
+            notify: format!("{p}/durable/changes"),
+            idem: format!("{p}:durable:idem:"),
+        };
+        let shared = Arc::new(Shared {
+            client,
+            conn,
+            prefix: settings.prefix,
+            instance: settings.instance_id,
+            retention: settings.retention,
+            options,
+            sink: OnceLock::new(),
+            keys,
+            scripts: Scripts::new(),
+            registry: RwLock::default(),
+            reloading: tokio::sync::Mutex::new(()),
+            snapshot: Mutex::default(),
+            next_client: AtomicU64::new(1),
+            shutdown,
+        });
+        tokio::spawn(follow_changes(Arc::downgrade(&shared)));
+        Ok(Self { shared })
+    }
+}
+
+/// Reloads the consumer set on every change notice, and after every reconnection
+/// (a notice may have been missed while away).
+async fn follow_changes(shared: std::sync::Weak<Shared>) {
+    let mut backoff = INITIAL_BACKOFF;
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        let (client, channel, stop) = (s.client.clone(), s.keys.notify.clone(), s.shutdown.clone());
+        drop(s);
+        let subscribed = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        let pubsub = tokio::select! {
+            () = stop.cancelled() => return,
+            r = tokio::time::timeout(CONNECT_TIMEOUT, subscribed) => r,
+        };
+        match pubsub {
+            Ok(Ok(pubsub)) => {
+                let mut messages = pubsub.into_on_message();
+                let Some(s) = shared.upgrade() else { return };
+                if let Err(err) = s.reload().await {
+                    warn!(%err, "cannot load durable consumer definitions");
+                }
+                drop(s);
+                backoff = INITIAL_BACKOFF;
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        msg = messages.next() => match msg {
+                            Some(_) => {
+                                let Some(s) = shared.upgrade() else { return };
+                                if let Err(err) = s.reload().await {
+                                    warn!(%err, "cannot reload durable consumer definitions");
+                                }
+                            }
+                            None => break,
+                        },
+                    }
+                }
+                warn!("lost the Redis connection that follows durable consumer changes; reconnecting");
+            }
+            Ok(Err(err)) => debug!(%err, retry_in = ?backoff, "cannot follow durable consumer changes yet"),
+            Err(_) => debug!(retry_in = ?backoff, "timed out following durable consumer changes"),
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+impl Shared {
+    fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    fn base(&self, name: &str) -> String {
+        format!("{}:durable:{name}", self.prefix)
+    }
+
+    fn runtime(&self, name: &str) -> Option<Arc<Runtime>> {
+        self.registry.read().by_name.get(name).cloned()
+    }
+
+    /// Reads every definition and the version in one transaction and brings the local
+    /// registry in line: new consumers appear, changed ones take their new definition,
+    /// deleted ones detach their local clients.
+    async fn reload(self: &Arc<Self>) -> Result<(), DurableError> {
+        let _one_at_a_time = self.reloading.lock().await;
+        let (version, defs): (Option<String>, HashMap<String, String>) = redis::pipe()
+            .atomic()
+            .get(&self.keys.version)
+            .hgetall(&self.keys.consumers)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let version = version.unwrap_or_else(|| "0".into());
+        let mut fresh = Registry { version: version.clone(), ..Registry::default() };
+        let mut removed = Vec::new();
+        {
+            let mut registry = self.registry.write();
+            for (name, json) in defs {
+                let config: ConsumerConfig = match serde_json::from_str(&json) {
+                    Ok(c) => c,
+                    Err(err) => {
+                        warn!(consumer = %name, %err, "ignoring an unreadable durable consumer definition in Redis");
+                        continue;
+                    }
+                };
+                let filters = match config.validate() {
+                    Ok(f) => f,
+                    Err(err) => {
+                        warn!(consumer = %name, %err, "ignoring an invalid durable consumer definition in Redis");
+                        continue;
+                    }
+                };
+                let name: Arc<str> = name.into();
+                let runtime = match registry.by_name.get(&name) {
+                    Some(rt) => {
+                        rt.set_config(config);
+                        Arc::clone(rt)
+                    }
+                    None => Arc::new(Runtime::new(Arc::clone(&name), self.base(&name), config)),
+                };
+                for f in &filters {
+                    fresh.trie.insert(f, Arc::clone(&name));
+                }
+                fresh.by_name.insert(name, runtime);
+            }
+            for (name, rt) in registry.by_name.drain() {
+                if !fresh.by_name.contains_key(&name) {
+                    removed.push(rt);
+                }
+            }
+            *registry = fresh;
+        }
+        for rt in removed {
+            info!(consumer = %rt.name, "durable consumer deleted; detaching its local clients");
+            rt.stop(consumer::StopReason::Deleted);
+        }
+        debug!(%version, "durable consumer definitions loaded");
+        Ok(())
+    }
+
+    /// The consumer, reloading once when this instance does not know it yet.
+    async fn find(self: &Arc<Self>, name: &str) -> Result<Option<Arc<Runtime>>, DurableError> {
+        if let Some(rt) = self.runtime(name) {
+            return Ok(Some(rt));
+        }
+        self.reload().await?;
+        Ok(self.runtime(name))
+    }
+
+    async fn info(&self, rt: &Runtime) -> Result<ConsumerInfo, DurableError> {
+        let stream = format!("{}:s", rt.base);
+        let (len, pel, waiting, counters): (u64, Value, u64, (Option<u64>, Option<u64>, Option<u64>)) = redis::pipe()
+            .cmd("XLEN")
+            .arg(&stream)
+            .cmd("XPENDING")
+            .arg(&stream)
+            .arg(GROUP)
+            .cmd("HLEN")
+            .arg(format!("{}:r", rt.base))
+            .cmd("HMGET")
+            .arg(format!("{}:n", rt.base))
+            .arg("acked")
+            .arg("dead_lettered")
+            .arg("redelivered")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let in_flight = match pel {
+            Value::Array(items) => match items.first() {
+                Some(Value::Int(n)) => *n as u64,
+                _ => 0,
+            },
+            _ => 0,
+        };
+        Ok(ConsumerInfo {
+            config: rt.config().as_ref().clone(),
+            pending: len.saturating_sub(in_flight) + waiting,
+            in_flight,
+            clients: rt.local_clients(),
+            acked: counters.0.unwrap_or(0),
+            dead_lettered: counters.1.unwrap_or(0),
+            redelivered: counters.2.unwrap_or(0),
+        })
+    }
+
+    /// Writes a definition; `replace` overwrites a different one.
+    async fn define(self: &Arc<Self>, config: &ConsumerConfig, replace: bool) -> Result<Option<String>, DurableError> {
+        let json = serde_json::to_string(config).map_err(|e| DurableError::InvalidConfig(e.to_string()))?;
+        let (kind, value): (String, String) = self
+            .scripts
+            .define
+            .key(&self.keys.consumers)
+            .key(&self.keys.version)
+            .arg(&config.name)
+            .arg(&json)
+            .arg(self.base(&config.name))
+            .arg(GROUP)
+            .arg(&self.keys.notify)
+            .arg(u8::from(replace))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        self.reload().await?;
+        Ok((kind == "exists").then_some(value))
+    }
+
+    async fn capture(
+        self: &Arc<Self>,
+        event: &Arc<Event>,
+        ordering_key: Option<&str>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Captured, DurableError> {
+        let envelope = envelope::encode(event);
+        let pubsub_channel = redis_channel(&self.prefix, &event.channel);
+        let idem_key = idempotency_key.map(|k| format!("{}{k}", self.keys.idem));
+        let window_ms = self.options.dedup_window.as_millis().max(1) as u64;
+        let mut names = Vec::new();
+        for _ in 0..STALE_RETRIES {
+            let (version, bases) = {
+                let registry = self.registry.read();
+                names.clear();
+                registry.trie.collect(&event.channel, &mut names);
+                names.sort_unstable();
+                names.dedup();
+                let bases: Vec<String> =
+                    names.iter().filter_map(|n| registry.by_name.get(n)).map(|rt| rt.base.clone()).collect();
+                (registry.version.clone(), bases)
+            };
+            let mut call = self.scripts.publish.key(&self.keys.version);
+            call.key(idem_key.as_deref().unwrap_or(&self.keys.version))
+                .arg(&version)
+                .arg(u8::from(idem_key.is_some()))
+                .arg(window_ms)
+                .arg(&event.id)
+                .arg(&envelope)
+                .arg(&event.channel)
+                .arg(ordering_key.unwrap_or(""))
+                .arg(&pubsub_channel);
+            for base in &bases {
+                call.arg(base);
+            }
+            let (kind, value): (String, Value) = call.invoke_async(&mut self.conn()).await.map_err(unavailable)?;
+            match kind.as_str() {
+                "ok" => {
+                    let reached = match value {
+                        Value::Int(n) => u32::try_from(n).unwrap_or(u32::MAX),
+                        _ => 0,
+                    };
+                    return Ok(Captured::Forwarded {
+                        consumers: bases.len(),
+                        fanout: Fanout { delivered: reached, failed: 0 },
+                    });
+                }
+                "dup" => {
+                    let original: String = redis::from_redis_value(value).map_err(|e| corrupt(e))?;
+                    return Ok(Captured::Duplicate(original));
+                }
+                _ => self.reload().await?,
+            }
+        }
+        Err(DurableError::Unavailable("durable consumer definitions keep changing; try again".into()))
+    }
+
+    async fn log(
+        &self,
+        rt: &Runtime,
+        status: Option<LogStatus>,
+        limit: usize,
+        page_token: &str,
+    ) -> Result<LogSlice, DurableError> {
+        if !page_token.is_empty() && !is_stream_id(page_token) {
+            return Err(DurableError::InvalidArgument {
+                field: "page_token",
+                message: format!("{page_token:?} is not a page token this broker issued"),
+            });
+        }
+        let limit = limit.clamp(1, 1000);
+        let key = format!("{}:l", rt.base);
+        let mut start = if page_token.is_empty() { "-".to_owned() } else { format!("({page_token}") };
+        let mut page = LogSlice::default();
+        let mut last_scanned = String::new();
+        loop {
+            let rows: Value = redis::cmd("XRANGE")
+                .arg(&key)
+                .arg(&start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(limit.max(100))
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            let rows = consumer::entries(rows).map_err(corrupt)?;
+            if rows.is_empty() {
+                return Ok(page);
+            }
+            for (id, fields) in rows {
+                if page.entries.len() == limit {
+                    page.next_page_token = last_scanned;
+                    return Ok(page);
+                }
+                let entry = log_entry(&fields).map_err(corrupt)?;
+                if status.is_none_or(|s| s == entry.status) {
+                    page.entries.push(entry);
+                }
+                last_scanned.clone_from(&id);
+            }
+            start = format!("({last_scanned}");
+        }
+    }
+}
+
+fn is_stream_id(s: &str) -> bool {
+    let mut parts = s.splitn(2, '-');
+    let ms = parts.next().unwrap_or("");
+    let seq = parts.next().unwrap_or("");
+    !ms.is_empty() && !seq.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()) && seq.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn field<'a>(fields: &'a HashMap<String, Vec<u8>>, name: &str) -> Result<&'a str, String> {
+    let raw = fields.get(name).ok_or_else(|| format!("log entry without field {name:?}"))?;
+    std::str::from_utf8(raw).map_err(|_| format!("log field {name:?} is not UTF-8"))
+}
+
+fn log_entry(fields: &HashMap<String, Vec<u8>>) -> Result<LogEntry, String> {
+    let number = |name: &str| -> Result<u64, String> {
+        let text = field(fields, name)?;
+        text.parse::<u64>().or_else(|_| text.parse::<f64>().map(|f| f as u64)).map_err(|_| format!("log field {name:?} is not a number"))
+    };
+    let failures: Vec<Failure> = serde_json::from_str(field(fields, "x")?).map_err(|e| format!("log failures: {e}"))?;
+    Ok(LogEntry {
+        event_id: field(fields, "i")?.to_owned(),
+        channel: field(fields, "c")?.to_owned(),
+        status: if field(fields, "s")? == "d" { LogStatus::DeadLettered } else { LogStatus::Completed },
+        attempts: number("a")? as u32,
+        first_delivered_ms: number("f").ok(),
+        finished_ms: number("t")?,
+        failures,
+    })
+}
+
+impl DurableBackend for RedisDurable {
+    fn set_dead_letter_sink(&self, sink: DeadLetterSink) {
+        let _ = self.shared.sink.set(sink);
+    }
+
+    fn capture<'a>(
+        &'a self,
+        event: &'a Arc<Event>,
+        ordering_key: Option<&'a str>,
+        idempotency_key: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Captured, DurableError>> {
+        Box::pin(self.shared.capture(event, ordering_key, idempotency_key))
+    }
+
+    fn create_consumer(&self, config: ConsumerConfig) -> BoxFuture<'_, Result<ConsumerInfo, DurableError>> {
+        Box::pin(async move {
+            config.validate().map_err(DurableError::InvalidConfig)?;
+            if let Some(existing) = self.shared.define(&config, false).await? {
+                let same = serde_json::from_str::<ConsumerConfig>(&existing).is_ok_and(|e| e == config);
+                if !same {
+                    return Err(DurableError::AlreadyExists(config.name));
+                }
+            }
+            let rt = self.shared.runtime(&config.name).ok_or_else(|| DurableError::UnknownConsumer(config.name.clone()))?;
+            self.shared.info(&rt).await
+        })
+    }
+
+    fn declare_consumer(&self, config: ConsumerConfig) -> BoxFuture<'_, Result<(), DurableError>> {
+        Box::pin(async move {
+            config.validate().map_err(DurableError::InvalidConfig)?;
+            self.shared.define(&config, true).await.map(|_| ())
+        })
+    }
+
+    fn get_consumer<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<ConsumerInfo, DurableError>> {
+        Box::pin(async move {
+            let rt = self.shared.find(name).await?.ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?;
+            self.shared.info(&rt).await
+        })
+    }
+
+    fn list_consumers(&self) -> BoxFuture<'_, Result<Vec<ConsumerInfo>, DurableError>> {
+        Box::pin(async move {
+            self.shared.reload().await?;
+            let runtimes: Vec<Arc<Runtime>> = self.shared.registry.read().by_name.values().cloned().collect();
+            let mut out = Vec::with_capacity(runtimes.len());
+            for rt in runtimes {
+                out.push(self.shared.info(&rt).await?);
+            }
+            out.sort_by(|a, b| a.config.name.cmp(&b.config.name));
+            self.shared.snapshot.lock().clone_from(&out);
+            Ok(out)
+        })
+    }
+
+    fn consumers_snapshot(&self) -> Vec<ConsumerInfo> {
+        self.shared.snapshot.lock().clone()
+    }
+
+    fn delete_consumer<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), DurableError>> {
+        Box::pin(async move {
+            let deleted: i64 = self
+                .shared
+                .scripts
+                .delete
+                .key(&self.shared.keys.consumers)
+                .key(&self.shared.keys.version)
+                .arg(name)
+                .arg(self.shared.base(name))
+                .arg(&self.shared.keys.notify)
+                .invoke_async(&mut self.shared.conn())
+                .await
+                .map_err(unavailable)?;
+            self.shared.reload().await?;
+            match deleted {
+                0 => Err(DurableError::UnknownConsumer(name.to_owned())),
+                _ => Ok(()),
+            }
+        })
+    }
+
+    fn log<'a>(
+        &'a self,
+        name: &'a str,
+        status: Option<LogStatus>,
+        limit: usize,
+        page_token: &'a str,
+    ) -> BoxFuture<'a, Result<LogSlice, DurableError>> {
+        Box::pin(async move {
+            let rt = self.shared.find(name).await?.ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?;
+            self.shared.log(&rt, status, limit, page_token).await
+        })
+    }
+
+    fn attach<'a>(
+        &'a self,
+        name: &'a str,
+        options: ClientOptions,
+        create_if_missing: Option<ConsumerConfig>,
+    ) -> BoxFuture<'a, Result<Attachment, DurableError>> {
+        Box::pin(async move {
+            let rt = match (self.shared.find(name).await?, create_if_missing) {
+                (Some(rt), _) => rt,
+                (None, Some(mut config)) => {
+                    if config.name.is_empty() {
+                        config.name = name.to_owned();
+                    }
+                    if config.name != name {
+                        return Err(DurableError::InvalidConfig(format!(
+                            "create_if_missing names {:?}, not {name:?}",
+                            config.name
+                        )));
+                    }
+                    self.create_consumer(config).await?;
+                    self.shared.runtime(name).ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?
+                }
+                (None, None) => return Err(DurableError::UnknownConsumer(name.to_owned())),
+            };
+            // Also proves Redis is reachable before the client is told it is attached.
+            let info = self.shared.info(&rt).await?;
+            let id = self.shared.next_client.fetch_add(1, Ordering::Relaxed);
+            let (deliveries, client) = rt.attach(&self.shared, id, options).await?;
+            let info = ConsumerInfo { clients: info.clients + 1, ..info };
+            Ok(Attachment { info, deliveries, client: Box::new(client) })
+        })
+    }
+
+    fn detach_all(&self) {
+        let runtimes: Vec<Arc<Runtime>> = self.shared.registry.read().by_name.values().cloned().collect();
+        for rt in runtimes {
+            rt.stop(consumer::StopReason::Shutdown);
+        }
+    }
+
+    fn flush(&self) -> BoxFuture<'_, Result<(), DurableError>> {
+        // Every change is applied by the time its script returns.
+        Box::pin(std::future::ready(Ok(())))
+    }
+}

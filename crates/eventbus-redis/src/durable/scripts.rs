@@ -1,0 +1,290 @@
+//! The Lua scripts: every change to a consumer's state is one atomic script, so any
+//! instance may run any step and two instances racing on one event cannot both win.
+//!
+//! Stream entry fields: `i` event id, `c` channel, `e` the event envelope, `k` ordering
+//! key (absent = none), and for an event appended again after a failure `a` (failed
+//! attempts so far), `f` (first delivery, ms) and `x` (failures, JSON
+//! `[{"at_ms":…,"reason":…}]`). A record in `:r` is `cmsgpack({e, c, k, i, a, f, x})`
+//! (`k`, `f`, `x` empty when unset).
+
+use redis::Script;
+
+/// Functions shared by the scripts below.
+const PRELUDE: &str = r#"
+local function fields(arr)
+  local t = {}
+  for j = 1, #arr, 2 do t[arr[j]] = arr[j + 1] end
+  return t
+end
+
+local function append(b, r)
+  local args = {b .. ':s', '*', 'i', r[4], 'c', r[2], 'e', r[1]}
+  if r[3] ~= '' then
+    args[#args + 1] = 'k'; args[#args + 1] = r[3]
+  end
+  if tonumber(r[5]) > 0 then
+    args[#args + 1] = 'a'; args[#args + 1] = tostring(r[5])
+    args[#args + 1] = 'f'; args[#args + 1] = tostring(r[6])
+    args[#args + 1] = 'x'; args[#args + 1] = r[7]
+  end
+  redis.call('XADD', unpack(args))
+end
+
+-- The event holding `key` is done: the next one waiting on the key goes live.
+local function release_key(b, key, id)
+  if key == nil or key == '' then return end
+  if redis.call('HGET', b .. ':k', key) ~= id then return end
+  local nxt = redis.call('LPOP', b .. ':q:' .. key)
+  if not nxt then
+    redis.call('HDEL', b .. ':k', key)
+    return
+  end
+  redis.call('HSET', b .. ':k', key, nxt)
+  local rec = redis.call('HGET', b .. ':r', nxt)
+  redis.call('HDEL', b .. ':r', nxt)
+  if rec then append(b, cmsgpack.unpack(rec)) end
+end
+
+local function log(b, id, channel, status, attempts, first, now, failures, maxlen)
+  redis.call('XADD', b .. ':l', 'MAXLEN', '~', maxlen, '*', 'i', id, 'c', channel, 's', status,
+    'a', tostring(attempts), 'f', tostring(first), 't', tostring(now), 'x', failures)
+end
+
+-- One failed attempt of stream entry `sid`: back later with backoff, or dead-lettered.
+-- cfg = {max_attempts, initial_ms, multiplier, max_ms}. Appends to out.dead / out.next.
+local function fail_one(b, g, sid, reason, delay, term, first, now, cfg, maxlen, out)
+  local e = redis.call('XRANGE', b .. ':s', sid, sid)
+  redis.call('XACK', b .. ':s', g, sid)
+  if not e[1] then return end
+  redis.call('XDEL', b .. ':s', sid)
+  local f = fields(e[1][2])
+  local attempts = (tonumber(f.a) or 0) + 1
+  local failures = cjson.decode(f.x or '[]')
+  failures[#failures + 1] = {at_ms = now, reason = reason}
+  local x = cjson.encode(failures)
+  if f.f and f.f ~= '' then first = f.f end
+  if term == 1 or (cfg[1] > 0 and attempts >= cfg[1]) then
+    log(b, f.i, f.c, 'd', attempts, first, now, x, maxlen)
+    redis.call('HINCRBY', b .. ':n', 'dead_lettered', 1)
+    release_key(b, f.k, f.i)
+    out.dead[#out.dead + 1] = {f.e, tostring(attempts), x}
+    return
+  end
+  if delay < 0 then
+    delay = math.min(cfg[4], cfg[2] * (cfg[3] ^ (attempts - 1)))
+  end
+  local due = now + math.floor(delay)
+  redis.call('HSET', b .. ':r', f.i, cmsgpack.pack({f.e, f.c, f.k or '', f.i, attempts, first, x}))
+  redis.call('ZADD', b .. ':d', due, f.i)
+  if out.next == nil or due < out.next then out.next = due end
+end
+
+-- Due retries go back on the stream.
+local function move_due(b, now, count)
+  local ids = redis.call('ZRANGEBYSCORE', b .. ':d', '-inf', now, 'LIMIT', 0, count)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', b .. ':d', id)
+    local rec = redis.call('HGET', b .. ':r', id)
+    redis.call('HDEL', b .. ':r', id)
+    if rec then append(b, cmsgpack.unpack(rec)) end
+  end
+  if #ids > 0 then redis.call('HINCRBY', b .. ':n', 'redelivered', #ids) end
+  return #ids
+end
+
+local function next_due(b)
+  local first = redis.call('ZRANGE', b .. ':d', 0, 0, 'WITHSCORES')
+  if first[2] then return first[2] end
+  return ''
+end
+"#;
+
+/// Publish: check the consumer-set version and the idempotency key, store the event
+/// for every matching consumer, PUBLISH it for ephemeral subscribers.
+///
+/// KEYS: version, idempotency key (the version key again when there is none).
+/// ARGV: known version, has idempotency key (1/0), window ms, event id, envelope,
+/// channel, ordering key, pub/sub channel, consumer key bases...
+/// Returns `{'ok', receivers}`, `{'dup', original id}` or `{'stale', version}`.
+const PUBLISH: &str = r#"
+local v = redis.call('GET', KEYS[1]) or '0'
+if v ~= ARGV[1] then return {'stale', v} end
+if ARGV[2] == '1' then
+  local prev = redis.call('GET', KEYS[2])
+  if prev then return {'dup', prev} end
+  redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3])
+end
+local id, env, channel, key = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+for i = 9, #ARGV do
+  local b = ARGV[i]
+  local live = true
+  if key ~= '' then live = redis.call('HSETNX', b .. ':k', key, id) == 1 end
+  if live then
+    if key ~= '' then
+      redis.call('XADD', b .. ':s', '*', 'i', id, 'c', channel, 'e', env, 'k', key)
+    else
+      redis.call('XADD', b .. ':s', '*', 'i', id, 'c', channel, 'e', env)
+    end
+  else
+    redis.call('HSET', b .. ':r', id, cmsgpack.pack({env, channel, key, id, 0, '', ''}))
+    redis.call('RPUSH', b .. ':q:' .. key, id)
+  end
+end
+return {'ok', redis.call('PUBLISH', ARGV[8], env)}
+"#;
+
+/// Ack: ARGV base, group, now, log maxlen, then (stream id, event id, first delivery
+/// ms) triples. A stream id of '' is a late ack: it completes an event waiting for
+/// its retry. Returns how many events completed.
+const ACK: &str = r#"
+local b, g, now, maxlen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local done = 0
+for j = 5, #ARGV, 3 do
+  local sid, id, first = ARGV[j], ARGV[j + 1], ARGV[j + 2]
+  local finished = false
+  if sid ~= '' and redis.call('XACK', b .. ':s', g, sid) == 1 then
+    local e = redis.call('XRANGE', b .. ':s', sid, sid)
+    redis.call('XDEL', b .. ':s', sid)
+    if e[1] then
+      local f = fields(e[1][2])
+      if f.f and f.f ~= '' then first = f.f end
+      log(b, f.i, f.c, 'c', (tonumber(f.a) or 0) + 1, first, now, f.x or '[]', maxlen)
+      release_key(b, f.k, f.i)
+      finished = true
+    end
+  end
+  if not finished and redis.call('ZREM', b .. ':d', id) == 1 then
+    local rec = redis.call('HGET', b .. ':r', id)
+    redis.call('HDEL', b .. ':r', id)
+    if rec then
+      local r = cmsgpack.unpack(rec)
+      log(b, r[4], r[2], 'c', r[5], r[6], now, r[7], maxlen)
+      release_key(b, r[3], r[4])
+      finished = true
+    end
+  end
+  if finished then done = done + 1 end
+end
+if done > 0 then redis.call('HINCRBY', b .. ':n', 'acked', done) end
+return done
+"#;
+
+/// Fail (nack, term, deadline, disconnect): ARGV base, group, now, log maxlen, owner,
+/// max_attempts, initial_ms, multiplier, max_ms, then (stream id, reason, delay ms or
+/// -1 for the backoff, term 1/0, first delivery ms) quintuples. Entries no longer
+/// pending for `owner` are skipped (another instance already handled them).
+/// Returns `{next due ms or '', dead letters {envelope, attempts, failures}...}`.
+const FAIL: &str = r#"
+local b, g, now, maxlen, owner = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local cfg = {tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])}
+local out = {dead = {}}
+for j = 10, #ARGV, 5 do
+  local sid = ARGV[j]
+  local mine = redis.call('XPENDING', b .. ':s', g, sid, sid, 1, owner)
+  if mine[1] then
+    fail_one(b, g, sid, ARGV[j + 1], tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), ARGV[j + 4], now, cfg, maxlen, out)
+  end
+end
+local reply = {out.next and tostring(out.next) or ''}
+for _, d in ipairs(out.dead) do reply[#reply + 1] = d end
+return reply
+"#;
+
+/// Put entries back on the stream without counting an attempt (read but never handed
+/// to a client): ARGV base, group, owner, stream ids...
+const REQUEUE: &str = r#"
+local b, g, owner = ARGV[1], ARGV[2], ARGV[3]
+for j = 4, #ARGV do
+  local sid = ARGV[j]
+  local mine = redis.call('XPENDING', b .. ':s', g, sid, sid, 1, owner)
+  local e = redis.call('XRANGE', b .. ':s', sid, sid)
+  if mine[1] and e[1] then
+    redis.call('XACK', b .. ':s', g, sid)
+    redis.call('XDEL', b .. ':s', sid)
+    local f = fields(e[1][2])
+    append(b, {f.e, f.c, f.k or '', f.i, tonumber(f.a) or 0, f.f or '', f.x or '[]'})
+  end
+end
+return 0
+"#;
+
+/// Janitor: ARGV base, group, now, log maxlen, instance, lock ms, min idle ms (the ack
+/// deadline), batch, oldest log id to keep, max_attempts, initial_ms, multiplier,
+/// max_ms. Under a lock that expires, reclaims entries idle past the ack deadline
+/// (held by an instance that died) as failed attempts; moves due retries back; trims
+/// the log by age. Returns `{next due or '', more (1/0), dead letters...}`.
+const TICK: &str = r#"
+local b, g, now, maxlen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local cfg = {tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])}
+local batch = tonumber(ARGV[8])
+local out = {dead = {}}
+local more = 0
+if redis.call('SET', b .. ':lock', ARGV[5], 'NX', 'PX', ARGV[6]) then
+  local claimed = redis.call('XAUTOCLAIM', b .. ':s', g, '~janitor', ARGV[7], '0-0', 'COUNT', batch, 'JUSTID')
+  for _, sid in ipairs(claimed[2]) do
+    fail_one(b, g, sid, 'ack deadline exceeded', -1, 0, tostring(now - tonumber(ARGV[7])), now, cfg, maxlen, out)
+  end
+  if claimed[1] ~= '0-0' then more = 1 end
+  redis.call('XTRIM', b .. ':l', 'MINID', '~', ARGV[9])
+end
+if move_due(b, now, batch) == batch then more = 1 end
+local nd = next_due(b)
+if out.next and (nd == '' or out.next < tonumber(nd)) then nd = tostring(out.next) end
+local reply = {nd, more}
+for _, d in ipairs(out.dead) do reply[#reply + 1] = d end
+return reply
+"#;
+
+/// Create or replace a definition: KEYS consumers hash, version; ARGV name, config
+/// JSON, key base, group, notify channel, replace (1/0). Returns `{'exists', json}`
+/// when a definition exists and `replace` is 0, else `{'ok', version}`.
+const DEFINE: &str = r#"
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if cur and ARGV[6] ~= '1' then return {'exists', cur} end
+if cur == ARGV[2] then return {'ok', redis.call('GET', KEYS[2]) or '0'} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+-- BUSYGROUP (the stream and group survive a replaced definition) is fine.
+redis.pcall('XGROUP', 'CREATE', ARGV[3] .. ':s', ARGV[4], '0', 'MKSTREAM')
+local v = redis.call('INCR', KEYS[2])
+redis.call('PUBLISH', ARGV[5], v)
+return {'ok', tostring(v)}
+"#;
+
+/// Delete a consumer and everything it holds: KEYS consumers hash, version; ARGV name,
+/// key base, notify channel. Returns 0 when there was no such consumer.
+const DELETE: &str = r#"
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+local b = ARGV[2]
+for _, key in ipairs(redis.call('HKEYS', b .. ':k')) do redis.call('DEL', b .. ':q:' .. key) end
+redis.call('DEL', b .. ':s', b .. ':d', b .. ':r', b .. ':k', b .. ':l', b .. ':n', b .. ':lock')
+local v = redis.call('INCR', KEYS[2])
+redis.call('PUBLISH', ARGV[3], v)
+return 1
+"#;
+
+/// The scripts, hashed once.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    pub(crate) publish: Script,
+    pub(crate) ack: Script,
+    pub(crate) fail: Script,
+    pub(crate) requeue: Script,
+    pub(crate) tick: Script,
+    pub(crate) define: Script,
+    pub(crate) delete: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
+        Self {
+            publish: Script::new(PUBLISH),
+            ack: with_prelude(ACK),
+            fail: with_prelude(FAIL),
+            requeue: with_prelude(REQUEUE),
+            tick: with_prelude(TICK),
+            define: Script::new(DEFINE),
+            delete: Script::new(DELETE),
+        }
+    }
+}
