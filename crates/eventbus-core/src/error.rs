@@ -73,7 +73,9 @@ impl Error {
             Self::ShuttingDown | Self::Transport(_) => ErrorKind::Unavailable,
             Self::Durable(DurableError::UnknownConsumer(_)) => ErrorKind::NotFound,
             Self::Durable(DurableError::AlreadyExists(_)) => ErrorKind::AlreadyExists,
-            Self::Durable(DurableError::InvalidConfig(_) | DurableError::InvalidArgument { .. }) => ErrorKind::InvalidArgument,
+            Self::Durable(DurableError::InvalidConfig(_) | DurableError::InvalidArgument { .. }) => {
+                ErrorKind::InvalidArgument
+            }
             Self::Durable(DurableError::Store(_) | DurableError::Unavailable(_)) => ErrorKind::Unavailable,
         }
     }

@@ -8,11 +8,11 @@ use eventbus_core::durable::store::{Failure, LogEntry, LogStatus, from_epoch_ms}
 use eventbus_core::durable::{
     Backoff, ClientOptions, ConsumerClient, ConsumerConfig, ConsumerInfo, Delivery, DurableBackend, PublishedDeadLetter,
 };
-use std::sync::Arc;
 use eventbus_core::{Bus, Error};
 use eventbus_proto::pb::{self, consume_request, consume_response};
 use futures::{Stream, StreamExt};
 use prost::Message;
+use std::sync::Arc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 

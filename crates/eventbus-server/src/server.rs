@@ -4,11 +4,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use eventbus_core::durable::DurableBackend;
 use eventbus_core::durable::engine::AckObserver;
 use eventbus_core::durable::{Durable, DurableOptions, Fsync, RedbStore};
 use eventbus_core::{Bus, TransportStatus};
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
-use eventbus_core::durable::DurableBackend;
 use eventbus_redis::{RedisDurable, RedisDurableSettings, RedisTransport};
 use futures::StreamExt;
 use tokio::net::TcpListener;

@@ -6,75 +6,14 @@
 mod common;
 
 use std::collections::HashSet;
-use std::process::Stdio;
 
+use common::consume::*;
 use common::*;
-use eventbus_proto::pb::{self, consume_request, consume_response};
+use eventbus_proto::pb::{self, consume_request};
 use prost::Message;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Code, Streaming};
-
-fn consumer(name: &str, channels: &[&str]) -> pb::ConsumerConfig {
-    pb::ConsumerConfig {
-        name: name.into(),
-        channels: channels.iter().map(|c| c.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-/// A Consume stream: requests in, responses out.
-struct Consumer {
-    requests: mpsc::Sender<pb::ConsumeRequest>,
-    responses: Streaming<pb::ConsumeResponse>,
-    info: pb::ConsumerInfo,
-}
-
-fn req(kind: consume_request::Kind) -> pb::ConsumeRequest {
-    pb::ConsumeRequest { kind: Some(kind) }
-}
-
-async fn attach(
-    endpoint: tonic::transport::Endpoint,
-    name: &str,
-    max_in_flight: u32,
-) -> Result<Consumer, tonic::Status> {
-    let mut client = pb::event_bus_client::EventBusClient::new(endpoint.connect().await.unwrap());
-    let (tx, rx) = mpsc::channel(64);
-    let attach = pb::Attach { consumer: name.into(), max_in_flight, ..Default::default() };
-    tx.send(req(consume_request::Kind::Attach(attach))).await.unwrap();
-    let mut responses = client.consume(ReceiverStream::new(rx)).await?.into_inner();
-    match within(responses.message()).await? {
-        Some(pb::ConsumeResponse { kind: Some(consume_response::Kind::Attached(a)) }) => {
-            Ok(Consumer { requests: tx, responses, info: a.consumer.unwrap() })
-        }
-        other => panic!("expected attached, got {other:?}"),
-    }
-}
-
-impl Consumer {
-    async fn deliveries(&mut self, n: usize) -> Vec<pb::Delivery> {
-        let mut out = Vec::new();
-        while out.len() < n {
-            match within(self.responses.message()).await.unwrap() {
-                Some(pb::ConsumeResponse { kind: Some(consume_response::Kind::Deliveries(d)) }) => {
-                    out.extend(d.deliveries)
-                }
-                other => panic!("expected deliveries, got {other:?}"),
-            }
-        }
-        out
-    }
-
-    async fn send(&self, kind: consume_request::Kind) {
-        self.requests.send(req(kind)).await.unwrap();
-    }
-}
-
-fn ids(d: &[pb::Delivery]) -> Vec<String> {
-    d.iter().map(|d| d.event.as_ref().unwrap().id.clone()).collect()
-}
+use tonic::Code;
 
 #[tokio::test]
 async fn consume_acks_and_the_log_over_grpc() {
@@ -228,32 +167,6 @@ async fn idempotent_publish_over_grpc() {
     assert!(!first.duplicate && again.duplicate);
     assert_eq!(first.event_id, again.event_id);
     server.stop().await;
-}
-
-/// Spawns eventbusd on `data_dir`; returns the child and its gRPC address.
-async fn daemon(data_dir: &std::path::Path) -> (tokio::process::Child, String) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_eventbusd"))
-        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-        .env("EVENTBUS__DURABLE__DATA_DIR", data_dir)
-        .env_remove("RUST_LOG")
-        .current_dir(data_dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = within(async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("grpc_addr=").nth(1) {
-                return rest.split_whitespace().next().unwrap().to_owned();
-            }
-        }
-        panic!("eventbusd exited before starting");
-    })
-    .await;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
 }
 
 #[tokio::test]

@@ -127,7 +127,6 @@ pub struct ConsumerInfo {
     pub redelivered: u64,
 }
 
-
 // ---------------------------------------------------------------------------------
 
 #[derive(Debug)]
@@ -1124,7 +1123,10 @@ impl DurableBackend for Durable {
                 })?),
             };
             let page = Durable::log(self, name, status, limit, after).await?;
-            Ok(LogSlice { entries: page.entries, next_page_token: page.next.map(|n| n.to_string()).unwrap_or_default() })
+            Ok(LogSlice {
+                entries: page.entries,
+                next_page_token: page.next.map(|n| n.to_string()).unwrap_or_default(),
+            })
         })
     }
 

@@ -14,14 +14,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use eventbus_core::Event;
 use eventbus_core::durable::engine::{DEFAULT_MAX_BATCH, REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM};
 use eventbus_core::durable::store::Failure;
 use eventbus_core::durable::{
     BoxFuture, ClientOptions, ConsumerClient, ConsumerConfig, Delivery, DurableError, PublishedDeadLetter,
 };
-use eventbus_core::Event;
-use futures::stream::FuturesUnordered;
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use parking_lot::{Mutex, RwLock};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
@@ -398,7 +398,13 @@ impl Actor {
             Command::Term(id, event_id, reason) => {
                 if let Some((_, held)) = self.release(id, &event_id) {
                     let reason = if reason.is_empty() { REASON_TERM.to_owned() } else { reason };
-                    self.fails.push(FailItem { sid: held.sid, reason, delay_ms: -1, term: true, first_ms: held.first_ms });
+                    self.fails.push(FailItem {
+                        sid: held.sid,
+                        reason,
+                        delay_ms: -1,
+                        term: true,
+                        first_ms: held.first_ms,
+                    });
                 }
             }
             Command::Extend(id, event_ids, by) => {
@@ -438,7 +444,8 @@ impl Actor {
     fn detach(&mut self, id: u64) {
         self.clients.retain(|c| c.id != id);
         self.rt.clients.store(self.clients.len() as u32, std::sync::atomic::Ordering::Relaxed);
-        let held: Vec<Arc<str>> = self.held.iter().filter(|(_, h)| h.client == id).map(|(k, _)| Arc::clone(k)).collect();
+        let held: Vec<Arc<str>> =
+            self.held.iter().filter(|(_, h)| h.client == id).map(|(k, _)| Arc::clone(k)).collect();
         for key in held {
             if let Some(h) = self.held.remove(&key) {
                 self.fails.push(FailItem {
@@ -707,7 +714,10 @@ impl Actor {
             self.ops.push(Box::pin(async move {
                 match cmd.query_async::<Value>(&mut conn).await {
                     Ok(_) => Outcome::default(),
-                    Err(err) => Outcome { error: Some(format!("redis: extending deadlines failed: {err}")), ..Outcome::default() },
+                    Err(err) => Outcome {
+                        error: Some(format!("redis: extending deadlines failed: {err}")),
+                        ..Outcome::default()
+                    },
                 }
             }));
         }

@@ -36,12 +36,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use eventbus_core::durable::engine::DeadLetterSink;
 use eventbus_core::durable::store::{Failure, LogEntry, LogStatus};
 use eventbus_core::durable::{
     Attachment, BoxFuture, Captured, ClientOptions, ConsumerConfig, ConsumerInfo, DurableBackend, DurableError,
     DurableOptions, LogSlice, Retention,
 };
-use eventbus_core::durable::engine::DeadLetterSink;
 use eventbus_core::trie::Trie;
 use eventbus_core::{Event, Fanout};
 use futures::StreamExt;
@@ -481,7 +481,10 @@ fn is_stream_id(s: &str) -> bool {
     let mut parts = s.splitn(2, '-');
     let ms = parts.next().unwrap_or("");
     let seq = parts.next().unwrap_or("");
-    !ms.is_empty() && !seq.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()) && seq.bytes().all(|b| b.is_ascii_digit())
+    !ms.is_empty()
+        && !seq.is_empty()
+        && ms.bytes().all(|b| b.is_ascii_digit())
+        && seq.bytes().all(|b| b.is_ascii_digit())
 }
 
 fn field<'a>(fields: &'a HashMap<String, Vec<u8>>, name: &str) -> Result<&'a str, String> {
@@ -492,7 +495,9 @@ fn field<'a>(fields: &'a HashMap<String, Vec<u8>>, name: &str) -> Result<&'a str
 fn log_entry(fields: &HashMap<String, Vec<u8>>) -> Result<LogEntry, String> {
     let number = |name: &str| -> Result<u64, String> {
         let text = field(fields, name)?;
-        text.parse::<u64>().or_else(|_| text.parse::<f64>().map(|f| f as u64)).map_err(|_| format!("log field {name:?} is not a number"))
+        text.parse::<u64>()
+            .or_else(|_| text.parse::<f64>().map(|f| f as u64))
+            .map_err(|_| format!("log field {name:?} is not a number"))
     };
     let failures: Vec<Failure> = serde_json::from_str(field(fields, "x")?).map_err(|e| format!("log failures: {e}"))?;
     Ok(LogEntry {
@@ -529,7 +534,8 @@ impl DurableBackend for RedisDurable {
                     return Err(DurableError::AlreadyExists(config.name));
                 }
             }
-            let rt = self.shared.runtime(&config.name).ok_or_else(|| DurableError::UnknownConsumer(config.name.clone()))?;
+            let rt =
+                self.shared.runtime(&config.name).ok_or_else(|| DurableError::UnknownConsumer(config.name.clone()))?;
             self.shared.info(&rt).await
         })
     }

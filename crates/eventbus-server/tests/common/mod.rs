@@ -1,6 +1,9 @@
 //! Shared harness: a real server on 127.0.0.1:0 and real tonic clients.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod consume;
+pub mod redis_server;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,0 +1,147 @@
+//! A private `redis-server` per test, and brokers in redis mode on it.
+//!
+//! Without `redis-server` on the PATH the Redis tests pass with a loud notice, unless
+//! `EVENTBUS_REQUIRE_REDIS=1` (set by `.ci/run`), which makes a missing binary a failure.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+
+use eventbus_server::config::Mode;
+use reqwest::StatusCode;
+
+use super::*;
+
+pub struct RedisProc {
+    pub port: u16,
+    binary: PathBuf,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    /// Extra arguments (TLS).
+    pub extra: Vec<String>,
+    /// Persist with an append-only file fsynced on every write (restart tests).
+    pub persist: bool,
+}
+
+static SKIP_NOTICE: Once = Once::new();
+
+impl RedisProc {
+    /// Starts a private redis-server, or returns None (after a notice) when there is
+    /// none to start and it is not required.
+    pub async fn start() -> Option<Self> {
+        let Some(binary) = which_redis() else {
+            assert!(
+                std::env::var("EVENTBUS_REQUIRE_REDIS").as_deref() != Ok("1"),
+                "EVENTBUS_REQUIRE_REDIS=1 but redis-server is not on the PATH"
+            );
+            SKIP_NOTICE.call_once(|| {
+                eprintln!(
+                    "\n*** NOTICE: redis-server not found: the Redis mode tests were SKIPPED. ***\n\
+                     *** Install it (apt-get install redis-server) to run them, and set     ***\n\
+                     *** EVENTBUS_REQUIRE_REDIS=1 to make a missing redis-server a failure.  ***\n"
+                )
+            });
+            return None;
+        };
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut redis =
+            Self { port, binary, dir: tempfile::tempdir().unwrap(), child: None, extra: Vec::new(), persist: false };
+        redis.spawn().await;
+        Some(redis)
+    }
+
+    /// A port nobody listens on, for "Redis is down" at start-up.
+    pub fn reserve() -> Option<Self> {
+        let binary = which_redis()?;
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Some(Self { port, binary, dir: tempfile::tempdir().unwrap(), child: None, extra: Vec::new(), persist: false })
+    }
+
+    pub async fn spawn(&mut self) {
+        let child = Command::new(&self.binary)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args(match self.persist {
+                true => &["--appendonly", "yes", "--appendfsync", "always"][..],
+                false => &["--appendonly", "no"][..],
+            })
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        if !self.extra.is_empty() {
+            return; // TLS: the test waits for the broker to connect instead of PINGing.
+        }
+        let url = self.url();
+        eventually("redis-server to answer PING", || {
+            let url = url.clone();
+            async move {
+                let Ok(client) = redis::Client::open(url) else { return false };
+                let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return false };
+                redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok()
+            }
+        })
+        .await;
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url()).unwrap().get_multiplexed_async_connection().await.unwrap()
+    }
+
+    /// Prefixed channels and pattern count this Redis has subscribers for.
+    pub async fn pubsub(&self) -> (Vec<String>, i64) {
+        let mut conn = self.conn().await;
+        let mut channels: Vec<String> =
+            redis::cmd("PUBSUB").arg("CHANNELS").arg("socle:eventbus:*").query_async(&mut conn).await.unwrap();
+        channels.sort();
+        let numpat: i64 = redis::cmd("PUBSUB").arg("NUMPAT").query_async(&mut conn).await.unwrap();
+        (channels, numpat)
+    }
+}
+
+pub fn which_redis() -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join("redis-server")).find(|p| p.is_file())
+}
+
+impl Drop for RedisProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub async fn broker(redis: &RedisProc) -> TestServer {
+    let port = redis.port;
+    let server = start_with(|s| {
+        s.eventbus.mode = Mode::Redis;
+        s.eventbus.redis.host = "127.0.0.1".into();
+        s.eventbus.redis.port = port;
+        s.eventbus.offer_timeout_ms = 20;
+    })
+    .await;
+    wait_ready(&server, true).await;
+    server
+}
+
+pub async fn ready(server: &TestServer) -> bool {
+    reqwest::get(server.url("/readyz")).await.map(|r| r.status() == StatusCode::OK).unwrap_or(false)
+}
+
+pub async fn wait_ready(server: &TestServer, want: bool) {
+    let what = if want { "readiness" } else { "unreadiness" };
+    eventually(what, || async { ready(server).await == want }).await;
+}
