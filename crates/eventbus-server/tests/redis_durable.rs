@@ -89,3 +89,277 @@ async fn clients_on_two_instances_share_one_consumer() {
         redis::cmd("XLEN").arg("socle:eventbus:durable:work:s").query_async(&mut redis.conn().await).await.unwrap();
     assert_eq!(len, 0);
 }
+
+/// Reads the next deliveries message, or None when nothing comes within `ms`.
+async fn next_within(c: &mut Consumer, ms: u64) -> Option<Vec<pb::Delivery>> {
+    match tokio::time::timeout(std::time::Duration::from_millis(ms), c.responses.message()).await {
+        Ok(Ok(Some(pb::ConsumeResponse { kind: Some(consume_response::Kind::Deliveries(d)) }))) => Some(d.deliveries),
+        Ok(other) => panic!("expected deliveries, got {other:?}"),
+        Err(_) => None,
+    }
+}
+
+#[tokio::test]
+async fn definitions_and_captures_follow_at_once_across_instances() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let (a, b) = (broker(&redis).await, broker(&redis).await);
+    // Created on A, published on B at once: B has not heard of it yet, and captures anyway.
+    create(&a, consumer("inbox", &["orders.*"])).await;
+    let first = publish(&b, event("orders.created", "first")).await;
+    assert!(!first.duplicate);
+    assert_eq!(info(&b, "inbox").await.pending, 1, "B sees the consumer A created");
+    // All clients on B, publisher on A.
+    let mut on_b = attach(b.endpoint(), "inbox", 0).await.unwrap();
+    publish(&a, event("orders.paid", "second")).await;
+    let got = on_b.deliveries(2).await;
+    assert_eq!(got.iter().map(payload).collect::<Vec<_>>(), ["first", "second"]);
+    on_b.send(ack(ids(&got))).await;
+    eventually("acks", || async { info(&a, "inbox").await.acked == 2 }).await;
+
+    // Deleted on A: B's client is detached, B no longer captures, and knows it is gone.
+    within(a.admin().await.delete_consumer(pb::DeleteConsumerRequest { name: "inbox".into() })).await.unwrap();
+    let end = within(on_b.responses.message()).await;
+    assert!(matches!(end, Ok(None)), "B's Consume stream ends when A deletes the consumer: {end:?}");
+    publish(&b, event("orders.created", "after")).await;
+    let gone = within(b.admin().await.get_consumer(pb::GetConsumerRequest { name: "inbox".into() })).await;
+    assert_eq!(gone.unwrap_err().code(), Code::NotFound);
+    let keys: Vec<String> =
+        redis::cmd("KEYS").arg("socle:eventbus:durable:inbox*").query_async(&mut redis.conn().await).await.unwrap();
+    assert!(keys.is_empty(), "delete removes everything the consumer held: {keys:?}");
+}
+
+#[tokio::test]
+async fn idempotent_publish_across_instances() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let (a, b) = (broker(&redis).await, broker(&redis).await);
+    create(&a, consumer("billing", &["payments.>"])).await;
+    let mut req = event("payments.captured", "once");
+    req.idempotency_key = "payment-42".into();
+    let first = publish(&a, req.clone()).await;
+    let again = publish(&b, req.clone()).await;
+    assert!(!first.duplicate && again.duplicate, "{first:?} / {again:?}");
+    assert_eq!(first.event_id, again.event_id, "the duplicate names the original");
+    assert_eq!(info(&b, "billing").await.pending, 1, "captured once");
+    // Without consumers involved, the key is still remembered cluster-wide.
+    let mut other = event("unrelated.channel", "x");
+    other.idempotency_key = "solo".into();
+    assert!(!publish(&b, other.clone()).await.duplicate);
+    assert!(publish(&a, other).await.duplicate);
+}
+
+#[tokio::test]
+async fn dead_letters_and_the_terminal_log_across_instances() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let (a, b) = (broker(&redis).await, broker(&redis).await);
+    let config = pb::ConsumerConfig {
+        max_attempts: Some(2),
+        backoff: Some(pb::Backoff { initial_ms: 20, multiplier: 1.0, max_ms: 20 }),
+        ..consumer("fragile", &["jobs.>"])
+    };
+    create(&b, config).await;
+    // The dead letter is published on B's side too: subscribe there.
+    let mut dlq = b.subscribe(sub(&["dlq.jobs.>"])).await;
+    let mut c = attach(a.endpoint(), "fragile", 0).await.unwrap();
+    let published = publish(&b, event("jobs.resize", "img-1")).await;
+    let d1 = c.deliveries(1).await;
+    assert_eq!(d1[0].attempt, 1);
+    c.send(nack(&published.event_id, 0)).await;
+    let d2 = c.deliveries(1).await;
+    assert_eq!((d2[0].attempt, payload(&d2[0])), (2, "img-1".into()), "redelivered after the backoff");
+    c.send(consume_request::Kind::Nack(pb::Nack {
+        event_id: published.event_id.clone(),
+        reason: "still broken".into(),
+        delay_ms: 0,
+    }))
+    .await;
+
+    let letter = dlq.take(1).await.remove(0);
+    assert_eq!(letter.channel, "dlq.jobs.resize");
+    let dl = pb::DeadLetter::decode(letter.payload).unwrap();
+    assert_eq!((dl.consumer.as_str(), dl.attempts), ("fragile", 2));
+    assert_eq!(dl.event.unwrap().id, published.event_id);
+    let reasons: Vec<&str> = dl.failures.iter().map(|f| f.reason.as_str()).collect();
+    assert_eq!(reasons, ["try later", "still broken"]);
+
+    let entries = log(&b, "fragile", pb::EventStatus::DeadLettered).await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!((entries[0].event_id.as_str(), entries[0].attempts), (published.event_id.as_str(), 2));
+    assert!(entries[0].first_delivered_at.is_some() && entries[0].finished_at.is_some());
+    assert!(log(&a, "fragile", pb::EventStatus::Completed).await.is_empty());
+    let i = info(&a, "fragile").await;
+    assert_eq!((i.pending, i.in_flight, i.dead_lettered), (0, 0, 1));
+
+    // A late ack of an event waiting for its retry completes it.
+    let late = publish(&a, event("jobs.resize", "img-2")).await;
+    c.deliveries(1).await;
+    c.send(nack(&late.event_id, 60_000)).await;
+    eventually("the nack to be recorded", || async { info(&b, "fragile").await.in_flight == 0 }).await;
+    c.send(ack(vec![late.event_id.clone()])).await;
+    eventually("the late ack to complete it", || async { info(&b, "fragile").await.acked == 1 }).await;
+    let done = log(&a, "fragile", pb::EventStatus::Completed).await;
+    assert_eq!(done.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), [late.event_id.as_str()]);
+}
+
+#[tokio::test]
+async fn ordering_keys_hold_across_instances() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let (a, b) = (broker(&redis).await, broker(&redis).await);
+    create(&a, consumer("seq", &["accounts.>"])).await;
+    let mut on_a = attach(a.endpoint(), "seq", 0).await.unwrap();
+    let mut on_b = attach(b.endpoint(), "seq", 0).await.unwrap();
+    // Key k1 published alternately through both instances; k2 alongside.
+    for i in 0..4 {
+        let via = if i % 2 == 0 { &a } else { &b };
+        let mut req = event("accounts.debit", format!("k1-{i}"));
+        req.ordering_key = "k1".into();
+        publish(via, req).await;
+    }
+    let mut req = event("accounts.debit", "k2-0");
+    req.ordering_key = "k2".into();
+    publish(&b, req).await;
+
+    let mut k1_order = Vec::new();
+    let mut k2_seen = false;
+    while k1_order.len() < 4 || !k2_seen {
+        // Everything in flight now, across both instances.
+        let mut in_flight = Vec::new();
+        for c in [&mut on_a, &mut on_b] {
+            while let Some(got) = next_within(c, 200).await {
+                in_flight.extend(got.into_iter().map(|d| (payload(&d), d.event.unwrap().id)));
+            }
+        }
+        assert!(!in_flight.is_empty(), "progress stalled: k1 so far {k1_order:?}");
+        let k1: Vec<&String> = in_flight.iter().map(|(p, _)| p).filter(|p| p.starts_with("k1")).collect();
+        assert!(k1.len() <= 1, "one event of a key in flight at a time, cluster-wide: {k1:?}");
+        for (p, id) in &in_flight {
+            if p.starts_with("k1") {
+                k1_order.push(p.clone());
+            } else {
+                k2_seen = true;
+            }
+            // Ack through the instance that delivered it: any one works for the ack,
+            // since both clients attach to one consumer; send to both.
+            on_a.send(ack(vec![id.clone()])).await;
+            on_b.send(ack(vec![id.clone()])).await;
+        }
+    }
+    assert_eq!(k1_order, ["k1-0", "k1-1", "k1-2", "k1-3"], "in publish order");
+}
+
+#[tokio::test]
+async fn a_killed_instance_s_events_are_redelivered_by_another() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let b = broker(&redis).await;
+    let config = pb::ConsumerConfig { ack_deadline_ms: 1_000, ..consumer("jobs", &["jobs.>"]) };
+    create(&b, config).await;
+    // Instance A is the real binary, so it can be killed -9.
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("EVENTBUS_MODE", "redis".to_owned()),
+        ("REDIS_HOST", "127.0.0.1".to_owned()),
+        ("REDIS_PORT", redis.port.to_string()),
+    ];
+    let (mut a, addr) = daemon_with(dir.path(), &env).await;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+    let mut on_a = attach(endpoint, "jobs", 0).await.unwrap();
+    for i in 0..3 {
+        publish(&b, event("jobs.run", format!("job-{i}"))).await;
+    }
+    let held = on_a.deliveries(3).await;
+    assert!(held.iter().all(|d| d.attempt == 1));
+    let pid = a.id().unwrap().to_string();
+    assert!(std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    within(a.wait()).await.unwrap();
+
+    // B reclaims them once their ack deadline has passed: attempt 2.
+    let mut on_b = attach(b.endpoint(), "jobs", 0).await.unwrap();
+    let again = on_b.deliveries(3).await;
+    let want: HashSet<String> = ids(&held).into_iter().collect();
+    assert_eq!(ids(&again).into_iter().collect::<HashSet<_>>(), want);
+    assert!(again.iter().all(|d| d.attempt == 2), "{:?}", again.iter().map(|d| d.attempt).collect::<Vec<_>>());
+    on_b.send(ack(ids(&again))).await;
+    eventually("acks", || async { info(&b, "jobs").await.acked == 3 }).await;
+    let entries = log(&b, "jobs", pb::EventStatus::Completed).await;
+    let reasons: HashMap<&str, Vec<&str>> =
+        entries.iter().map(|e| (e.event_id.as_str(), e.failures.iter().map(|f| f.reason.as_str()).collect())).collect();
+    assert!(reasons.values().all(|r| *r == ["ack deadline exceeded"]), "{reasons:?}");
+}
+
+#[tokio::test]
+async fn a_persistent_redis_restart_loses_nothing_acknowledged() {
+    let Some(mut redis) = RedisProc::reserve() else {
+        RedisProc::start().await; // prints the notice, or fails when Redis is required
+        return;
+    };
+    redis.persist = true;
+    redis.spawn().await;
+    let a = broker(&redis).await;
+    create(&a, consumer("keep", &["ledger.>"])).await;
+    let mut published = HashSet::new();
+    for i in 0..50 {
+        published.insert(publish(&a, event("ledger.entry", format!("e-{i}"))).await.event_id);
+    }
+    redis.kill();
+    let down = within(a.client().await.publish(event("ledger.entry", "lost?"))).await;
+    assert_eq!(down.unwrap_err().code(), Code::Unavailable, "never an OK for an event that went nowhere");
+    let attach_down = attach(a.endpoint(), "keep", 0).await;
+    assert_eq!(attach_down.err().map(|s| s.code()), Some(Code::Unavailable));
+    redis.spawn().await;
+    wait_ready(&a, true).await;
+
+    let mut c = eventually_attach(&a, "keep").await;
+    let got = c.deliveries(50).await;
+    assert_eq!(ids(&got).into_iter().collect::<HashSet<_>>(), published, "every event answered OK survived");
+    assert!(got.iter().all(|d| d.attempt == 1));
+}
+
+/// Attaches once Redis answers again (the connection comes back with backoff).
+async fn eventually_attach(server: &TestServer, name: &str) -> Consumer {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match attach(server.endpoint(), name, 0).await {
+            Ok(c) => return c,
+            Err(status) if status.code() == Code::Unavailable && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(status) => panic!("attach failed: {status:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn losing_redis_ends_consume_streams_with_unavailable_and_clients_recover() {
+    let Some(mut redis) = RedisProc::start().await else { return };
+    let a = broker(&redis).await;
+    create(&a, consumer("w", &["w.>"])).await;
+    let mut c = attach(a.endpoint(), "w", 0).await.unwrap();
+    redis.kill();
+    let end = within(c.responses.message()).await;
+    assert_eq!(end.err().map(|s| s.code()), Some(Code::Unavailable), "the client is told to reconnect");
+    redis.spawn().await;
+    wait_ready(&a, true).await;
+    // Without persistence the restarted Redis is empty: the consumer is gone; with
+    // `create_if_missing` the client recreates it and carries on.
+    let mut client = a.client().await;
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let attach_req =
+        pb::Attach { consumer: "w".into(), create_if_missing: Some(consumer("w", &["w.>"])), ..Default::default() };
+    tx.send(req(consume_request::Kind::Attach(attach_req))).await.unwrap();
+    let mut responses = loop {
+        match within(client.consume(tokio_stream::wrappers::ReceiverStream::new(rx))).await {
+            Ok(r) => break r.into_inner(),
+            Err(status) => panic!("attach after recovery: {status:?}"),
+        }
+    };
+    assert!(matches!(
+        within(responses.message()).await.unwrap(),
+        Some(pb::ConsumeResponse { kind: Some(consume_response::Kind::Attached(_)) })
+    ));
+    publish(&a, event("w.x", "back")).await;
+    match within(responses.message()).await.unwrap() {
+        Some(pb::ConsumeResponse { kind: Some(consume_response::Kind::Deliveries(d)) }) => {
+            assert_eq!(payload(&d.deliveries[0]), "back")
+        }
+        other => panic!("expected a delivery, got {other:?}"),
+    }
+}

@@ -348,6 +348,9 @@ impl Actor {
                                 break StopReason::Lost(format!("unreadable stream entry: {err}"));
                             }
                         }
+                        // The stream went away under the read: the consumer was deleted
+                        // (the change notice follows); client streams end normally.
+                        Err(err) if is_missing_stream(&err) => break StopReason::Deleted,
                         Err(err) => break StopReason::Lost(format!("redis: reading consumer {:?} failed: {err}", &*self.rt.name)),
                     }
                 },
@@ -810,6 +813,13 @@ impl Args {
             .push(config.backoff.multiplier)
             .push(config.backoff.max_ms)
     }
+}
+
+/// NOGROUP, or a blocked read whose stream was deleted.
+pub(crate) fn is_missing_stream(err: &redis::RedisError) -> bool {
+    // Inside a pipeline the server's code is only in the text.
+    let text = err.to_string();
+    text.contains("NOGROUP") || (text.contains("UNBLOCKED") && text.contains("no longer exists"))
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -315,7 +315,19 @@ impl Shared {
         Ok(self.runtime(name))
     }
 
-    async fn info(&self, rt: &Runtime) -> Result<ConsumerInfo, DurableError> {
+    /// A consumer's state. A consumer whose stream is gone (deleted a moment ago, or
+    /// lost with a Redis that kept nothing) is reported unknown after a reload.
+    async fn info(self: &Arc<Self>, rt: &Runtime) -> Result<ConsumerInfo, DurableError> {
+        match self.try_info(rt).await {
+            Err(err) if consumer::is_missing_stream(&err) => {
+                self.reload().await?;
+                Err(DurableError::UnknownConsumer(rt.name.to_string()))
+            }
+            other => other.map_err(unavailable),
+        }
+    }
+
+    async fn try_info(&self, rt: &Runtime) -> Result<ConsumerInfo, redis::RedisError> {
         let stream = format!("{}:s", rt.base);
         let (len, pel, waiting, counters): (u64, Value, u64, (Option<u64>, Option<u64>, Option<u64>)) = redis::pipe()
             .cmd("XLEN")
@@ -331,8 +343,7 @@ impl Shared {
             .arg("dead_lettered")
             .arg("redelivered")
             .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
+            .await?;
         let in_flight = match pel {
             Value::Array(items) => match items.first() {
                 Some(Value::Int(n)) => *n as u64,
@@ -614,29 +625,12 @@ impl DurableBackend for RedisDurable {
         create_if_missing: Option<ConsumerConfig>,
     ) -> BoxFuture<'a, Result<Attachment, DurableError>> {
         Box::pin(async move {
-            let rt = match (self.shared.find(name).await?, create_if_missing) {
-                (Some(rt), _) => rt,
-                (None, Some(mut config)) => {
-                    if config.name.is_empty() {
-                        config.name = name.to_owned();
-                    }
-                    if config.name != name {
-                        return Err(DurableError::InvalidConfig(format!(
-                            "create_if_missing names {:?}, not {name:?}",
-                            config.name
-                        )));
-                    }
-                    self.create_consumer(config).await?;
-                    self.shared.runtime(name).ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?
-                }
-                (None, None) => return Err(DurableError::UnknownConsumer(name.to_owned())),
-            };
-            // Also proves Redis is reachable before the client is told it is attached.
-            let info = self.shared.info(&rt).await?;
-            let id = self.shared.next_client.fetch_add(1, Ordering::Relaxed);
-            let (deliveries, client) = rt.attach(&self.shared, id, options).await?;
-            let info = ConsumerInfo { clients: info.clients + 1, ..info };
-            Ok(Attachment { info, deliveries, client: Box::new(client) })
+            match self.attach_once(name, options, create_if_missing.clone()).await {
+                // Known here, gone from Redis: reloaded; try once more (it may be
+                // created from `create_if_missing` now).
+                Err(DurableError::UnknownConsumer(_)) => self.attach_once(name, options, create_if_missing).await,
+                other => other,
+            }
         })
     }
 
@@ -650,5 +644,38 @@ impl DurableBackend for RedisDurable {
     fn flush(&self) -> BoxFuture<'_, Result<(), DurableError>> {
         // Every change is applied by the time its script returns.
         Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+impl RedisDurable {
+    async fn attach_once(
+        &self,
+        name: &str,
+        options: ClientOptions,
+        create_if_missing: Option<ConsumerConfig>,
+    ) -> Result<Attachment, DurableError> {
+        let rt = match (self.shared.find(name).await?, create_if_missing) {
+            (Some(rt), _) => rt,
+            (None, Some(mut config)) => {
+                if config.name.is_empty() {
+                    config.name = name.to_owned();
+                }
+                if config.name != name {
+                    return Err(DurableError::InvalidConfig(format!(
+                        "create_if_missing names {:?}, not {name:?}",
+                        config.name
+                    )));
+                }
+                self.create_consumer(config).await?;
+                self.shared.runtime(name).ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?
+            }
+            (None, None) => return Err(DurableError::UnknownConsumer(name.to_owned())),
+        };
+        // Also proves Redis is reachable before the client is told it is attached.
+        let info = self.shared.info(&rt).await?;
+        let id = self.shared.next_client.fetch_add(1, Ordering::Relaxed);
+        let (deliveries, client) = rt.attach(&self.shared, id, options).await?;
+        let info = ConsumerInfo { clients: info.clients + 1, ..info };
+        Ok(Attachment { info, deliveries, client: Box::new(client) })
     }
 }
