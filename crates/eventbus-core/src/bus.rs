@@ -16,7 +16,7 @@ use crate::name::Pattern;
 use crate::router::{GroupTargets, Router, Targets};
 use crate::stats::{BusCounters, BusStats, ChannelEntry, ChannelStats, ChannelTable, LabelStats, SubscriptionInfo};
 use crate::subscription::{CloseReason, Offer, Overflow, Subscription, SubscriptionSpec};
-use crate::transport::{Fanout, LocalFanout, Transport, TransportStatus};
+use crate::transport::{Fanout, LocalFanout, Transport, TransportError, TransportStatus};
 
 /// Most channels and patterns in one subscription.
 pub const MAX_SUBSCRIBE_CHANNELS: usize = 64;
@@ -196,6 +196,15 @@ impl Bus {
         let idempotency_key = std::mem::take(&mut input.idempotency_key);
         let event = input.into_event(self.inner.config.max_payload_bytes)?;
         let mut event = event;
+        if let Some(transport) = &self.inner.transport
+            && !transport.status().borrow().connected
+        {
+            // Fail fast while the shared medium is away, durable capture included.
+            return Err(Error::Transport(TransportError {
+                transport: transport.mode(),
+                reason: "not connected; the event was not published".into(),
+            }));
+        }
         if let Some(durable) = self.inner.durable.get() {
             let key = (!ordering_key.is_empty()).then_some(ordering_key.as_str());
             let idem = (!idempotency_key.is_empty()).then_some(idempotency_key.as_str());

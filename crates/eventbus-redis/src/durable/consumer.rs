@@ -858,12 +858,11 @@ fn text(value: &Value) -> Option<String> {
     }
 }
 
-/// Stream entries `[[id, [field, value, ...]], ...]` as (id, fields).
-pub(crate) fn entries(value: Value) -> Result<Vec<(String, HashMap<String, Vec<u8>>)>, String> {
-    entries_of(value)
-}
+/// A stream entry: its id and fields.
+pub(crate) type Entry = (String, HashMap<String, Vec<u8>>);
 
-fn entries_of(value: Value) -> Result<Vec<(String, HashMap<String, Vec<u8>>)>, String> {
+/// Stream entries `[[id, [field, value, ...]], ...]`.
+pub(crate) fn entries_of(value: Value) -> Result<Vec<Entry>, String> {
     let Value::Array(rows) = value else { return Ok(Vec::new()) };
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {

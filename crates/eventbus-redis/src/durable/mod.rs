@@ -85,7 +85,7 @@ pub struct RedisDurable {
 #[derive(Debug, Default)]
 struct Registry {
     /// Version of the consumer set this registry reflects ("" = never loaded).
-    version: String,
+    version: Arc<str>,
     by_name: HashMap<Arc<str>, Arc<Runtime>>,
     trie: Trie<Arc<str>>,
 }
@@ -124,7 +124,7 @@ impl std::fmt::Debug for Shared {
 }
 
 pub(crate) fn unavailable(err: redis::RedisError) -> DurableError {
-    DurableError::Unavailable(format!("redis: {err}"))
+    DurableError::Unavailable(format!("Redis: {err}"))
 }
 
 fn corrupt(what: impl std::fmt::Display) -> DurableError {
@@ -259,7 +259,7 @@ impl Shared {
             .await
             .map_err(unavailable)?;
         let version = version.unwrap_or_else(|| "0".into());
-        let mut fresh = Registry { version: version.clone(), ..Registry::default() };
+        let mut fresh = Registry { version: version.as_str().into(), ..Registry::default() };
         let mut removed = Vec::new();
         {
             let mut registry = self.registry.write();
@@ -329,7 +329,8 @@ impl Shared {
 
     async fn try_info(&self, rt: &Runtime) -> Result<ConsumerInfo, redis::RedisError> {
         let stream = format!("{}:s", rt.base);
-        let (len, pel, waiting, counters): (u64, Value, u64, (Option<u64>, Option<u64>, Option<u64>)) = redis::pipe()
+        type Counters = (Option<u64>, Option<u64>, Option<u64>);
+        let (len, pel, waiting, counters): (u64, Value, u64, Counters) = redis::pipe()
             .cmd("XLEN")
             .arg(&stream)
             .cmd("XPENDING")
@@ -395,19 +396,19 @@ impl Shared {
         let window_ms = self.options.dedup_window.as_millis().max(1) as u64;
         let mut names = Vec::new();
         for _ in 0..STALE_RETRIES {
-            let (version, bases) = {
+            let (version, targets) = {
                 let registry = self.registry.read();
                 names.clear();
                 registry.trie.collect(&event.channel, &mut names);
                 names.sort_unstable();
                 names.dedup();
-                let bases: Vec<String> =
-                    names.iter().filter_map(|n| registry.by_name.get(n)).map(|rt| rt.base.clone()).collect();
-                (registry.version.clone(), bases)
+                let targets: Vec<Arc<Runtime>> =
+                    names.iter().filter_map(|n| registry.by_name.get(n).cloned()).collect();
+                (Arc::clone(&registry.version), targets)
             };
             let mut call = self.scripts.publish.key(&self.keys.version);
             call.key(idem_key.as_deref().unwrap_or(&self.keys.version))
-                .arg(&version)
+                .arg(&*version)
                 .arg(u8::from(idem_key.is_some()))
                 .arg(window_ms)
                 .arg(&event.id)
@@ -415,8 +416,8 @@ impl Shared {
                 .arg(&event.channel)
                 .arg(ordering_key.unwrap_or(""))
                 .arg(&pubsub_channel);
-            for base in &bases {
-                call.arg(base);
+            for rt in &targets {
+                call.arg(&*rt.base);
             }
             let (kind, value): (String, Value) = call.invoke_async(&mut self.conn()).await.map_err(unavailable)?;
             match kind.as_str() {
@@ -426,12 +427,12 @@ impl Shared {
                         _ => 0,
                     };
                     return Ok(Captured::Forwarded {
-                        consumers: bases.len(),
+                        consumers: targets.len(),
                         fanout: Fanout { delivered: reached, failed: 0 },
                     });
                 }
                 "dup" => {
-                    let original: String = redis::from_redis_value(value).map_err(|e| corrupt(e))?;
+                    let original: String = redis::from_redis_value(value).map_err(corrupt)?;
                     return Ok(Captured::Duplicate(original));
                 }
                 _ => self.reload().await?,
@@ -468,7 +469,7 @@ impl Shared {
                 .query_async(&mut self.conn())
                 .await
                 .map_err(unavailable)?;
-            let rows = consumer::entries(rows).map_err(corrupt)?;
+            let rows = consumer::entries_of(rows).map_err(corrupt)?;
             if rows.is_empty() {
                 return Ok(page);
             }

@@ -211,8 +211,9 @@ return 0
 /// Janitor: ARGV base, group, now, log maxlen, instance, lock ms, min idle ms (the ack
 /// deadline), batch, oldest log id to keep, max_attempts, initial_ms, multiplier,
 /// max_ms. Under a lock that expires, reclaims entries idle past the ack deadline
-/// (held by an instance that died) as failed attempts; moves due retries back; trims
-/// the log by age. Returns `{next due or '', more (1/0), dead letters...}`.
+/// (held by an instance that died) as failed attempts, trims the log by age and
+/// forgets idle, empty group members; moves due retries back. Returns
+/// `{next due or '', more (1/0), dead letters...}`.
 const TICK: &str = r#"
 local b, g, now, maxlen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local cfg = {tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])}
@@ -226,6 +227,14 @@ if redis.call('SET', b .. ':lock', ARGV[5], 'NX', 'PX', ARGV[6]) then
   end
   if claimed[1] ~= '0-0' then more = 1 end
   redis.call('XTRIM', b .. ':l', 'MINID', '~', ARGV[9])
+  -- Group members of instances gone for good (every restart is a new instance) would
+  -- pile up: drop those holding nothing and unseen for an hour.
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', b .. ':s', g)) do
+    local info = fields(c)
+    if info.pending == 0 and info.idle > 3600000 and info.name ~= ARGV[5] then
+      redis.call('XGROUP', 'DELCONSUMER', b .. ':s', g, info.name)
+    end
+  end
 end
 if move_due(b, now, batch) == batch then more = 1 end
 local nd = next_due(b)
