@@ -4,8 +4,12 @@
 # runs every workload against the three systems interleaved (A B C A B C ...) ROUNDS
 # times, stops them, and prints medians and ratios (bench/summarize.py).
 #
+# The durable workload also runs against a second eventbusd in redis mode, backed by
+# its own redis-server with AOF (appendfsync everysec, the recommended setting).
+#
 #   bash bench/compare.sh            # results in target/bench/results.jsonl
 #   ROUNDS=5 bash bench/compare.sh
+#   REDIS_FSYNC=always bash bench/compare.sh   # the redis-mode durable run with appendfsync always
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,16 +35,24 @@ wait_port() {
 }
 
 NATS_PORT=$(free_port); REDIS_PORT=$(free_port); GRPC_PORT=$(free_port); HTTP_PORT=$(free_port)
+AOF_PORT=$(free_port); RGRPC_PORT=$(free_port); RHTTP_PORT=$(free_port)
 PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-rm -rf "$OUT/jetstream" "$OUT/eventbus-data"
+rm -rf "$OUT/jetstream" "$OUT/eventbus-data" "$OUT/redis-aof"
+mkdir -p "$OUT/redis-aof"
 nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$OUT/jetstream" >"$OUT/nats.log" 2>&1 & PIDS+=($!)
 redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no >"$OUT/redis.log" 2>&1 & PIDS+=($!)
 EVENTBUS__DURABLE__DATA_DIR="$OUT/eventbus-data" target/release/eventbusd --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$HTTP_PORT" --log-level warn \
   >"$OUT/eventbusd.log" 2>&1 & PIDS+=($!)
-wait_port "$NATS_PORT"; wait_port "$REDIS_PORT"; wait_port "$GRPC_PORT"
+# eventbus in redis mode (durable consumers on Redis Streams), on a persistent Redis.
+redis-server --bind 127.0.0.1 --port "$AOF_PORT" --save '' --appendonly yes --appendfsync "${REDIS_FSYNC:-everysec}" \
+  --dir "$OUT/redis-aof" >"$OUT/redis-aof.log" 2>&1 & PIDS+=($!)
+EVENTBUS__EVENTBUS__MODE=redis EVENTBUS__EVENTBUS__REDIS__HOST=127.0.0.1 EVENTBUS__EVENTBUS__REDIS__PORT="$AOF_PORT" \
+  target/release/eventbusd --grpc-addr "127.0.0.1:$RGRPC_PORT" --http-addr "127.0.0.1:$RHTTP_PORT" --log-level warn \
+  >"$OUT/eventbusd-redis.log" 2>&1 & PIDS+=($!)
+wait_port "$NATS_PORT"; wait_port "$REDIS_PORT"; wait_port "$GRPC_PORT"; wait_port "$AOF_PORT"; wait_port "$RGRPC_PORT"
 
 WORKLOADS=(
   "fanout --publishers 1 --subscribers 16 --payload 128 --count 200000 --mode stream"
@@ -58,7 +70,9 @@ run() { # system workload...
   esac
 }
 
-tag() { python3 -c "import json,sys; r=json.load(sys.stdin); r['round']=$1; print(json.dumps(r))"; }
+tag() { # round [system]
+  python3 -c "import json,sys; r=json.load(sys.stdin); r['round']=$1; r['system']='${2:-}' or r['system']; print(json.dumps(r))"
+}
 DURABLE="durable --publishers 16 --count 20000 --payload 128"
 
 for round in $(seq "$ROUNDS"); do
@@ -69,10 +83,13 @@ for round in $(seq "$ROUNDS"); do
       run "$system" $workload | tag "$round" >>"$RESULTS"
     done
   done
-  # Durable: eventbus (embedded store, fsync always) next to JetStream (file storage).
+  # Durable: eventbus (embedded store, fsync always), eventbus in redis mode (Redis
+  # Streams, AOF) and JetStream (file storage).
   echo "round $round/$ROUNDS: durable" >&2
   # shellcheck disable=SC2086
   run eventbus $DURABLE | tag "$round" >>"$RESULTS"
+  # shellcheck disable=SC2086
+  target/release/eventbus --server "http://127.0.0.1:$RGRPC_PORT" --json bench $DURABLE | tag "$round" eventbus-redis >>"$RESULTS"
   # shellcheck disable=SC2086
   target/release/peers --system nats --url "nats://127.0.0.1:$NATS_PORT" --json $DURABLE | tag "$round" >>"$RESULTS"
 done

@@ -17,6 +17,26 @@ def key(r):
     return f"pubonly {p['publishers']} pub, {p['payload']} B, {p['mode']}"
 
 
+def durable(runs):
+    """eventbus in_memory (embedded store) and redis mode (Redis Streams) next to JetStream."""
+    systems = ["eventbus", "eventbus-redis", "nats"]
+    metrics = [("published/s", lambda r: r["published_per_sec"]),
+               ("publish p50 µs", lambda r: r["publish_latency_us"]["p50"]),
+               ("publish p99 µs", lambda r: r["publish_latency_us"]["p99"]),
+               ("consumed+acked/s", lambda r: r["consumed_per_sec"])]
+    for workload, by_system in runs.items():
+        if not workload.startswith("durable"):
+            continue
+        print("\n| workload | metric | eventbus in_memory | eventbus redis mode | JetStream "
+              "| in_memory/JetStream | redis mode/JetStream |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for name, get in metrics:
+            med = {s: statistics.median(get(r) for r in by_system[s]) for s in systems if by_system.get(s)}
+            cells = [f"{med[s]:,.0f}" if s in med else "-" for s in systems]
+            ratio = lambda s: f"{med[s] / med['nats']:.2f}×" if s in med and med.get("nats") else "-"
+            print(f"| {workload} | {name} | {' | '.join(cells)} | {ratio('eventbus')} | {ratio('eventbus-redis')} |")
+
+
 def main(path):
     runs = defaultdict(lambda: defaultdict(list))
     for line in open(path):
@@ -27,13 +47,11 @@ def main(path):
     print("| workload | metric | eventbus | nats | redis | eventbus/nats | eventbus/redis |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for workload, by_system in runs.items():
+        if workload.startswith("durable"):
+            continue
         if workload.startswith("latency"):
             metrics = [("p50 µs", lambda r: r["latency_us"]["p50"]), ("p99 µs", lambda r: r["latency_us"]["p99"]),
                        ("p99.9 µs", lambda r: r["latency_us"]["p99_9"])]
-        elif workload.startswith("durable"):
-            metrics = [("published/s (nats = JetStream)", lambda r: r["published_per_sec"]),
-                       ("publish p99 µs", lambda r: r["publish_latency_us"]["p99"]),
-                       ("consumed+acked/s", lambda r: r["consumed_per_sec"])]
         elif workload.startswith("pubonly"):
             metrics = [("published/s", lambda r: r["published_per_sec"])]
         else:
@@ -44,6 +62,7 @@ def main(path):
             cells = [f"{med[s]:,.0f}" + (f" (loss {loss[s]})" if loss[s] else "") if s in med else "-" for s in systems]
             ratio = lambda peer: f"{med['eventbus'] / med[peer]:.2f}×" if peer in med and med.get(peer) else "-"
             print(f"| {workload} | {name} | {' | '.join(cells)} | {ratio('nats')} | {ratio('redis')} |")
+    durable(runs)
     rounds = max(len(v) for by in runs.values() for v in by.values())
     print(f"\nMedians of {rounds} rounds per cell; latency ratios above 1 mean eventbus is slower.")
 

@@ -1,5 +1,6 @@
 //! `eventbus bench durable`: durable publish throughput and latency (every publish
-//! waits for its capture to be committed), then consume throughput with batched acks.
+//! waits for its capture to be committed), then consume throughput with batched acks
+//! (until the broker has applied every ack).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,6 +74,22 @@ pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Re
             Some(consume_response::Kind::Attached(_)) => {}
             None => anyhow::bail!("the consume stream ended after {consumed} events"),
         }
+    }
+    // Acks are applied after they are sent (redis mode: one script per batch), so the
+    // clock stops once the broker counts every one of them, not at the last delivery.
+    let waiting = Instant::now();
+    loop {
+        let info = admin.get_consumer(pb::GetConsumerRequest { name: name.clone() }).await?.into_inner();
+        if info.acked >= a.count {
+            break;
+        }
+        anyhow::ensure!(
+            waiting.elapsed() < Duration::from_secs(10),
+            "acks stalled: {} of {} applied after 10 s",
+            info.acked,
+            a.count
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let consume_secs = start.elapsed().as_secs_f64();
     drop(tx);

@@ -345,12 +345,10 @@ async fn losing_redis_ends_consume_streams_with_unavailable_and_clients_recover(
     let attach_req =
         pb::Attach { consumer: "w".into(), create_if_missing: Some(consumer("w", &["w.>"])), ..Default::default() };
     tx.send(req(consume_request::Kind::Attach(attach_req))).await.unwrap();
-    let mut responses = loop {
-        match within(client.consume(tokio_stream::wrappers::ReceiverStream::new(rx))).await {
-            Ok(r) => break r.into_inner(),
-            Err(status) => panic!("attach after recovery: {status:?}"),
-        }
-    };
+    let mut responses = within(client.consume(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        .await
+        .expect("attach after recovery")
+        .into_inner();
     assert!(matches!(
         within(responses.message()).await.unwrap(),
         Some(pb::ConsumeResponse { kind: Some(consume_response::Kind::Attached(_)) })
