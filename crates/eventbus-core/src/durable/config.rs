@@ -60,6 +60,18 @@ impl ConsumerConfig {
         }
     }
 
+    /// The definition a client's `create_if_missing` gives for consumer `name`: an empty
+    /// name takes `name`; another name is an error.
+    pub fn named_for_attach(mut self, name: &str) -> Result<Self, String> {
+        if self.name.is_empty() {
+            self.name = name.to_owned();
+        }
+        if self.name != name {
+            return Err(format!("create_if_missing names {:?}, not {name:?}", self.name));
+        }
+        Ok(self)
+    }
+
     pub fn ack_deadline(&self) -> Duration {
         Duration::from_millis(self.ack_deadline_ms)
     }

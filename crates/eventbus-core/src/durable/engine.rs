@@ -114,6 +114,21 @@ pub struct ClientOptions {
     pub max_batch: u32,
 }
 
+impl ClientOptions {
+    /// (max_in_flight, max_batch) in force for a consumer whose ceiling is `ceiling`.
+    pub fn resolve(self, ceiling: u32) -> (u32, u32) {
+        let max_in_flight = match self.max_in_flight {
+            0 => ceiling,
+            n => n.min(ceiling),
+        };
+        let max_batch = match self.max_batch {
+            0 => DEFAULT_MAX_BATCH,
+            n => n,
+        };
+        (max_in_flight, max_batch)
+    }
+}
+
 /// A consumer's state for `GetConsumer`/`ListConsumers`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConsumerInfo {
@@ -583,30 +598,13 @@ impl Durable {
     ) -> Result<Attached, DurableError> {
         let consumer = match (self.consumer(name), create_if_missing) {
             (Some(c), _) => c,
-            (None, Some(mut config)) => {
-                if config.name.is_empty() {
-                    config.name = name.to_owned();
-                }
-                if config.name != name {
-                    return Err(DurableError::InvalidConfig(format!(
-                        "create_if_missing names {:?}, not {name:?}",
-                        config.name
-                    )));
-                }
-                self.create_consumer(config).await?;
+            (None, Some(config)) => {
+                self.create_consumer(config.named_for_attach(name).map_err(DurableError::InvalidConfig)?).await?;
                 self.consumer(name).ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?
             }
             (None, None) => return Err(DurableError::UnknownConsumer(name.to_owned())),
         };
-        let ceiling = consumer.config.max_in_flight;
-        let max_in_flight = match options.max_in_flight {
-            0 => ceiling,
-            n => n.min(ceiling),
-        };
-        let max_batch = match options.max_batch {
-            0 => DEFAULT_MAX_BATCH,
-            n => n,
-        };
+        let (max_in_flight, max_batch) = options.resolve(consumer.config.max_in_flight);
         let id = self.inner.next_client.fetch_add(1, Ordering::Relaxed);
         // One message per delivery batch; a batch holds at least one in-flight event.
         let (tx, rx) = mpsc::channel(max_in_flight as usize);

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use eventbus_core::Event;
-use eventbus_core::durable::engine::{DEFAULT_MAX_BATCH, REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM};
+use eventbus_core::durable::engine::{REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM};
 use eventbus_core::durable::store::Failure;
 use eventbus_core::durable::{
     BoxFuture, ClientOptions, ConsumerClient, ConsumerConfig, Delivery, DurableError, PublishedDeadLetter,
@@ -119,15 +119,7 @@ impl Runtime {
         id: u64,
         options: ClientOptions,
     ) -> Result<(mpsc::Receiver<Vec<Delivery>>, RedisClient), DurableError> {
-        let ceiling = self.config().max_in_flight;
-        let max_in_flight = match options.max_in_flight {
-            0 => ceiling,
-            n => n.min(ceiling),
-        };
-        let max_batch = match options.max_batch {
-            0 => DEFAULT_MAX_BATCH,
-            n => n,
-        };
+        let (max_in_flight, max_batch) = options.resolve(self.config().max_in_flight);
         // One message per batch; a batch holds at least one in-flight event.
         let (tx, rx) = mpsc::channel(max_in_flight.max(1) as usize);
         let closed = Arc::new(Mutex::new(None));

@@ -657,17 +657,8 @@ impl RedisDurable {
     ) -> Result<Attachment, DurableError> {
         let rt = match (self.shared.find(name).await?, create_if_missing) {
             (Some(rt), _) => rt,
-            (None, Some(mut config)) => {
-                if config.name.is_empty() {
-                    config.name = name.to_owned();
-                }
-                if config.name != name {
-                    return Err(DurableError::InvalidConfig(format!(
-                        "create_if_missing names {:?}, not {name:?}",
-                        config.name
-                    )));
-                }
-                self.create_consumer(config).await?;
+            (None, Some(config)) => {
+                self.create_consumer(config.named_for_attach(name).map_err(DurableError::InvalidConfig)?).await?;
                 self.shared.runtime(name).ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?
             }
             (None, None) => return Err(DurableError::UnknownConsumer(name.to_owned())),
