@@ -2,7 +2,7 @@
 //! the JetStream run in `bench/peers`, so both are driven and reported alike. (The runs
 //! themselves differ: each system has its own consumer API.)
 
-use hdrhistogram::Histogram;
+pub use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
 #[derive(Debug, Clone, clap::Args)]

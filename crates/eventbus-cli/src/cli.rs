@@ -130,9 +130,19 @@ pub(crate) enum BenchWorkload {
     Traffic(eventbus_bench::BenchCommand),
     /// Idle subscriptions held open: the daemon's CPU and memory (local daemon, by PID).
     Idle(crate::idle::IdleArgs),
-    /// Durable publish (each awaited: committed) from concurrent publishers, then
+    /// Durable publish (each answered once committed) from concurrent publishers, then
     /// consume with batched acks.
-    Durable(eventbus_bench::durable::DurableArgs),
+    Durable(DurableBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DurableBenchArgs {
+    #[command(flatten)]
+    pub(crate) common: eventbus_bench::durable::DurableArgs,
+    /// `unary`: each publish its own call, awaited; `stream`: each publisher one
+    /// PublishStream with up to 32 publishes unanswered.
+    #[arg(long, value_enum, default_value_t = eventbus_bench::PublishMode::Unary)]
+    pub(crate) mode: eventbus_bench::PublishMode,
 }
 
 #[derive(Debug, Args)]

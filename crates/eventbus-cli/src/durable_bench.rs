@@ -2,18 +2,25 @@
 //! waits for its capture to be committed), then consume throughput with batched acks
 //! (until the broker has applied every ack).
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use eventbus_bench::durable::{DurableArgs, DurableReport, latency_histogram};
-use eventbus_proto::pb::{self, consume_request, consume_response};
-use tokio::sync::{Mutex, mpsc};
+use eventbus_bench::PublishMode;
+use eventbus_bench::durable::{DurableReport, Histogram, latency_histogram};
+use eventbus_proto::pb::{self, consume_request, consume_response, event_bus_client::EventBusClient};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
 
+use crate::cli::DurableBenchArgs;
 use crate::connect;
 
-pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Result<()> {
+/// Publishes one `PublishStream` may have sent and not yet seen answered.
+const STREAM_WINDOW: usize = 32;
+
+pub(crate) async fn run(server: &str, json: bool, args: &DurableBenchArgs) -> anyhow::Result<()> {
+    let a = &args.common;
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let name = format!("bench-{nanos}");
     let channel = format!("bench.durable.{nanos}");
@@ -26,31 +33,30 @@ pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Re
     };
     admin.create_consumer(pb::CreateConsumerRequest { config: Some(config) }).await.context("create consumer")?;
 
-    // Phase 1: publish, every call awaited (OK = committed).
-    let hist = Arc::new(Mutex::new(latency_histogram()));
-    let payload = bytes::Bytes::from(vec![0xAB; a.payload]);
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    let n = a.publishers.max(1) as u64;
-    for i in 0..n {
-        let share = a.count / n + u64::from(i < a.count % n);
-        let mut client = connect::event_bus(server).await?;
-        let (channel, payload, hist) = (channel.clone(), payload.clone(), Arc::clone(&hist));
-        tasks.push(tokio::spawn(async move {
-            let mut local = latency_histogram();
-            for _ in 0..share {
-                let t = Instant::now();
-                let req =
-                    pb::PublishRequest { channel: channel.clone(), payload: payload.clone(), ..Default::default() };
-                client.publish(req).await?;
-                local.saturating_record(t.elapsed().as_nanos() as u64);
-            }
-            hist.lock().await.add(&local)?;
-            anyhow::Ok(())
-        }));
+    // Phase 1: publish, every publish answered (OK = committed).
+    let req = pb::PublishRequest {
+        channel: channel.clone(),
+        payload: bytes::Bytes::from(vec![0xAB; a.payload]),
+        ..Default::default()
+    };
+    let mut clients = Vec::new();
+    for _ in 0..a.publishers.max(1) {
+        clients.push(connect::event_bus(server).await?);
     }
+    let start = Instant::now();
+    let n = clients.len() as u64;
+    let mut tasks = Vec::new();
+    for (i, client) in (0..n).zip(clients) {
+        let share = a.count / n + u64::from(i < a.count % n);
+        let req = req.clone();
+        tasks.push(match args.mode {
+            PublishMode::Unary => tokio::spawn(publish_unary(client, req, share)),
+            PublishMode::Stream => tokio::spawn(publish_stream(client, req, share)),
+        });
+    }
+    let mut latency = latency_histogram();
     for t in tasks {
-        t.await??;
+        latency.add(&t.await??)?;
     }
     let publish_secs = start.elapsed().as_secs_f64();
     // Phase 2: consume everything, acking each batch.
@@ -95,12 +101,59 @@ pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Re
     drop(tx);
     admin.delete_consumer(pb::DeleteConsumerRequest { name }).await?;
 
-    let latency = hist.lock().await.clone();
     let report = DurableReport { system: "eventbus", args: a, publish_secs, latency, consumed, consume_secs };
+    let mode = match args.mode {
+        PublishMode::Unary => "unary",
+        PublishMode::Stream => "stream",
+    };
     if json {
-        println!("{}", report.to_json());
+        let mut out = report.to_json();
+        out["params"]["mode"] = mode.into();
+        println!("{out}");
     } else {
-        print!("{}", report.human());
+        print!("{}", report.human().replacen(")\n", &format!(" mode={mode})\n"), 1));
     }
     Ok(())
+}
+
+/// `share` unary publishes, one at a time; latency is each call's.
+async fn publish_unary(
+    mut client: EventBusClient<Channel>,
+    req: pb::PublishRequest,
+    share: u64,
+) -> anyhow::Result<Histogram<u64>> {
+    let mut latency = latency_histogram();
+    for _ in 0..share {
+        let t = Instant::now();
+        client.publish(req.clone()).await?;
+        latency.saturating_record(t.elapsed().as_nanos() as u64);
+    }
+    Ok(latency)
+}
+
+/// `share` publishes on one `PublishStream`, up to [`STREAM_WINDOW`] unanswered (the
+/// broker answers a stream in order); latency is from sending to the answer.
+async fn publish_stream(
+    mut client: EventBusClient<Channel>,
+    req: pb::PublishRequest,
+    share: u64,
+) -> anyhow::Result<Histogram<u64>> {
+    let (tx, rx) = mpsc::channel(STREAM_WINDOW);
+    let mut answers = client.publish_stream(ReceiverStream::new(rx)).await?.into_inner();
+    let mut latency = latency_histogram();
+    let mut sent_at = VecDeque::with_capacity(STREAM_WINDOW);
+    let (mut sent, mut answered) = (0, 0);
+    while answered < share {
+        if sent < share && sent_at.len() < STREAM_WINDOW {
+            sent_at.push_back(Instant::now());
+            tx.send(req.clone()).await.context("the publish stream ended")?;
+            sent += 1;
+            continue;
+        }
+        answers.message().await?.context("the publish stream ended before every publish was answered")?;
+        let t = sent_at.pop_front().context("an answer without a publish")?;
+        latency.saturating_record(t.elapsed().as_nanos() as u64);
+        answered += 1;
+    }
+    Ok(latency)
 }
