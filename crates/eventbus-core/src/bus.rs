@@ -121,6 +121,8 @@ pub(crate) struct Inner {
     shutting_down: AtomicBool,
     /// `None` in `in_memory` mode: publishes are routed locally, no boxing.
     transport: Option<Arc<dyn Transport>>,
+    /// The transport's connection state, followed once rather than per publish.
+    transport_status: Option<tokio::sync::watch::Receiver<TransportStatus>>,
     /// Signalled whenever a subscription leaves (shutdown waits on it).
     removed: Notify,
     /// Durable consumers, when enabled: captured before a publish is answered.
@@ -146,11 +148,7 @@ impl Bus {
     /// Enables durable consumers: every later publish is captured for the consumers it
     /// matches before it is answered, and dead letters are published on this bus.
     pub fn enable_durable(&self, durable: impl DurableBackend) {
-        self.enable_durable_backend(Arc::new(durable));
-    }
-
-    /// [`Bus::enable_durable`] for an engine already shared.
-    pub fn enable_durable_backend(&self, durable: Arc<dyn DurableBackend>) {
+        let durable: Arc<dyn DurableBackend> = Arc::new(durable);
         let bus = Arc::downgrade(&self.inner);
         durable.set_dead_letter_sink(Arc::new(move |channel, payload, content_type| {
             let Some(inner) = bus.upgrade() else { return };
@@ -196,12 +194,12 @@ impl Bus {
         let idempotency_key = std::mem::take(&mut input.idempotency_key);
         let event = input.into_event(self.inner.config.max_payload_bytes)?;
         let mut event = event;
-        if let Some(transport) = &self.inner.transport
-            && !transport.status().borrow().connected
+        if let Some(status) = &self.inner.transport_status
+            && !status.borrow().connected
         {
             // Fail fast while the shared medium is away, durable capture included.
             return Err(Error::Transport(TransportError {
-                transport: transport.mode(),
+                transport: self.mode(),
                 reason: "not connected; the event was not published".into(),
             }));
         }
@@ -421,6 +419,7 @@ impl Inner {
             generation: AtomicU64::new(0),
             counters: Arc::default(),
             shutting_down: AtomicBool::new(false),
+            transport_status: transport.as_ref().map(|t| t.status()),
             transport,
             removed: Notify::new(),
             durable: std::sync::OnceLock::new(),

@@ -129,6 +129,21 @@ impl ClientOptions {
     }
 }
 
+/// Round-robin over `len` clients from `*next`: the first with room, and its room
+/// (`room_of` answers 0 for a full or departed client); `None` when none has any.
+/// Both engines hand out events with it.
+pub fn next_with_room(len: usize, next: &mut usize, room_of: impl Fn(usize) -> usize) -> Option<(usize, usize)> {
+    for _ in 0..len {
+        let i = *next % len;
+        *next = next.wrapping_add(1);
+        let room = room_of(i);
+        if room > 0 {
+            return Some((i, room));
+        }
+    }
+    None
+}
+
 /// A consumer's state for `GetConsumer`/`ListConsumers`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConsumerInfo {
@@ -172,6 +187,16 @@ struct Client {
     max_batch: u32,
     in_flight: u32,
     tx: mpsc::Sender<Vec<Delivery>>,
+}
+
+impl Client {
+    /// Events this client can take now (0 when it has left).
+    fn room(&self) -> usize {
+        if self.tx.is_closed() {
+            return 0;
+        }
+        self.max_in_flight.saturating_sub(self.in_flight).min(self.max_batch) as usize
+    }
 }
 
 #[derive(Debug, Default)]
@@ -866,19 +891,12 @@ fn dispatch(consumer: &Arc<Consumer>, st: &mut CState, fx: &mut Effects) {
     let now = Instant::now();
     let wall = SystemTime::now();
     let deadline_in = consumer.config.ack_deadline();
-    let n = st.clients.len();
-    let mut idle_rounds = 0;
-    while !st.ready.is_empty() && idle_rounds < n {
-        let i = st.next_client % n;
-        st.next_client = st.next_client.wrapping_add(1);
-        let client = &st.clients[i];
-        let room = client.max_in_flight.saturating_sub(client.in_flight).min(client.max_batch) as usize;
-        if room == 0 || client.tx.is_closed() {
-            idle_rounds += 1;
-            continue;
-        }
-        idle_rounds = 0;
-        let (client_id, tx) = (client.id, client.tx.clone());
+    while !st.ready.is_empty() {
+        let clients = &st.clients;
+        let Some((i, room)) = next_with_room(clients.len(), &mut st.next_client, |i| clients[i].room()) else {
+            break;
+        };
+        let (client_id, tx) = (st.clients[i].id, st.clients[i].tx.clone());
         let mut batch = Vec::with_capacity(room.min(st.ready.len()));
         while batch.len() < room {
             let Some(seq) = st.ready.pop_first() else { break };

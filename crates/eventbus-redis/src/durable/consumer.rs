@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use eventbus_core::Event;
-use eventbus_core::durable::engine::{REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM};
+use eventbus_core::durable::engine::{REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM, next_with_room};
 use eventbus_core::durable::store::Failure;
 use eventbus_core::durable::{
     BoxFuture, ClientOptions, ConsumerClient, ConsumerConfig, Delivery, DurableError, PublishedDeadLetter,
@@ -202,6 +202,16 @@ pub(crate) struct Client {
     closed: Arc<Mutex<Option<String>>>,
 }
 
+impl Client {
+    /// Events this client can take now (0 when it has left).
+    fn room(&self) -> usize {
+        if self.tx.is_closed() {
+            return 0;
+        }
+        self.max_in_flight.saturating_sub(self.in_flight).min(self.max_batch) as usize
+    }
+}
+
 /// An event a local client holds.
 struct Held {
     client: u64,
@@ -237,6 +247,13 @@ struct FailItem {
     delay_ms: i64,
     term: bool,
     first_ms: u64,
+}
+
+impl FailItem {
+    /// `delay_ms` -1 = the backoff; `term` dead-letters at once.
+    fn of(held: Held, reason: String, delay_ms: i64, term: bool) -> Self {
+        Self { sid: held.sid, reason, delay_ms, term, first_ms: held.first_ms }
+    }
 }
 
 /// What a script run tells the actor.
@@ -387,19 +404,13 @@ impl Actor {
                 if let Some((_, held)) = self.release(id, &event_id) {
                     let reason = if reason.is_empty() { "nacked".to_owned() } else { reason };
                     let delay_ms = delay.map_or(-1, |d| d.as_millis() as i64);
-                    self.fails.push(FailItem { sid: held.sid, reason, delay_ms, term: false, first_ms: held.first_ms });
+                    self.fails.push(FailItem::of(held, reason, delay_ms, false));
                 }
             }
             Command::Term(id, event_id, reason) => {
                 if let Some((_, held)) = self.release(id, &event_id) {
                     let reason = if reason.is_empty() { REASON_TERM.to_owned() } else { reason };
-                    self.fails.push(FailItem {
-                        sid: held.sid,
-                        reason,
-                        delay_ms: -1,
-                        term: true,
-                        first_ms: held.first_ms,
-                    });
+                    self.fails.push(FailItem::of(held, reason, -1, true));
                 }
             }
             Command::Extend(id, event_ids, by) => {
@@ -443,13 +454,7 @@ impl Actor {
             self.held.iter().filter(|(_, h)| h.client == id).map(|(k, _)| Arc::clone(k)).collect();
         for key in held {
             if let Some(h) = self.held.remove(&key) {
-                self.fails.push(FailItem {
-                    sid: h.sid,
-                    reason: REASON_DISCONNECT.to_owned(),
-                    delay_ms: -1,
-                    term: false,
-                    first_ms: h.first_ms,
-                });
+                self.fails.push(FailItem::of(h, REASON_DISCONNECT.to_owned(), -1, false));
             }
         }
         if self.clients.is_empty() {
@@ -489,18 +494,11 @@ impl Actor {
             let ((at, _), timer) = entry.remove_entry();
             match timer {
                 Timer::Deadline(key) => {
-                    let expired = self.held.get(&key).is_some_and(|h| h.deadline <= now);
-                    if expired && let Some(h) = self.held.remove(&key) {
-                        if let Some(c) = self.clients.iter_mut().find(|c| c.id == h.client) {
-                            c.in_flight = c.in_flight.saturating_sub(1);
-                        }
-                        self.fails.push(FailItem {
-                            sid: h.sid,
-                            reason: REASON_DEADLINE.to_owned(),
-                            delay_ms: -1,
-                            term: false,
-                            first_ms: h.first_ms,
-                        });
+                    let expired = self.held.get(&key).filter(|h| h.deadline <= now).map(|h| h.client);
+                    if let Some(client) = expired
+                        && let Some((_, h)) = self.release(client, &key)
+                    {
+                        self.fails.push(FailItem::of(h, REASON_DEADLINE.to_owned(), -1, false));
                     }
                 }
                 Timer::Touch(key) => {
@@ -618,11 +616,12 @@ impl Actor {
         for s in streams {
             let Value::Array(mut pair) = s else { continue };
             let Some(entries) = pair.pop() else { continue };
-            for (sid, fields) in entries_of(entries)? {
+            for (sid, mut fields) in entries_of(entries)? {
+                // Owned out of the reply: the payload is not copied again.
+                let envelope = Bytes::from(fields.remove("e").ok_or("entry without an event")?);
                 let text = |name: &str| fields.get(name).and_then(|v| std::str::from_utf8(v).ok());
-                let channel = text("c").ok_or("entry without a channel")?.to_owned();
-                let envelope = fields.get("e").ok_or("entry without an event")?;
-                let event = envelope::decode(&channel, Bytes::copy_from_slice(envelope));
+                let channel = text("c").ok_or("entry without a channel")?;
+                let event = envelope::decode(channel, envelope);
                 let failed: u32 = text("a").and_then(|a| a.parse().ok()).unwrap_or(0);
                 let first_ms = text("f").and_then(|f| f.parse().ok());
                 self.buffer.push_back(Ready { sid, event: Arc::new(event), attempt: failed + 1, first_ms });
@@ -636,21 +635,14 @@ impl Actor {
 
     /// Hands read events to clients with room, round-robin, in batches.
     fn dispatch(&mut self) {
-        let n = self.clients.len();
-        let mut idle_rounds = 0;
         let deadline_in = self.config.ack_deadline();
-        while !self.buffer.is_empty() && idle_rounds < n {
-            let i = self.next_client % n;
-            self.next_client = self.next_client.wrapping_add(1);
-            let client = &self.clients[i];
-            let room = client.max_in_flight.saturating_sub(client.in_flight).min(client.max_batch) as usize;
-            if room == 0 || client.tx.is_closed() {
-                idle_rounds += 1;
-                continue;
-            }
-            idle_rounds = 0;
+        while !self.buffer.is_empty() {
+            let clients = &self.clients;
+            let Some((i, room)) = next_with_room(clients.len(), &mut self.next_client, |i| clients[i].room()) else {
+                break;
+            };
             let (now, wall) = (Instant::now(), SystemTime::now());
-            let (id, deadline) = (client.id, now + deadline_in);
+            let (id, deadline) = (self.clients[i].id, now + deadline_in);
             let take = room.min(self.buffer.len());
             let mut batch = Vec::with_capacity(take);
             for ready in self.buffer.drain(..take) {
