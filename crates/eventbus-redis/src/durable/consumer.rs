@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use eventbus_core::Event;
 use eventbus_core::durable::engine::{REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM, next_with_room};
-use eventbus_core::durable::store::Failure;
+use eventbus_core::durable::store::{Failure, LogEntry, LogStatus};
 use eventbus_core::durable::{
     BoxFuture, ClientOptions, ConsumerClient, ConsumerConfig, Delivery, DurableError, PublishedDeadLetter,
 };
@@ -215,11 +215,12 @@ impl Client {
 /// An event a local client holds.
 struct Held {
     client: u64,
-    /// Stream entry id.
-    sid: String,
     deadline: Instant,
     first_ms: u64,
     since: Instant,
+    /// The entry as read (stream id, and what the ack's log line needs, so the ack
+    /// script does not read it back).
+    entry: Ready,
 }
 
 /// Read from the stream, not yet handed to a client.
@@ -228,6 +229,9 @@ struct Ready {
     event: Arc<Event>,
     attempt: u32,
     first_ms: Option<u64>,
+    ordering_key: Option<String>,
+    /// Earlier failed attempts (empty on a first delivery).
+    failures: Vec<Failure>,
 }
 
 #[derive(Debug, Clone)]
@@ -249,10 +253,42 @@ struct FailItem {
     first_ms: u64,
 }
 
+/// One ack to apply.
+struct AckItem {
+    /// Empty for a late ack (the event is not held here).
+    sid: String,
+    event_id: String,
+    ordering_key: String,
+    /// The terminal-log line (JSON `LogEntry`), empty for a late ack.
+    log_line: String,
+}
+
+impl AckItem {
+    fn held(event_id: Arc<str>, held: Held) -> Self {
+        let Ready { sid, event, attempt, ordering_key, failures, .. } = held.entry;
+        let line = LogEntry {
+            event_id: event_id.to_string(),
+            channel: event.channel.clone(),
+            status: LogStatus::Completed,
+            attempts: attempt,
+            first_delivered_ms: Some(held.first_ms),
+            finished_ms: now_ms(),
+            failures,
+        };
+        // A struct of strings and numbers always serialises.
+        let log_line = serde_json::to_string(&line).unwrap_or_default();
+        Self { sid, event_id: event_id.to_string(), ordering_key: ordering_key.unwrap_or_default(), log_line }
+    }
+
+    fn late(event_id: String) -> Self {
+        Self { sid: String::new(), event_id, ordering_key: String::new(), log_line: String::new() }
+    }
+}
+
 impl FailItem {
     /// `delay_ms` -1 = the backoff; `term` dead-letters at once.
     fn of(held: Held, reason: String, delay_ms: i64, term: bool) -> Self {
-        Self { sid: held.sid, reason, delay_ms, term, first_ms: held.first_ms }
+        Self { sid: held.entry.sid, reason, delay_ms, term, first_ms: held.first_ms }
     }
 }
 
@@ -285,7 +321,7 @@ struct Actor {
     read: Option<ReadFuture>,
     idle_conn: Option<MultiplexedConnection>,
     ops: FuturesUnordered<BoxFuture<'static, Outcome>>,
-    acks: Vec<(String, Arc<str>, u64)>,
+    acks: Vec<AckItem>,
     fails: Vec<FailItem>,
     touches: Vec<String>,
     requeue: Vec<String>,
@@ -393,10 +429,10 @@ impl Actor {
                             if let Some(on_ack) = &self.shared.options.on_ack {
                                 on_ack(&self.rt.name, held.since.elapsed());
                             }
-                            self.acks.push((held.sid, key, held.first_ms));
+                            self.acks.push(AckItem::held(key, held));
                         }
                         // Not held here: perhaps waiting for its retry (a late ack).
-                        None => self.acks.push((String::new(), event_id.into(), 0)),
+                        None => self.acks.push(AckItem::late(event_id)),
                     }
                 }
             }
@@ -423,7 +459,7 @@ impl Actor {
                     let Some(held) = self.held.get_mut(&key).filter(|h| h.client == id) else { continue };
                     held.deadline = now + by;
                     let deadline = held.deadline;
-                    self.touches.push(held.sid.clone());
+                    self.touches.push(held.entry.sid.clone());
                     self.add_timer(deadline, Timer::Deadline(Arc::clone(&key)));
                     if by > deadline_in / 2 {
                         self.add_timer(now + deadline_in / 2, Timer::Touch(key));
@@ -506,7 +542,7 @@ impl Actor {
                     if let Some(h) = self.held.get(&key)
                         && h.deadline > now
                     {
-                        self.touches.push(h.sid.clone());
+                        self.touches.push(h.entry.sid.clone());
                         if h.deadline > now + half {
                             self.add_timer(now + half, Timer::Touch(key));
                         }
@@ -624,7 +660,13 @@ impl Actor {
                 let event = envelope::decode(channel, envelope);
                 let failed: u32 = text("a").and_then(|a| a.parse().ok()).unwrap_or(0);
                 let first_ms = text("f").and_then(|f| f.parse().ok());
-                self.buffer.push_back(Ready { sid, event: Arc::new(event), attempt: failed + 1, first_ms });
+                let ordering_key = text("k").map(str::to_owned);
+                let failures = match text("x") {
+                    Some(x) => serde_json::from_str(x).map_err(|e| format!("failures of {sid}: {e}"))?,
+                    None => Vec::new(),
+                };
+                let event = Arc::new(event);
+                self.buffer.push_back(Ready { sid, event, attempt: failed + 1, first_ms, ordering_key, failures });
             }
         }
         if self.clients.is_empty() {
@@ -648,10 +690,12 @@ impl Actor {
             for ready in self.buffer.drain(..take) {
                 let key: Arc<str> = ready.event.id.as_str().into();
                 let first_ms = ready.first_ms.unwrap_or_else(now_ms);
-                self.held.insert(Arc::clone(&key), Held { client: id, sid: ready.sid, deadline, first_ms, since: now });
+                let delivery =
+                    Delivery { event: Arc::clone(&ready.event), attempt: ready.attempt, deadline: wall + deadline_in };
+                self.held.insert(Arc::clone(&key), Held { client: id, deadline, first_ms, since: now, entry: ready });
                 self.timer_seq += 1;
                 self.timers.insert((deadline, self.timer_seq), Timer::Deadline(key));
-                batch.push(Delivery { event: ready.event, attempt: ready.attempt, deadline: wall + deadline_in });
+                batch.push(delivery);
             }
             let client = &mut self.clients[i];
             client.in_flight += take as u32;
@@ -667,9 +711,9 @@ impl Actor {
         let maxlen = self.shared.retention.max_entries.max(1);
         if !self.acks.is_empty() {
             let mut args = Args::default();
-            args.push(&base).push(GROUP).push(now_ms()).push(maxlen);
-            for (sid, event_id, first_ms) in self.acks.drain(..) {
-                args.push(sid).push(&*event_id).push(first_ms);
+            args.push(&base).push(GROUP).push(maxlen).push(now_ms());
+            for a in self.acks.drain(..) {
+                args.push(a.sid).push(a.event_id).push(a.ordering_key).push(a.log_line);
             }
             self.script(|s| &s.ack, args, "ack failed", |_| Outcome::default());
         }

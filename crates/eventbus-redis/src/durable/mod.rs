@@ -37,7 +37,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use eventbus_core::durable::engine::DeadLetterSink;
-use eventbus_core::durable::store::{Failure, LogEntry, LogStatus};
+use eventbus_core::durable::store::{LogEntry, LogStatus};
 use eventbus_core::durable::{
     Attachment, BoxFuture, Captured, ClientOptions, ConsumerConfig, ConsumerInfo, DurableBackend, DurableError,
     DurableOptions, LogSlice, Retention,
@@ -499,28 +499,9 @@ fn is_stream_id(s: &str) -> bool {
         && seq.bytes().all(|b| b.is_ascii_digit())
 }
 
-fn field<'a>(fields: &'a HashMap<String, Vec<u8>>, name: &str) -> Result<&'a str, String> {
-    let raw = fields.get(name).ok_or_else(|| format!("log entry without field {name:?}"))?;
-    std::str::from_utf8(raw).map_err(|_| format!("log field {name:?} is not UTF-8"))
-}
-
 fn log_entry(fields: &HashMap<String, Vec<u8>>) -> Result<LogEntry, String> {
-    let number = |name: &str| -> Result<u64, String> {
-        let text = field(fields, name)?;
-        text.parse::<u64>()
-            .or_else(|_| text.parse::<f64>().map(|f| f as u64))
-            .map_err(|_| format!("log field {name:?} is not a number"))
-    };
-    let failures: Vec<Failure> = serde_json::from_str(field(fields, "x")?).map_err(|e| format!("log failures: {e}"))?;
-    Ok(LogEntry {
-        event_id: field(fields, "i")?.to_owned(),
-        channel: field(fields, "c")?.to_owned(),
-        status: if field(fields, "s")? == "d" { LogStatus::DeadLettered } else { LogStatus::Completed },
-        attempts: number("a")? as u32,
-        first_delivered_ms: number("f").ok(),
-        finished_ms: number("t")?,
-        failures,
-    })
+    let line = fields.get("j").ok_or("log line without its entry")?;
+    serde_json::from_slice(line).map_err(|e| format!("log line: {e}"))
 }
 
 impl DurableBackend for RedisDurable {

@@ -5,7 +5,8 @@
 //! key (absent = none), and for an event appended again after a failure `a` (failed
 //! attempts so far), `f` (first delivery, ms) and `x` (failures, JSON
 //! `[{"at_ms":…,"reason":…}]`). A record in `:r` is `cmsgpack({e, c, k, i, a, f, x})`
-//! (`k`, `f`, `x` empty when unset).
+//! (`k`, `f`, `x` empty when unset). A terminal-log line has one field, `j`: the JSON of
+//! a `LogEntry`.
 
 use redis::Script;
 
@@ -45,9 +46,16 @@ local function release_key(b, key, id)
   if rec then append(b, cmsgpack.unpack(rec)) end
 end
 
+-- One terminal-log line: field `j`, the JSON of a `LogEntry` (what the reader parses).
+-- `failures` is JSON text already; built by hand because cjson turns [] into {}.
 local function log(b, id, channel, status, attempts, first, now, failures, maxlen)
-  redis.call('XADD', b .. ':l', 'MAXLEN', '~', maxlen, '*', 'i', id, 'c', channel, 's', status,
-    'a', tostring(attempts), 'f', tostring(first), 't', tostring(now), 'x', failures)
+  local f = tonumber(first)
+  if failures == nil or failures == '' then failures = '[]' end
+  local rec = '{"event_id":' .. cjson.encode(id) .. ',"channel":' .. cjson.encode(channel) ..
+    ',"status":"' .. status .. '","attempts":' .. string.format('%d', attempts) ..
+    ',"first_delivered_ms":' .. (f and string.format('%d', f) or 'null') ..
+    ',"finished_ms":' .. string.format('%d', now) .. ',"failures":' .. failures .. '}'
+  redis.call('XADD', b .. ':l', 'MAXLEN', '~', maxlen, '*', 'j', rec)
 end
 
 -- One failed attempt of stream entry `sid`: back later with backoff, or dead-lettered.
@@ -64,7 +72,7 @@ local function fail_one(b, g, sid, reason, delay, term, first, now, cfg, maxlen,
   local x = cjson.encode(failures)
   if f.f and f.f ~= '' then first = f.f end
   if term == 1 or (cfg[1] > 0 and attempts >= cfg[1]) then
-    log(b, f.i, f.c, 'd', attempts, first, now, x, maxlen)
+    log(b, f.i, f.c, 'DeadLettered', attempts, first, now, x, maxlen)
     redis.call('HINCRBY', b .. ':n', 'dead_lettered', 1)
     release_key(b, f.k, f.i)
     out.dead[#out.dead + 1] = {f.e, tostring(attempts), x}
@@ -133,32 +141,29 @@ end
 return {'ok', redis.call('PUBLISH', ARGV[8], env)}
 "#;
 
-/// Ack: ARGV base, group, now, log maxlen, then (stream id, event id, first delivery
-/// ms) triples. A stream id of '' is a late ack: it completes an event waiting for
-/// its retry. Returns how many events completed.
+/// Ack: ARGV base, group, log maxlen, now, then (stream id, event id, ordering key,
+/// log line) quadruples; the acking instance knows the entry, so the script does not
+/// read it back. A stream id of '' is a late ack: it completes an event waiting for
+/// its retry (its log line is built here from the retry record). Returns how many
+/// events completed.
 const ACK: &str = r#"
-local b, g, now, maxlen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local b, g, maxlen, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local done = 0
-for j = 5, #ARGV, 3 do
-  local sid, id, first = ARGV[j], ARGV[j + 1], ARGV[j + 2]
+for j = 5, #ARGV, 4 do
+  local sid, id, key, record = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3]
   local finished = false
   if sid ~= '' and redis.call('XACK', b .. ':s', g, sid) == 1 then
-    local e = redis.call('XRANGE', b .. ':s', sid, sid)
     redis.call('XDEL', b .. ':s', sid)
-    if e[1] then
-      local f = fields(e[1][2])
-      if f.f and f.f ~= '' then first = f.f end
-      log(b, f.i, f.c, 'c', (tonumber(f.a) or 0) + 1, first, now, f.x or '[]', maxlen)
-      release_key(b, f.k, f.i)
-      finished = true
-    end
+    redis.call('XADD', b .. ':l', 'MAXLEN', '~', maxlen, '*', 'j', record)
+    release_key(b, key, id)
+    finished = true
   end
   if not finished and redis.call('ZREM', b .. ':d', id) == 1 then
     local rec = redis.call('HGET', b .. ':r', id)
     redis.call('HDEL', b .. ':r', id)
     if rec then
       local r = cmsgpack.unpack(rec)
-      log(b, r[4], r[2], 'c', r[5], r[6], now, r[7], maxlen)
+      log(b, r[4], r[2], 'Completed', r[5], r[6], now, r[7], maxlen)
       release_key(b, r[3], r[4])
       finished = true
     end
