@@ -19,7 +19,9 @@
 //! - Capture: the publish script checks the consumer-set version this instance knows
 //!   (a stale instance reloads and retries, so a consumer created on another instance
 //!   a moment ago is never missed), the idempotency key, appends to every matching
-//!   stream and PUBLISHes for ephemeral subscribers: all in one step.
+//!   stream and PUBLISHes for ephemeral subscribers: all in one step. Publishes are
+//!   group-committed: one script runs at a time and carries every publish that arrived
+//!   while the previous one ran, in arrival order.
 //! - Delivery: [`consumer`] runs one actor per consumer with local clients; it reads
 //!   with a blocking XREADGROUP (nothing runs while idle) and spreads events to its
 //!   clients.
@@ -48,6 +50,7 @@ use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use redis::aio::ConnectionManager;
 use redis::{Client, Value};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -64,6 +67,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Most publishes in one capture script, and about the most bytes of envelopes.
+const MAX_CAPTURE_BATCH: usize = 512;
+const MAX_CAPTURE_BYTES: usize = 4 << 20;
+/// Publishes queued for the capture script, beyond which publishers wait.
+const CAPTURE_QUEUE: usize = 8192;
 
 /// Settings of the Redis durable engine.
 #[derive(Debug, Clone)]
@@ -109,6 +117,7 @@ pub(crate) struct Shared {
     sink: OnceLock<DeadLetterSink>,
     keys: GlobalKeys,
     scripts: Scripts,
+    captures: mpsc::Sender<PendingCapture>,
     registry: RwLock<Registry>,
     /// One reload at a time (a burst of stale publishes triggers one).
     reloading: tokio::sync::Mutex<()>,
@@ -159,6 +168,7 @@ impl RedisDurable {
             notify: format!("{p}/durable/changes"),
             idem: format!("{p}:durable:idem:"),
         };
+        let (captures, capture_queue) = mpsc::channel(CAPTURE_QUEUE);
         let shared = Arc::new(Shared {
             client,
             conn,
@@ -169,6 +179,7 @@ impl RedisDurable {
             sink: OnceLock::new(),
             keys,
             scripts: Scripts::new(),
+            captures,
             registry: RwLock::default(),
             reloading: tokio::sync::Mutex::new(()),
             snapshot: Mutex::default(),
@@ -176,7 +187,43 @@ impl RedisDurable {
             shutdown,
         });
         tokio::spawn(follow_changes(Arc::downgrade(&shared)));
+        tokio::spawn(run_captures(Arc::downgrade(&shared), capture_queue));
         Ok(Self { shared })
+    }
+}
+
+/// A publish waiting for the next capture script.
+struct PendingCapture {
+    event: Arc<Event>,
+    envelope: Vec<u8>,
+    pubsub: String,
+    /// "" = none.
+    ordering_key: String,
+    /// The full Redis key; "" = none.
+    idem: String,
+    reply: oneshot::Sender<Result<Captured, DurableError>>,
+}
+
+/// Group commit: one capture script at a time, carrying every publish that arrived
+/// while the previous one ran (bounded in count and bytes). One queue and one script
+/// in flight keep the capture order the publish order, and a busy broker pays one
+/// Redis round trip per batch instead of per event.
+async fn run_captures(shared: std::sync::Weak<Shared>, mut queue: mpsc::Receiver<PendingCapture>) {
+    let mut batch = Vec::with_capacity(MAX_CAPTURE_BATCH);
+    while let Some(first) = queue.recv().await {
+        let mut bytes = first.envelope.len();
+        batch.push(first);
+        while batch.len() < MAX_CAPTURE_BATCH && bytes < MAX_CAPTURE_BYTES {
+            match queue.try_recv() {
+                Ok(next) => {
+                    bytes += next.envelope.len();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let Some(s) = shared.upgrade() else { return };
+        s.capture_batch(&mut batch).await;
     }
 }
 
@@ -384,61 +431,101 @@ impl Shared {
         Ok((kind == "exists").then_some(value))
     }
 
+    /// Queues a publish for the next capture script and waits for its outcome.
     async fn capture(
-        self: &Arc<Self>,
+        &self,
         event: &Arc<Event>,
         ordering_key: Option<&str>,
         idempotency_key: Option<&str>,
     ) -> Result<Captured, DurableError> {
-        let envelope = envelope::encode(event);
-        let pubsub_channel = redis_channel(&self.prefix, &event.channel);
-        let idem_key = idempotency_key.map(|k| format!("{}{k}", self.keys.idem));
+        let (reply, outcome) = oneshot::channel();
+        let capture = PendingCapture {
+            envelope: envelope::encode(event),
+            pubsub: redis_channel(&self.prefix, &event.channel),
+            ordering_key: ordering_key.unwrap_or("").to_owned(),
+            idem: idempotency_key.map(|k| format!("{}{k}", self.keys.idem)).unwrap_or_default(),
+            event: Arc::clone(event),
+            reply,
+        };
+        let gone = || DurableError::Unavailable("the durable engine is shutting down".into());
+        self.captures.send(capture).await.map_err(|_| gone())?;
+        outcome.await.map_err(|_| gone())?
+    }
+
+    /// Runs one capture script for `batch`, in order, and answers each publish. A
+    /// batch that finds the consumer set changed reloads it and runs again, before
+    /// any later batch, so publish order holds.
+    async fn capture_batch(self: &Arc<Self>, batch: &mut Vec<PendingCapture>) {
         let window_ms = self.options.dedup_window.as_millis().max(1) as u64;
         let mut names = Vec::new();
+        let mut consumers = Vec::with_capacity(batch.len());
+        let mut failure = "durable consumer definitions keep changing; try again".to_owned();
         for _ in 0..STALE_RETRIES {
-            let (version, targets) = {
-                let registry = self.registry.read();
-                names.clear();
-                registry.trie.collect(&event.channel, &mut names);
-                names.sort_unstable();
-                names.dedup();
-                let targets: Vec<Arc<Runtime>> =
-                    names.iter().filter_map(|n| registry.by_name.get(n).cloned()).collect();
-                (Arc::clone(&registry.version), targets)
-            };
             let mut call = self.scripts.publish.key(&self.keys.version);
-            call.key(idem_key.as_deref().unwrap_or(&self.keys.version))
-                .arg(&*version)
-                .arg(u8::from(idem_key.is_some()))
-                .arg(window_ms)
-                .arg(&event.id)
-                .arg(&envelope)
-                .arg(&event.channel)
-                .arg(ordering_key.unwrap_or(""))
-                .arg(&pubsub_channel);
-            for rt in &targets {
-                call.arg(&*rt.base);
+            consumers.clear();
+            {
+                let registry = self.registry.read();
+                call.arg(&*registry.version).arg(window_ms);
+                for p in batch.iter() {
+                    names.clear();
+                    registry.trie.collect(&p.event.channel, &mut names);
+                    names.sort_unstable();
+                    names.dedup();
+                    names.retain(|n| registry.by_name.contains_key(n));
+                    call.arg(&p.event.id)
+                        .arg(&p.envelope)
+                        .arg(&p.event.channel)
+                        .arg(&p.ordering_key)
+                        .arg(&p.pubsub)
+                        .arg(&p.idem)
+                        .arg(names.len());
+                    for rt in names.iter().filter_map(|n| registry.by_name.get(n)) {
+                        call.arg(&*rt.base);
+                    }
+                    consumers.push(names.len());
+                }
             }
-            let (kind, value): (String, Value) = call.invoke_async(&mut self.conn()).await.map_err(unavailable)?;
-            match kind.as_str() {
-                "ok" => {
-                    let reached = match value {
-                        Value::Int(n) => u32::try_from(n).unwrap_or(u32::MAX),
-                        _ => 0,
-                    };
-                    return Ok(Captured::Forwarded {
-                        consumers: targets.len(),
-                        fanout: Fanout { delivered: reached, failed: 0 },
-                    });
+            let reply: Vec<Value> = match call.invoke_async(&mut self.conn()).await {
+                Ok(reply) => reply,
+                Err(err) => {
+                    failure = format!("Redis: {err}");
+                    break;
                 }
-                "dup" => {
-                    let original: String = redis::from_redis_value(value).map_err(corrupt)?;
-                    return Ok(Captured::Duplicate(original));
+            };
+            let mut reply = reply.into_iter();
+            match reply.next() {
+                Some(Value::BulkString(kind)) if kind == b"ok" && reply.len() == batch.len() => {
+                    for ((p, value), consumers) in batch.drain(..).zip(reply).zip(&consumers) {
+                        let captured = match value {
+                            Value::Int(n) => Ok(Captured::Forwarded {
+                                consumers: *consumers,
+                                fanout: Fanout { delivered: u32::try_from(n).unwrap_or(u32::MAX), failed: 0 },
+                            }),
+                            other => redis::from_redis_value(other).map(Captured::Duplicate).map_err(corrupt),
+                        };
+                        let _ = p.reply.send(captured);
+                    }
+                    return;
                 }
-                _ => self.reload().await?,
+                Some(Value::BulkString(kind)) if kind == b"stale" => {
+                    if let Err(err) = self.reload().await {
+                        failure = err.to_string();
+                        break;
+                    }
+                }
+                other => {
+                    let err = corrupt(format!("unexpected reply to the capture script: {other:?}"));
+                    for p in batch.drain(..) {
+                        let _ = p.reply.send(Err(corrupt(&err)));
+                    }
+                    return;
+                }
             }
         }
-        Err(DurableError::Unavailable("durable consumer definitions keep changing; try again".into()))
+        warn!(events = batch.len(), reason = %failure, "durable capture failed; publishes answered UNAVAILABLE");
+        for p in batch.drain(..) {
+            let _ = p.reply.send(Err(DurableError::Unavailable(failure.clone())));
+        }
     }
 
     async fn log(

@@ -107,38 +107,54 @@ local function next_due(b)
 end
 "#;
 
-/// Publish: check the consumer-set version and the idempotency key, store the event
-/// for every matching consumer, PUBLISH it for ephemeral subscribers.
+/// Publish a batch (group commit: the publishes that arrived while the previous batch
+/// ran): check the consumer-set version, then for each event in order check its
+/// idempotency key, store it for every matching consumer and PUBLISH it for
+/// ephemeral subscribers.
 ///
-/// KEYS: version, idempotency key (the version key again when there is none).
-/// ARGV: known version, has idempotency key (1/0), window ms, event id, envelope,
-/// channel, ordering key, pub/sub channel, consumer key bases...
-/// Returns `{'ok', receivers}`, `{'dup', original id}` or `{'stale', version}`.
+/// KEYS: version. ARGV: known version, window ms, then per event: event id, envelope,
+/// channel, ordering key ('' = none), pub/sub channel, idempotency key ('' = none),
+/// number of consumers n, then n consumer key bases.
+/// Returns `{'stale', version}` (nothing done), or `{'ok', r1, r2, ...}` with one `r`
+/// per event: the receivers of its PUBLISH (integer), or for a repeated idempotency
+/// key the original event id (string).
 const PUBLISH: &str = r#"
 local v = redis.call('GET', KEYS[1]) or '0'
 if v ~= ARGV[1] then return {'stale', v} end
-if ARGV[2] == '1' then
-  local prev = redis.call('GET', KEYS[2])
-  if prev then return {'dup', prev} end
-  redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3])
-end
-local id, env, channel, key = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-for i = 9, #ARGV do
-  local b = ARGV[i]
-  local live = true
-  if key ~= '' then live = redis.call('HSETNX', b .. ':k', key, id) == 1 end
-  if live then
-    if key ~= '' then
-      redis.call('XADD', b .. ':s', '*', 'i', id, 'c', channel, 'e', env, 'k', key)
-    else
-      redis.call('XADD', b .. ':s', '*', 'i', id, 'c', channel, 'e', env)
-    end
+local window = ARGV[2]
+local out = {'ok'}
+local j = 3
+while j <= #ARGV do
+  local id, env, channel, key, chan, idem = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4], ARGV[j + 5]
+  local first = j + 7
+  j = first + tonumber(ARGV[j + 6])
+  local prev = false
+  if idem ~= '' then
+    prev = redis.call('GET', idem)
+    if not prev then redis.call('SET', idem, id, 'PX', window) end
+  end
+  if prev then
+    out[#out + 1] = prev
   else
-    redis.call('HSET', b .. ':r', id, cmsgpack.pack({env, channel, key, id, 0, '', ''}))
-    redis.call('RPUSH', b .. ':q:' .. key, id)
+    for i = first, j - 1 do
+      local b = ARGV[i]
+      local live = true
+      if key ~= '' then live = redis.call('HSETNX', b .. ':k', key, id) == 1 end
+      if live then
+        if key ~= '' then
+          redis.call('XADD', b .. ':s', '*', 'i', id, 'c', channel, 'e', env, 'k', key)
+        else
+          redis.call('XADD', b .. ':s', '*', 'i', id, 'c', channel, 'e', env)
+        end
+      else
+        redis.call('HSET', b .. ':r', id, cmsgpack.pack({env, channel, key, id, 0, '', ''}))
+        redis.call('RPUSH', b .. ':q:' .. key, id)
+      end
+    end
+    out[#out + 1] = redis.call('PUBLISH', chan, env)
   end
 end
-return {'ok', redis.call('PUBLISH', ARGV[8], env)}
+return out
 "#;
 
 /// Ack: ARGV base, group, log maxlen, now, then (stream id, event id, ordering key,
@@ -148,27 +164,30 @@ return {'ok', redis.call('PUBLISH', ARGV[8], env)}
 /// events completed.
 const ACK: &str = r#"
 local b, g, maxlen, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local s, l, d, r = b .. ':s', b .. ':l', b .. ':d', b .. ':r'
 local done = 0
+local acked = {}
 for j = 5, #ARGV, 4 do
   local sid, id, key, record = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3]
-  local finished = false
-  if sid ~= '' and redis.call('XACK', b .. ':s', g, sid) == 1 then
-    redis.call('XDEL', b .. ':s', sid)
-    redis.call('XADD', b .. ':l', 'MAXLEN', '~', maxlen, '*', 'j', record)
-    release_key(b, key, id)
-    finished = true
-  end
-  if not finished and redis.call('ZREM', b .. ':d', id) == 1 then
-    local rec = redis.call('HGET', b .. ':r', id)
-    redis.call('HDEL', b .. ':r', id)
+  if sid ~= '' and redis.call('XACK', s, g, sid) == 1 then
+    acked[#acked + 1] = sid
+    redis.call('XADD', l, 'MAXLEN', '~', maxlen, '*', 'j', record)
+    if key ~= '' then release_key(b, key, id) end
+    done = done + 1
+  elseif redis.call('ZREM', d, id) == 1 then
+    local rec = redis.call('HGET', r, id)
+    redis.call('HDEL', r, id)
     if rec then
-      local r = cmsgpack.unpack(rec)
-      log(b, r[4], r[2], 'Completed', r[5], r[6], now, r[7], maxlen)
-      release_key(b, r[3], r[4])
-      finished = true
+      local e = cmsgpack.unpack(rec)
+      log(b, e[4], e[2], 'Completed', e[5], e[6], now, e[7], maxlen)
+      release_key(b, e[3], e[4])
+      done = done + 1
     end
   end
-  if finished then done = done + 1 end
+end
+-- One XDEL per few hundred entries rather than one per entry.
+for i = 1, #acked, 512 do
+  redis.call('XDEL', s, unpack(acked, i, math.min(i + 511, #acked)))
 end
 if done > 0 then redis.call('HINCRBY', b .. ':n', 'acked', done) end
 return done
