@@ -9,7 +9,7 @@ use parking_lot::RwLock;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::durable::{Captured, DurableBackend};
+use crate::durable::{CaptureRequest, Captured, DurableBackend, DurableError};
 use crate::error::Error;
 use crate::event::{Event, PublishInput, new_id};
 use crate::name::Pattern;
@@ -100,6 +100,22 @@ pub struct Published {
     pub duplicate: bool,
 }
 
+/// A publish's keys ("" = none).
+struct PublishKeys {
+    ordering: String,
+    idempotency: String,
+}
+
+impl PublishKeys {
+    fn request<'a>(&'a self, event: &'a Arc<Event>) -> CaptureRequest<'a> {
+        CaptureRequest {
+            event,
+            ordering_key: (!self.ordering.is_empty()).then_some(self.ordering.as_str()),
+            idempotency_key: (!self.idempotency.is_empty()).then_some(self.idempotency.as_str()),
+        }
+    }
+}
+
 /// The event bus: a cheap handle, clone it freely.
 #[derive(Debug, Clone)]
 pub struct Bus {
@@ -185,15 +201,86 @@ impl Bus {
     }
 
     /// Validates and publishes one event.
-    pub async fn publish(&self, mut input: PublishInput) -> Result<Published, Error> {
+    pub async fn publish(&self, input: PublishInput) -> Result<Published, Error> {
         let start = Instant::now();
+        let (event, keys) = self.prepare(input)?;
+        let Some(durable) = self.inner.durable.get() else {
+            return self.deliver(event, start).await;
+        };
+        let event = Arc::new(event);
+        let r = keys.request(&event);
+        let captured = durable.capture(r.event, r.ordering_key, r.idempotency_key).await?;
+        self.complete(event, captured, start).await
+    }
+
+    /// Publishes several events of one publisher (the requests of a `PublishStream`
+    /// that arrived together), in order: the durable capture of all of them shares one
+    /// round trip where the engine allows it. The answers come in the same order and
+    /// stop at the first error, which is then the last answer; the events after it
+    /// go unanswered (see [`DurableBackend::capture_many`]).
+    pub async fn publish_many(&self, inputs: Vec<PublishInput>) -> Vec<Result<Published, Error>> {
+        let start = Instant::now();
+        let mut out = Vec::with_capacity(inputs.len());
+        let Some(durable) = self.inner.durable.get().filter(|_| inputs.len() > 1) else {
+            for input in inputs {
+                let published = self.publish(input).await;
+                let failed = published.is_err();
+                out.push(published);
+                if failed {
+                    break;
+                }
+            }
+            return out;
+        };
+        let mut prepared = Vec::with_capacity(inputs.len());
+        let mut refused = None;
+        for input in inputs {
+            match self.prepare(input) {
+                Ok((event, keys)) => prepared.push((Arc::new(event), keys)),
+                Err(err) => {
+                    refused = Some(err);
+                    break;
+                }
+            }
+        }
+        let captured = {
+            let requests: Vec<CaptureRequest<'_>> = prepared.iter().map(|(e, keys)| keys.request(e)).collect();
+            durable.capture_many(&requests).await
+        };
+        let expected = prepared.len();
+        for ((event, _), captured) in prepared.into_iter().zip(captured) {
+            let published = match captured {
+                Ok(c) => self.complete(event, c, start).await,
+                Err(err) => Err(err.into()),
+            };
+            let failed = published.is_err();
+            out.push(published);
+            if failed {
+                return out;
+            }
+        }
+        if out.len() < expected {
+            // An engine that answered fewer events than it was given: say so rather
+            // than leave a publisher without an answer.
+            let answered = out.len();
+            let reason = format!("the durable engine answered {answered} of {expected} publishes");
+            out.push(Err(Error::Durable(DurableError::Unavailable(reason))));
+            return out;
+        }
+        out.extend(refused.map(Err));
+        out
+    }
+
+    /// Checks a publish and builds its event.
+    fn prepare(&self, mut input: PublishInput) -> Result<(Event, PublishKeys), Error> {
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
         }
-        let ordering_key = std::mem::take(&mut input.ordering_key);
-        let idempotency_key = std::mem::take(&mut input.idempotency_key);
+        let keys = PublishKeys {
+            ordering: std::mem::take(&mut input.ordering_key),
+            idempotency: std::mem::take(&mut input.idempotency_key),
+        };
         let event = input.into_event(self.inner.config.max_payload_bytes)?;
-        let mut event = event;
         if let Some(status) = &self.inner.transport_status
             && !status.borrow().connected
         {
@@ -203,41 +290,47 @@ impl Bus {
                 reason: "not connected; the event was not published".into(),
             }));
         }
-        if let Some(durable) = self.inner.durable.get() {
-            let key = (!ordering_key.is_empty()).then_some(ordering_key.as_str());
-            let idem = (!idempotency_key.is_empty()).then_some(idempotency_key.as_str());
-            let shared = Arc::new(event);
-            match durable.capture(&shared, key, idem).await? {
-                Captured::Duplicate(original) => {
-                    return Ok(Published {
-                        event_id: original,
-                        delivered: 0,
-                        failed: 0,
-                        duration: start.elapsed(),
-                        duplicate: true,
-                    });
-                }
-                Captured::Forwarded { fanout, .. } => {
-                    self.inner.channel(&shared.channel).counters.mark_published(shared.timestamp);
-                    self.inner.counters.published.fetch_add(1, Ordering::Relaxed);
-                    return Ok(Published {
-                        event_id: shared.id.clone(),
-                        delivered: fanout.delivered,
-                        failed: fanout.failed,
-                        duration: start.elapsed(),
-                        duplicate: false,
-                    });
-                }
-                Captured::Stored(_) => {}
-            }
-            event = Arc::try_unwrap(shared).unwrap_or_else(|shared| (*shared).clone());
-        } else if !idempotency_key.is_empty() {
+        if self.inner.durable.get().is_none() && !keys.idempotency.is_empty() {
             // Promising "delivered once" and then not checking would be a silent lie.
             return Err(Error::InvalidOption {
                 field: "idempotency_key",
                 message: "needs durable consumers, which this broker does not run".into(),
             });
         }
+        Ok((event, keys))
+    }
+
+    /// Finishes a publish the durable engine has captured: a duplicate is answered as
+    /// such, an event the engine forwarded is done, a stored one goes to subscribers.
+    async fn complete(&self, event: Arc<Event>, captured: Captured, start: Instant) -> Result<Published, Error> {
+        match captured {
+            Captured::Duplicate(original) => Ok(Published {
+                event_id: original,
+                delivered: 0,
+                failed: 0,
+                duration: start.elapsed(),
+                duplicate: true,
+            }),
+            Captured::Forwarded { fanout, .. } => {
+                self.inner.channel(&event.channel).counters.mark_published(event.timestamp);
+                self.inner.counters.published.fetch_add(1, Ordering::Relaxed);
+                Ok(Published {
+                    event_id: event.id.clone(),
+                    delivered: fanout.delivered,
+                    failed: fanout.failed,
+                    duration: start.elapsed(),
+                    duplicate: false,
+                })
+            }
+            Captured::Stored(_) => {
+                let event = Arc::try_unwrap(event).unwrap_or_else(|shared| (*shared).clone());
+                self.deliver(event, start).await
+            }
+        }
+    }
+
+    /// Hands an event to the local subscribers or the shared transport.
+    async fn deliver(&self, event: Event, start: Instant) -> Result<Published, Error> {
         let event_id = event.id.clone();
         let fanout = match &self.inner.transport {
             None => self.inner.dispatch_local(event, true).await,

@@ -12,6 +12,9 @@ use crate::consume;
 use crate::convert::{self, status};
 use crate::metrics::Metrics;
 
+/// Most `PublishStream` requests published together.
+const PUBLISH_CHUNK: usize = 256;
+
 type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// Where a request came from, for `Event.source` and `SubscriptionInfo.peer`.
@@ -61,14 +64,41 @@ impl pb::event_bus_server::EventBus for EventBusService {
         req: Request<Streaming<pb::PublishRequest>>,
     ) -> Result<Response<Self::PublishStreamStream>, Status> {
         let peer = peer(&req);
-        let state = (req.into_inner(), self.clone(), peer);
-        // One request at a time, in order: the response order and the per-publisher
-        // event order both follow from it. An error ends the stream.
-        let responses = stream::try_unfold(state, |(mut inbound, svc, peer)| async move {
-            let Some(req) = inbound.message().await? else { return Ok(None) };
-            let response = publish_one(&svc.bus, svc.metrics.as_deref(), req, peer.clone()).await?;
-            Ok(Some((response, (inbound, svc, peer))))
-        });
+        let state = Some((req.into_inner().ready_chunks(PUBLISH_CHUNK), self.clone(), peer));
+        // The requests that arrived together are published together, in order (one
+        // durable capture round trip for all of them), and answered in that order. An
+        // error ends the stream.
+        let responses = stream::unfold(state, |state| async move {
+            let (mut inbound, svc, peer) = state?;
+            let chunk = inbound.next().await?;
+            let mut inputs = Vec::with_capacity(chunk.len());
+            let mut broken = None;
+            for req in chunk {
+                match req {
+                    Ok(req) => inputs.push(convert::publish_input(req, peer.clone())),
+                    Err(status) => {
+                        broken = Some(status);
+                        break;
+                    }
+                }
+            }
+            let mut answers = Vec::with_capacity(inputs.len() + 1);
+            for published in svc.bus.publish_many(inputs).await {
+                answers.push(published.map_err(status).map(|p| {
+                    if let Some(metrics) = &svc.metrics {
+                        metrics.observe_publish(p.duration);
+                    }
+                    convert::publish_response(p)
+                }));
+            }
+            let failed = answers.last().is_some_and(Result::is_err);
+            if let Some(status) = broken.filter(|_| !failed) {
+                answers.push(Err(status));
+            }
+            let ended = answers.last().is_some_and(Result::is_err);
+            Some((stream::iter(answers), (!ended).then_some((inbound, svc, peer))))
+        })
+        .flatten();
         Ok(Response::new(Box::pin(responses)))
     }
 

@@ -359,3 +359,49 @@ async fn losing_redis_ends_consume_streams_with_unavailable_and_clients_recover(
         other => panic!("expected a delivery, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_publish_stream_is_captured_in_order_and_stops_at_its_first_error() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let server = broker(&redis).await;
+    create(&server, consumer("ps", &["ps.>"])).await;
+    // Sent all at once, so the broker publishes them in chunks (one capture script
+    // for many); a repeated idempotency key inside the stream is still caught.
+    let reqs: Vec<pb::PublishRequest> = (0..300)
+        .map(|i| {
+            let mut req = event("ps.x", format!("{i}"));
+            if i == 150 || i == 151 {
+                req.idempotency_key = "once".into();
+            }
+            req
+        })
+        .collect();
+    let mut client = server.client().await;
+    let mut responses = within(client.publish_stream(tokio_stream::iter(reqs))).await.unwrap().into_inner();
+    let mut answers = Vec::new();
+    while let Some(resp) = within(responses.message()).await.unwrap() {
+        answers.push(resp);
+    }
+    assert_eq!(answers.len(), 300, "one answer per request");
+    assert!(answers[151].duplicate && answers[151].event_id == answers[150].event_id);
+    assert_eq!(answers.iter().filter(|a| a.duplicate).count(), 1);
+
+    // An invalid request ends the stream with its status; earlier ones are published,
+    // later ones are not.
+    let reqs = vec![event("ps.ok", "ok"), event("ps.*", "bad"), event("ps.never", "never")];
+    let mut responses = within(client.publish_stream(tokio_stream::iter(reqs))).await.unwrap().into_inner();
+    assert!(!within(responses.message()).await.unwrap().unwrap().duplicate);
+    let err = within(responses.message()).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("ps.*"), "{}", err.message());
+
+    let mut c = attach(server.endpoint(), "ps", 0).await.unwrap();
+    let got = c.deliveries(300).await;
+    let payloads: Vec<String> = got.iter().map(payload).collect();
+    let mut expected: Vec<String> = (0..300).filter(|i| *i != 151).map(|i| i.to_string()).collect();
+    expected.push("ok".into());
+    assert_eq!(payloads, expected, "captured in publish order, the duplicate once, nothing after the error");
+    let published: Vec<&String> = answers.iter().filter(|a| !a.duplicate).map(|a| &a.event_id).collect();
+    assert_eq!(ids(&got)[..299].iter().collect::<Vec<_>>(), published);
+    assert_eq!(info(&server, "ps").await.pending, 0);
+}

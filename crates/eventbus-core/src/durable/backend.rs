@@ -73,6 +73,14 @@ pub struct Attachment {
     pub client: Box<dyn ConsumerClient>,
 }
 
+/// One event for [`DurableBackend::capture_many`], with its publish options.
+#[derive(Debug, Clone, Copy)]
+pub struct CaptureRequest<'a> {
+    pub event: &'a Arc<Event>,
+    pub ordering_key: Option<&'a str>,
+    pub idempotency_key: Option<&'a str>,
+}
+
 /// Durable consumers (SPEC §9), whatever keeps them.
 pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
     /// Where dead letters are published (the bus, set once it exists).
@@ -86,6 +94,30 @@ pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
         ordering_key: Option<&'a str>,
         idempotency_key: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Captured, DurableError>>;
+
+    /// Captures several events of one publisher, in their order. The answers come in
+    /// the same order and stop at the first error (the last answer is then that
+    /// error, and the later events go unanswered: like any publish whose answer was
+    /// lost, a shared store may have captured some of them). The default captures
+    /// them one after another; a backend with a round trip per capture overrides it
+    /// to share one.
+    fn capture_many<'a>(
+        &'a self,
+        batch: &'a [CaptureRequest<'a>],
+    ) -> BoxFuture<'a, Vec<Result<Captured, DurableError>>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(batch.len());
+            for r in batch {
+                let captured = self.capture(r.event, r.ordering_key, r.idempotency_key).await;
+                let failed = captured.is_err();
+                out.push(captured);
+                if failed {
+                    break;
+                }
+            }
+            out
+        })
+    }
 
     /// Creates a consumer. Idempotent for an identical configuration.
     fn create_consumer(&self, config: ConsumerConfig) -> BoxFuture<'_, Result<ConsumerInfo, DurableError>>;

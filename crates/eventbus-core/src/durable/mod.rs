@@ -20,7 +20,7 @@ pub mod store;
 #[cfg(test)]
 mod tests;
 
-pub use backend::{Attachment, BoxFuture, Captured, ConsumerClient, DurableBackend, LogSlice};
+pub use backend::{Attachment, BoxFuture, CaptureRequest, Captured, ConsumerClient, DurableBackend, LogSlice};
 pub use config::{Backoff, ConsumerConfig};
 pub use engine::{
     Attached, ClientHandle, ClientOptions, ConsumerInfo, Delivery, Durable, DurableError, DurableOptions,

@@ -41,8 +41,8 @@ use std::time::Duration;
 use eventbus_core::durable::engine::DeadLetterSink;
 use eventbus_core::durable::store::{LogEntry, LogStatus};
 use eventbus_core::durable::{
-    Attachment, BoxFuture, Captured, ClientOptions, ConsumerConfig, ConsumerInfo, DurableBackend, DurableError,
-    DurableOptions, LogSlice, Retention,
+    Attachment, BoxFuture, CaptureRequest, Captured, ClientOptions, ConsumerConfig, ConsumerInfo, DurableBackend,
+    DurableError, DurableOptions, LogSlice, Retention,
 };
 use eventbus_core::trie::Trie;
 use eventbus_core::{Event, Fanout};
@@ -431,25 +431,39 @@ impl Shared {
         Ok((kind == "exists").then_some(value))
     }
 
-    /// Queues a publish for the next capture script and waits for its outcome.
-    async fn capture(
-        &self,
-        event: &Arc<Event>,
-        ordering_key: Option<&str>,
-        idempotency_key: Option<&str>,
-    ) -> Result<Captured, DurableError> {
-        let (reply, outcome) = oneshot::channel();
-        let capture = PendingCapture {
-            envelope: envelope::encode(event),
-            pubsub: redis_channel(&self.prefix, &event.channel),
-            ordering_key: ordering_key.unwrap_or("").to_owned(),
-            idem: idempotency_key.map(|k| format!("{}{k}", self.keys.idem)).unwrap_or_default(),
-            event: Arc::clone(event),
-            reply,
-        };
+    /// Queues publishes for the next capture script, in order, then waits for their
+    /// outcomes. Answers stop at the first error.
+    async fn capture_many(&self, batch: &[CaptureRequest<'_>]) -> Vec<Result<Captured, DurableError>> {
         let gone = || DurableError::Unavailable("the durable engine is shutting down".into());
-        self.captures.send(capture).await.map_err(|_| gone())?;
-        outcome.await.map_err(|_| gone())?
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for r in batch {
+            let (reply, outcome) = oneshot::channel();
+            let capture = PendingCapture {
+                envelope: envelope::encode(r.event),
+                pubsub: redis_channel(&self.prefix, &r.event.channel),
+                ordering_key: r.ordering_key.unwrap_or("").to_owned(),
+                idem: r.idempotency_key.map(|k| format!("{}{k}", self.keys.idem)).unwrap_or_default(),
+                event: Arc::clone(r.event),
+                reply,
+            };
+            if self.captures.send(capture).await.is_err() {
+                break;
+            }
+            outcomes.push(outcome);
+        }
+        let mut out = Vec::with_capacity(batch.len());
+        for outcome in outcomes {
+            let captured = outcome.await.unwrap_or_else(|_| Err(gone()));
+            let failed = captured.is_err();
+            out.push(captured);
+            if failed {
+                return out;
+            }
+        }
+        if out.len() < batch.len() {
+            out.push(Err(gone()));
+        }
+        out
     }
 
     /// Runs one capture script for `batch`, in order, and answers each publish. A
@@ -602,7 +616,18 @@ impl DurableBackend for RedisDurable {
         ordering_key: Option<&'a str>,
         idempotency_key: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Captured, DurableError>> {
-        Box::pin(self.shared.capture(event, ordering_key, idempotency_key))
+        Box::pin(async move {
+            let request = [CaptureRequest { event, ordering_key, idempotency_key }];
+            let mut outcome = self.shared.capture_many(&request).await;
+            outcome.pop().unwrap_or_else(|| Err(DurableError::Unavailable("no answer from the capture".into())))
+        })
+    }
+
+    fn capture_many<'a>(
+        &'a self,
+        batch: &'a [CaptureRequest<'a>],
+    ) -> BoxFuture<'a, Vec<Result<Captured, DurableError>>> {
+        Box::pin(self.shared.capture_many(batch))
     }
 
     fn create_consumer(&self, config: ConsumerConfig) -> BoxFuture<'_, Result<ConsumerInfo, DurableError>> {
