@@ -44,11 +44,19 @@ impl RedisProc {
             });
             return None;
         };
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let mut redis =
-            Self { port, binary, dir: tempfile::tempdir().unwrap(), child: None, extra: Vec::new(), persist: false };
-        redis.spawn().await;
-        Some(redis)
+            Self { port: 0, binary, dir: tempfile::tempdir().unwrap(), child: None, extra: Vec::new(), persist: false };
+        // A free port can be taken again before redis-server binds it (by another
+        // test's redis-server, say): then ours exits and the PING is answered by the
+        // other one. Check who answered and try another port.
+        for _ in 0..5 {
+            redis.port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            if redis.try_spawn().await {
+                return Some(redis);
+            }
+            redis.kill();
+        }
+        panic!("could not start a redis-server of our own on a free port");
     }
 
     /// A port nobody listens on, for "Redis is down" at start-up.
@@ -58,7 +66,13 @@ impl RedisProc {
         Some(Self { port, binary, dir: tempfile::tempdir().unwrap(), child: None, extra: Vec::new(), persist: false })
     }
 
+    /// Starts (or restarts) redis-server on `self.port`.
     pub async fn spawn(&mut self) {
+        assert!(self.try_spawn().await, "port {} was taken by another redis-server", self.port);
+    }
+
+    /// Starts redis-server; false when the one answering on the port is not ours.
+    async fn try_spawn(&mut self) -> bool {
         let child = Command::new(&self.binary)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
             .args(match self.persist {
@@ -72,9 +86,10 @@ impl RedisProc {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server");
+        let pid = child.id();
         self.child = Some(child);
         if !self.extra.is_empty() {
-            return; // TLS: the test waits for the broker to connect instead of PINGing.
+            return true; // TLS: the test waits for the broker to connect instead of PINGing.
         }
         let url = self.url();
         eventually("redis-server to answer PING", || {
@@ -86,6 +101,8 @@ impl RedisProc {
             }
         })
         .await;
+        let info: String = redis::cmd("INFO").arg("server").query_async(&mut self.conn().await).await.unwrap();
+        info.lines().any(|l| l.trim() == format!("process_id:{pid}"))
     }
 
     pub fn kill(&mut self) {
