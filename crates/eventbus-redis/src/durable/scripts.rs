@@ -162,14 +162,29 @@ return out
 /// read it back. A stream id of '' is a late ack: it completes an event waiting for
 /// its retry (its log line is built here from the retry record). Returns how many
 /// events completed.
+///
+/// One XACK takes every stream id. When it acknowledges them all (the usual case),
+/// each was pending and completes. Otherwise some had already left the pending list
+/// (reclaimed past their deadline, say): a delivered entry stays on the stream exactly
+/// as long as it is pending, so the ones still on the stream are the ones this XACK
+/// took, and the others are looked up among the retries as late acks.
 const ACK: &str = r#"
 local b, g, maxlen, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local s, l, d, r = b .. ':s', b .. ':l', b .. ':d', b .. ':r'
+local sids = {}
+for j = 5, #ARGV, 4 do
+  if ARGV[j] ~= '' then sids[#sids + 1] = ARGV[j] end
+end
+local took = 0
+for i = 1, #sids, 512 do
+  took = took + redis.call('XACK', s, g, unpack(sids, i, math.min(i + 511, #sids)))
+end
+local all = took == #sids
 local done = 0
 local acked = {}
 for j = 5, #ARGV, 4 do
   local sid, id, key, record = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3]
-  if sid ~= '' and redis.call('XACK', s, g, sid) == 1 then
+  if sid ~= '' and (all or redis.call('XRANGE', s, sid, sid)[1]) then
     acked[#acked + 1] = sid
     redis.call('XADD', l, 'MAXLEN', '~', maxlen, '*', 'j', record)
     if key ~= '' then release_key(b, key, id) end
@@ -185,7 +200,6 @@ for j = 5, #ARGV, 4 do
     end
   end
 end
--- One XDEL per few hundred entries rather than one per entry.
 for i = 1, #acked, 512 do
   redis.call('XDEL', s, unpack(acked, i, math.min(i + 511, #acked)))
 end
