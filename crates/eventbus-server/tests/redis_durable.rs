@@ -182,6 +182,7 @@ async fn dead_letters_and_the_terminal_log_across_instances() {
     let entries = log(&b, "fragile", pb::EventStatus::DeadLettered).await;
     assert_eq!(entries.len(), 1);
     assert_eq!((entries[0].event_id.as_str(), entries[0].attempts), (published.event_id.as_str(), 2));
+    assert_eq!(entries[0].channel, "jobs.resize");
     assert!(entries[0].first_delivered_at.is_some() && entries[0].finished_at.is_some());
     assert!(log(&a, "fragile", pb::EventStatus::Completed).await.is_empty());
     let i = info(&a, "fragile").await;
@@ -404,4 +405,49 @@ async fn a_publish_stream_is_captured_in_order_and_stops_at_its_first_error() {
     let published: Vec<&String> = answers.iter().filter(|a| !a.duplicate).map(|a| &a.event_id).collect();
     assert_eq!(ids(&got)[..299].iter().collect::<Vec<_>>(), published);
     assert_eq!(info(&server, "ps").await.pending, 0);
+}
+
+/// Stream id of the entry holding `event_id`, read straight from Redis.
+async fn stream_id_of(redis: &RedisProc, stream: &str, event_id: &str) -> String {
+    let rows: redis::Value =
+        redis::cmd("XRANGE").arg(stream).arg("-").arg("+").query_async(&mut redis.conn().await).await.unwrap();
+    let redis::Value::Array(rows) = rows else { panic!("XRANGE: {rows:?}") };
+    for row in rows {
+        let redis::Value::Array(row) = row else { continue };
+        let (redis::Value::BulkString(id), redis::Value::Array(fields)) = (&row[0], &row[1]) else { continue };
+        let holds = fields.iter().any(
+            |f| matches!(f, redis::Value::BulkString(b) if b.windows(event_id.len()).any(|w| w == event_id.as_bytes())),
+        );
+        if holds {
+            return String::from_utf8(id.clone()).unwrap();
+        }
+    }
+    panic!("no entry of {stream} holds {event_id}")
+}
+
+#[tokio::test]
+async fn an_ack_batch_completes_only_the_entries_still_pending() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let server = broker(&redis).await;
+    create(&server, consumer("mixed", &["mix.>"])).await;
+    let mut c = attach(server.endpoint(), "mixed", 0).await.unwrap();
+    let first = publish(&server, event("mix.a", "first")).await;
+    let second = publish(&server, event("mix.a", "second")).await;
+    c.deliveries(2).await;
+    // Meanwhile the first left the pending list behind this instance's back (as when
+    // another instance's janitor reclaims an event held past its deadline).
+    let stream = "socle:eventbus:durable:mixed:s";
+    let sid = stream_id_of(&redis, stream, &first.event_id).await;
+    let mut conn = redis.conn().await;
+    let _: i64 = redis::cmd("XACK").arg(stream).arg("eventbus").arg(&sid).query_async(&mut conn).await.unwrap();
+    let _: i64 = redis::cmd("XDEL").arg(stream).arg(&sid).query_async(&mut conn).await.unwrap();
+
+    c.send(ack(vec![first.event_id.clone(), second.event_id.clone()])).await;
+    eventually("the ack batch to be applied", || async { info(&server, "mixed").await.in_flight == 0 }).await;
+    let i = info(&server, "mixed").await;
+    assert_eq!((i.acked, i.pending), (1, 0), "only the entry still pending completed");
+    let done = log(&server, "mixed", pb::EventStatus::Completed).await;
+    let ids: Vec<&str> = done.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(ids, [second.event_id.as_str()]);
+    assert_eq!(done[0].channel, "mix.a");
 }

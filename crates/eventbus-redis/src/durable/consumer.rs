@@ -656,8 +656,7 @@ impl Actor {
                 // Owned out of the reply: the payload is not copied again.
                 let envelope = Bytes::from(fields.remove("e").ok_or("entry without an event")?);
                 let text = |name: &str| fields.get(name).and_then(|v| std::str::from_utf8(v).ok());
-                let channel = text("c").ok_or("entry without a channel")?;
-                let event = envelope::decode(channel, envelope);
+                let event = envelope::decode_own(envelope).ok_or_else(|| format!("entry {sid} holds no event"))?;
                 let failed: u32 = text("a").and_then(|a| a.parse().ok()).unwrap_or(0);
                 let first_ms = text("f").and_then(|f| f.parse().ok());
                 let ordering_key = text("k").map(str::to_owned);

@@ -1,10 +1,11 @@
 //! The Lua scripts: every change to a consumer's state is one atomic script, so any
 //! instance may run any step and two instances racing on one event cannot both win.
 //!
-//! Stream entry fields: `i` event id, `c` channel, `e` the event envelope, `k` ordering
-//! key (absent = none), and for an event appended again after a failure `a` (failed
-//! attempts so far), `f` (first delivery, ms) and `x` (failures, JSON
-//! `[{"at_ms":…,"reason":…}]`). A record in `:r` is `cmsgpack({e, c, k, i, a, f, x})`
+//! Stream entry fields: `e` the event envelope, `k` ordering key (absent = none), and
+//! for an event appended again after a failure `a` (failed attempts so far), `f`
+//! (first delivery, ms) and `x` (failures, JSON `[{"at_ms":…,"reason":…}]`). The event
+//! id and channel are read from the envelope (`meta` in the prelude): every field costs
+//! on each read, and only the rare failure paths need them here. A record in `:r` is `cmsgpack({e, c, k, i, a, f, x})`
 //! (`k`, `f`, `x` empty when unset). A terminal-log line has one field, `j`: the JSON of
 //! a `LogEntry`.
 
@@ -12,6 +13,35 @@ use redis::Script;
 
 /// Functions shared by the scripts below.
 const PRELUDE: &str = r#"
+local function varint(s, pos)
+  local n, scale = 0, 1
+  while true do
+    local c = string.byte(s, pos)
+    if c == nil then return nil, pos end
+    pos = pos + 1
+    n = n + (c % 128) * scale
+    if c < 128 then return n, pos end
+    scale = scale * 128
+  end
+end
+
+-- Event id and channel of an envelope: 4 magic bytes, then the protobuf Event, whose
+-- fields 1 (id) and 2 (channel) come first.
+local function meta(env)
+  local pos, id, channel = 5, '', ''
+  while true do
+    local tag, len
+    tag, pos = varint(env, pos)
+    if tag ~= 10 and tag ~= 18 then break end
+    len, pos = varint(env, pos)
+    if len == nil then break end
+    local v = string.sub(env, pos, pos + len - 1)
+    pos = pos + len
+    if tag == 10 then id = v else channel = v end
+  end
+  return id, channel
+end
+
 local function fields(arr)
   local t = {}
   for j = 1, #arr, 2 do t[arr[j]] = arr[j + 1] end
@@ -19,7 +49,7 @@ local function fields(arr)
 end
 
 local function append(b, r)
-  local args = {b .. ':s', '*', 'i', r[4], 'c', r[2], 'e', r[1]}
+  local args = {b .. ':s', '*', 'e', r[1]}
   if r[3] ~= '' then
     args[#args + 1] = 'k'; args[#args + 1] = r[3]
   end
@@ -66,15 +96,16 @@ local function fail_one(b, g, sid, reason, delay, term, first, now, cfg, maxlen,
   if not e[1] then return end
   redis.call('XDEL', b .. ':s', sid)
   local f = fields(e[1][2])
+  local id, channel = meta(f.e)
   local attempts = (tonumber(f.a) or 0) + 1
   local failures = cjson.decode(f.x or '[]')
   failures[#failures + 1] = {at_ms = now, reason = reason}
   local x = cjson.encode(failures)
   if f.f and f.f ~= '' then first = f.f end
   if term == 1 or (cfg[1] > 0 and attempts >= cfg[1]) then
-    log(b, f.i, f.c, 'DeadLettered', attempts, first, now, x, maxlen)
+    log(b, id, channel, 'DeadLettered', attempts, first, now, x, maxlen)
     redis.call('HINCRBY', b .. ':n', 'dead_lettered', 1)
-    release_key(b, f.k, f.i)
+    release_key(b, f.k, id)
     out.dead[#out.dead + 1] = {f.e, tostring(attempts), x}
     return
   end
@@ -82,8 +113,8 @@ local function fail_one(b, g, sid, reason, delay, term, first, now, cfg, maxlen,
     delay = math.min(cfg[4], cfg[2] * (cfg[3] ^ (attempts - 1)))
   end
   local due = now + math.floor(delay)
-  redis.call('HSET', b .. ':r', f.i, cmsgpack.pack({f.e, f.c, f.k or '', f.i, attempts, first, x}))
-  redis.call('ZADD', b .. ':d', due, f.i)
+  redis.call('HSET', b .. ':r', id, cmsgpack.pack({f.e, channel, f.k or '', id, attempts, first, x}))
+  redis.call('ZADD', b .. ':d', due, id)
   if out.next == nil or due < out.next then out.next = due end
 end
 
@@ -142,9 +173,9 @@ while j <= #ARGV do
       if key ~= '' then live = redis.call('HSETNX', b .. ':k', key, id) == 1 end
       if live then
         if key ~= '' then
-          redis.call('XADD', b .. ':s', '*', 'i', id, 'c', channel, 'e', env, 'k', key)
+          redis.call('XADD', b .. ':s', '*', 'e', env, 'k', key)
         else
-          redis.call('XADD', b .. ':s', '*', 'i', id, 'c', channel, 'e', env)
+          redis.call('XADD', b .. ':s', '*', 'e', env)
         end
       else
         redis.call('HSET', b .. ':r', id, cmsgpack.pack({env, channel, key, id, 0, '', ''}))
@@ -240,7 +271,7 @@ for j = 4, #ARGV do
     redis.call('XACK', b .. ':s', g, sid)
     redis.call('XDEL', b .. ':s', sid)
     local f = fields(e[1][2])
-    append(b, {f.e, f.c, f.k or '', f.i, tonumber(f.a) or 0, f.f or '', f.x or '[]'})
+    append(b, {f.e, '', f.k or '', '', tonumber(f.a) or 0, f.f or '', f.x or '[]'})
   end
 end
 return 0
