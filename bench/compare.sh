@@ -4,7 +4,8 @@
 # runs every workload against the three systems interleaved (A B C A B C ...) ROUNDS
 # times, stops them, and prints medians and ratios (bench/summarize.py).
 #
-# The durable workload also runs against a second eventbusd in redis mode, backed by
+# The durable workloads (unary and stream publishers) also run against a second
+# eventbusd in redis mode, backed by
 # its own redis-server with AOF (appendfsync everysec, the recommended setting).
 #
 #   bash bench/compare.sh            # results in target/bench/results.jsonl
@@ -73,7 +74,8 @@ run() { # system workload...
 tag() { # round [system]
   python3 -c "import json,sys; r=json.load(sys.stdin); r['round']=$1; r['system']='${2:-}' or r['system']; print(json.dumps(r))"
 }
-DURABLE="durable --publishers 16 --count 20000 --payload 128"
+DURABLES=("durable --publishers 16 --count 20000 --payload 128 --mode unary"
+          "durable --publishers 16 --count 60000 --payload 128 --mode stream")
 
 for round in $(seq "$ROUNDS"); do
   for workload in "${WORKLOADS[@]}"; do
@@ -85,13 +87,15 @@ for round in $(seq "$ROUNDS"); do
   done
   # Durable: eventbus (embedded store, fsync always), eventbus in redis mode (Redis
   # Streams, AOF) and JetStream (file storage).
-  echo "round $round/$ROUNDS: durable" >&2
-  # shellcheck disable=SC2086
-  run eventbus $DURABLE | tag "$round" >>"$RESULTS"
-  # shellcheck disable=SC2086
-  target/release/eventbus --server "http://127.0.0.1:$RGRPC_PORT" --json bench $DURABLE | tag "$round" eventbus-redis >>"$RESULTS"
-  # shellcheck disable=SC2086
-  target/release/peers --system nats --url "nats://127.0.0.1:$NATS_PORT" --json $DURABLE | tag "$round" >>"$RESULTS"
+  for durable in "${DURABLES[@]}"; do
+    echo "round $round/$ROUNDS: $durable" >&2
+    # shellcheck disable=SC2086
+    run eventbus $durable | tag "$round" >>"$RESULTS"
+    # shellcheck disable=SC2086
+    target/release/eventbus --server "http://127.0.0.1:$RGRPC_PORT" --json bench $durable | tag "$round" eventbus-redis >>"$RESULTS"
+    # shellcheck disable=SC2086
+    target/release/peers --system nats --url "nats://127.0.0.1:$NATS_PORT" --json $durable | tag "$round" >>"$RESULTS"
+  done
 done
 
 python3 bench/summarize.py "$RESULTS"

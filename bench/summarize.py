@@ -9,7 +9,7 @@ from collections import defaultdict
 def key(r):
     p = r["params"]
     if r["workload"] == "durable":
-        return f"durable {p['publishers']} pub, {p['payload']} B"
+        return f"durable {p['publishers']} pub, {p['payload']} B, {p.get('mode', 'unary')}"
     if r["workload"] == "fanout":
         return f"fanout {p['publishers']}→{p['subscribers']}, {p['payload']} B, {p['mode']}"
     if r["workload"] == "latency":

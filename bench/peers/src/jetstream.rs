@@ -1,12 +1,15 @@
 //! The durable workload against NATS JetStream with file storage: publishes awaited
-//! until JetStream acknowledges them (stored), then a pull consumer acking each message.
+//! until JetStream acknowledges them (stored; in `stream` mode up to a window of them
+//! unacknowledged per publisher), then a pull consumer acking each message.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use async_nats::jetstream::{self, consumer::pull, stream};
 use bytes::Bytes;
-use eventbus_bench::durable::{DurableArgs, DurableReport, latency_histogram};
+use eventbus_bench::PublishMode;
+use eventbus_bench::durable::{DurableArgs, DurableReport, STREAM_WINDOW, latency_histogram};
 use futures::StreamExt;
 
 pub(crate) async fn run(url: &str, json: bool, a: &DurableArgs) -> anyhow::Result<()> {
@@ -32,11 +35,24 @@ pub(crate) async fn run(url: &str, json: bool, a: &DurableArgs) -> anyhow::Resul
         let client = async_nats::connect(url).await?;
         let js = jetstream::new(client);
         let (subject, payload) = (subject.clone(), payload.clone());
+        let window = match a.mode {
+            PublishMode::Unary => 1,
+            PublishMode::Stream => STREAM_WINDOW,
+        };
         tasks.push(tokio::spawn(async move {
             let mut h = latency_histogram();
+            let mut unacked = VecDeque::with_capacity(window);
             for _ in 0..share {
-                let t = Instant::now();
-                js.publish(subject.clone(), payload.clone()).await?.await?;
+                unacked.push_back((Instant::now(), js.publish(subject.clone(), payload.clone()).await?));
+                if unacked.len() == window
+                    && let Some((t, ack)) = unacked.pop_front()
+                {
+                    ack.await?;
+                    h.saturating_record(t.elapsed().as_nanos() as u64);
+                }
+            }
+            while let Some((t, ack)) = unacked.pop_front() {
+                ack.await?;
                 h.saturating_record(t.elapsed().as_nanos() as u64);
             }
             anyhow::Ok(h)

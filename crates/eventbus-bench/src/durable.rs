@@ -5,6 +5,8 @@
 pub use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
+use crate::PublishMode;
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct DurableArgs {
     /// Concurrent publishers (each its own connection, each publish awaited).
@@ -19,6 +21,23 @@ pub struct DurableArgs {
     /// Deliveries fetched (and acked) per batch when consuming.
     #[arg(long, default_value_t = 256)]
     pub max_batch: u32,
+    /// `unary`: each publish awaited before the next; `stream`: each publisher keeps
+    /// up to [`STREAM_WINDOW`] publishes unanswered (eventbus: one `PublishStream`;
+    /// JetStream: asynchronous publishes, acks awaited in order).
+    #[arg(long, value_enum, default_value_t = PublishMode::Unary)]
+    pub mode: PublishMode,
+}
+
+/// Publishes a `stream` publisher may have sent and not yet seen acknowledged.
+pub const STREAM_WINDOW: usize = 32;
+
+impl DurableArgs {
+    fn mode_name(&self) -> &'static str {
+        match self.mode {
+            PublishMode::Unary => "unary",
+            PublishMode::Stream => "stream",
+        }
+    }
 }
 
 /// A new histogram of nanoseconds (1 ns to 60 s, 3 significant digits).
@@ -47,7 +66,7 @@ impl DurableReport<'_> {
         let a = self.args;
         json!({
             "system": self.system, "workload": "durable",
-            "params": {"publishers": a.publishers, "count": a.count, "payload": a.payload, "max_batch": a.max_batch},
+            "params": {"publishers": a.publishers, "count": a.count, "payload": a.payload, "max_batch": a.max_batch, "mode": a.mode_name()},
             "published_per_sec": (a.count as f64 / self.publish_secs).round(),
             "publish_latency_us": {"p50": self.us(0.5), "p90": self.us(0.9), "p99": self.us(0.99), "max": self.latency.max() as f64 / 1000.0},
             "consumed_per_sec": (self.consumed as f64 / self.consume_secs).round(),
@@ -57,12 +76,13 @@ impl DurableReport<'_> {
     pub fn human(&self) -> String {
         let a = self.args;
         format!(
-            "{} durable (publishers={} count={} payload={} max_batch={})\n  durable publish  {:>10.0}/s   latency µs p50 {:.0}  p90 {:.0}  p99 {:.0}  max {:.0}\n  consume + ack    {:>10.0}/s\n",
+            "{} durable (publishers={} count={} payload={} max_batch={} mode={})\n  durable publish  {:>10.0}/s   latency µs p50 {:.0}  p90 {:.0}  p99 {:.0}  max {:.0}\n  consume + ack    {:>10.0}/s\n",
             self.system,
             a.publishers,
             a.count,
             a.payload,
             a.max_batch,
+            a.mode_name(),
             a.count as f64 / self.publish_secs,
             self.us(0.5),
             self.us(0.9),

@@ -132,17 +132,7 @@ pub(crate) enum BenchWorkload {
     Idle(crate::idle::IdleArgs),
     /// Durable publish (each answered once committed) from concurrent publishers, then
     /// consume with batched acks.
-    Durable(DurableBenchArgs),
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct DurableBenchArgs {
-    #[command(flatten)]
-    pub(crate) common: eventbus_bench::durable::DurableArgs,
-    /// `unary`: each publish its own call, awaited; `stream`: each publisher one
-    /// PublishStream with up to 32 publishes unanswered.
-    #[arg(long, value_enum, default_value_t = eventbus_bench::PublishMode::Unary)]
-    pub(crate) mode: eventbus_bench::PublishMode,
+    Durable(eventbus_bench::durable::DurableArgs),
 }
 
 #[derive(Debug, Args)]

@@ -7,20 +7,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use eventbus_bench::PublishMode;
-use eventbus_bench::durable::{DurableReport, Histogram, latency_histogram};
+use eventbus_bench::durable::{DurableArgs, DurableReport, Histogram, STREAM_WINDOW, latency_histogram};
 use eventbus_proto::pb::{self, consume_request, consume_response, event_bus_client::EventBusClient};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
-use crate::cli::DurableBenchArgs;
 use crate::connect;
 
-/// Publishes one `PublishStream` may have sent and not yet seen answered.
-const STREAM_WINDOW: usize = 32;
-
-pub(crate) async fn run(server: &str, json: bool, args: &DurableBenchArgs) -> anyhow::Result<()> {
-    let a = &args.common;
+pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Result<()> {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let name = format!("bench-{nanos}");
     let channel = format!("bench.durable.{nanos}");
@@ -49,7 +44,7 @@ pub(crate) async fn run(server: &str, json: bool, args: &DurableBenchArgs) -> an
     for (i, client) in (0..n).zip(clients) {
         let share = a.count / n + u64::from(i < a.count % n);
         let req = req.clone();
-        tasks.push(match args.mode {
+        tasks.push(match a.mode {
             PublishMode::Unary => tokio::spawn(publish_unary(client, req, share)),
             PublishMode::Stream => tokio::spawn(publish_stream(client, req, share)),
         });
@@ -102,16 +97,10 @@ pub(crate) async fn run(server: &str, json: bool, args: &DurableBenchArgs) -> an
     admin.delete_consumer(pb::DeleteConsumerRequest { name }).await?;
 
     let report = DurableReport { system: "eventbus", args: a, publish_secs, latency, consumed, consume_secs };
-    let mode = match args.mode {
-        PublishMode::Unary => "unary",
-        PublishMode::Stream => "stream",
-    };
     if json {
-        let mut out = report.to_json();
-        out["params"]["mode"] = mode.into();
-        println!("{out}");
+        println!("{}", report.to_json());
     } else {
-        print!("{}", report.human().replacen(")\n", &format!(" mode={mode})\n"), 1));
+        print!("{}", report.human());
     }
     Ok(())
 }
