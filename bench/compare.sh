@@ -5,8 +5,8 @@
 # times, stops them, and prints medians and ratios (bench/summarize.py).
 #
 # The durable workloads (unary and stream publishers) also run against a second
-# eventbusd in redis mode, backed by
-# its own redis-server with AOF (appendfsync everysec, the recommended setting).
+# eventbusd in redis mode, backed by its own redis-server with AOF (appendfsync
+# everysec, the recommended setting).
 #
 #   bash bench/compare.sh            # results in target/bench/results.jsonl
 #   ROUNDS=5 bash bench/compare.sh
