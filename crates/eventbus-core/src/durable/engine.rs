@@ -24,7 +24,9 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util_shim::CancelOnDrop;
 
-use crate::durable::backend::{Attachment, BoxFuture, Captured, ConsumerClient, DurableBackend, LogSlice};
+use crate::durable::backend::{
+    Attachment, BoxFuture, CaptureRequest, Captured, ConsumerClient, DurableBackend, LogSlice,
+};
 use crate::durable::config::ConsumerConfig;
 use crate::durable::store::{
     DedupRecord, EntryRecord, Failure, LogEntry, LogPage, LogStatus, Store, StoreError, StoreOp, epoch_ms,
@@ -268,6 +270,17 @@ impl Dedup {
         self.by_expiry.insert((expires, key.clone()), ());
         self.keys.insert(key, (event_id, expires));
     }
+}
+
+/// A capture waiting for its store commit.
+struct CapturePlan {
+    seq: u64,
+    event: Arc<Event>,
+    key: Option<Arc<str>>,
+    consumers: Vec<Arc<Consumer>>,
+    dedup: Option<DedupRecord>,
+    /// Taken for the commit.
+    op: Option<StoreOp>,
 }
 
 /// The durable consumer engine. A cheap handle.
@@ -553,8 +566,52 @@ impl Durable {
         ordering_key: Option<&str>,
         idempotency_key: Option<&str>,
     ) -> Result<Captured, DurableError> {
+        let mut plan = match self.plan_capture(event, ordering_key, idempotency_key) {
+            Ok(plan) => plan,
+            Err(done) => return Ok(done),
+        };
+        let op = plan.op.take().into_iter().collect();
+        if let Err(err) = self.commit(op).await {
+            self.forget_dedup(std::slice::from_ref(&plan));
+            return Err(err);
+        }
+        Ok(self.apply_capture(plan))
+    }
+
+    /// Captures several events of one publisher with one store commit (one sync
+    /// under `fsync: always`), in order. On a failed commit none is captured and the
+    /// one answer is the error.
+    pub async fn capture_many(&self, batch: &[CaptureRequest<'_>]) -> Vec<Result<Captured, DurableError>> {
+        let mut planned: Vec<Result<CapturePlan, Captured>> =
+            batch.iter().map(|r| self.plan_capture(r.event, r.ordering_key, r.idempotency_key)).collect();
+        let ops: Vec<StoreOp> = planned.iter_mut().filter_map(|p| p.as_mut().ok()?.op.take()).collect();
+        if !ops.is_empty()
+            && let Err(err) = self.commit(ops).await
+        {
+            let plans: Vec<CapturePlan> = planned.into_iter().filter_map(Result::ok).collect();
+            self.forget_dedup(&plans);
+            return vec![Err(err)];
+        }
+        planned
+            .into_iter()
+            .map(|p| match p {
+                Ok(plan) => Ok(self.apply_capture(plan)),
+                Err(done) => Ok(done),
+            })
+            .collect()
+    }
+
+    /// What capturing `event` takes: `Err` when nothing needs storing (the answer is
+    /// final), else the store op and what to apply once it is committed. Claims the
+    /// idempotency key at once, so a repeat later in the same batch is a duplicate.
+    fn plan_capture(
+        &self,
+        event: &Arc<Event>,
+        ordering_key: Option<&str>,
+        idempotency_key: Option<&str>,
+    ) -> Result<CapturePlan, Captured> {
         if idempotency_key.is_none() && self.inner.consumer_count.load(Ordering::Relaxed) == 0 {
-            return Ok(Captured::Stored(0));
+            return Err(Captured::Stored(0));
         }
         let window = self.inner.options.dedup_window;
         let dedup = match idempotency_key {
@@ -563,7 +620,7 @@ impl Durable {
                 let now = Instant::now();
                 d.prune(now);
                 if let Some((original, _)) = d.keys.get(key) {
-                    return Ok(Captured::Duplicate(original.clone()));
+                    return Err(Captured::Duplicate(original.clone()));
                 }
                 let expires_ms = epoch_ms(event.timestamp) + window.as_millis() as u64;
                 d.insert(key.to_owned(), event.id.clone(), now + window);
@@ -580,38 +637,45 @@ impl Durable {
             names.iter().filter_map(|n| registry.by_name.get(n).cloned()).collect()
         };
         if consumers.is_empty() && dedup.is_none() {
-            return Ok(Captured::Stored(0));
+            return Err(Captured::Stored(0));
         }
         let seq = self.inner.next_seq.fetch_add(1, Ordering::Relaxed);
-        let shared = Arc::clone(event);
         let key: Option<Arc<str>> = ordering_key.filter(|k| !k.is_empty()).map(Arc::from);
         let op = match (consumers.is_empty(), dedup.clone()) {
             (true, Some(record)) => StoreOp::Dedup(record),
             _ => StoreOp::Capture {
                 seq,
-                event: Arc::clone(&shared),
+                event: Arc::clone(event),
                 ordering_key: key.clone(),
                 consumers: consumers.iter().map(|c| Arc::clone(&c.name)).collect(),
                 dedup: dedup.clone(),
             },
         };
-        if let Err(err) = self.commit(vec![op]).await {
-            if let Some(d) = &dedup {
-                self.inner.dedup.lock().keys.remove(&d.key);
-            }
-            return Err(err);
+        Ok(CapturePlan { seq, event: Arc::clone(event), key, consumers, dedup, op: Some(op) })
+    }
+
+    /// A commit failed: the keys these plans claimed are free again.
+    fn forget_dedup(&self, plans: &[CapturePlan]) {
+        let mut d = self.inner.dedup.lock();
+        for record in plans.iter().filter_map(|p| p.dedup.as_ref()) {
+            d.keys.remove(&record.key);
         }
+    }
+
+    /// Hands a committed capture to its consumers.
+    fn apply_capture(&self, plan: CapturePlan) -> Captured {
         let mut fx = Effects::default();
-        for consumer in &consumers {
+        for consumer in &plan.consumers {
             let mut st = consumer.state.lock();
             if st.deleted {
                 continue;
             }
-            add_entry(consumer, &mut st, seq, Arc::clone(&shared), key.clone(), EntryRecord::default(), None, &mut fx);
+            let (event, key) = (Arc::clone(&plan.event), plan.key.clone());
+            add_entry(consumer, &mut st, plan.seq, event, key, EntryRecord::default(), None, &mut fx);
             dispatch(consumer, &mut st, &mut fx);
         }
         self.run(fx);
-        Ok(Captured::Stored(consumers.len()))
+        Captured::Stored(plan.consumers.len())
     }
 
     /// Attaches a client to a consumer (creating it from `create_if_missing` when absent).
@@ -1097,6 +1161,13 @@ impl DurableBackend for Durable {
         idempotency_key: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Captured, DurableError>> {
         Box::pin(Durable::capture(self, event, ordering_key, idempotency_key))
+    }
+
+    fn capture_many<'a>(
+        &'a self,
+        batch: &'a [CaptureRequest<'a>],
+    ) -> BoxFuture<'a, Vec<Result<Captured, DurableError>>> {
+        Box::pin(Durable::capture_many(self, batch))
     }
 
     fn create_consumer(&self, config: ConsumerConfig) -> BoxFuture<'_, Result<ConsumerInfo, DurableError>> {

@@ -383,3 +383,39 @@ mod model {
         }
     }
 }
+
+#[tokio::test]
+async fn publish_many_captures_in_order_and_stops_at_the_first_error() {
+    let (bus, durable) = bus_with(memory(), Duration::from_secs(120));
+    durable.create_consumer(consumer("inbox", &["orders.>"])).await.unwrap();
+    let ephemeral =
+        bus.subscribe(SubscribeOptions { channels: vec!["orders.>".into()], ..Default::default() }).await.unwrap();
+    let input = |channel: &str, payload: &str, idempotency: &str| PublishInput {
+        channel: channel.into(),
+        payload: Bytes::from(payload.to_owned()),
+        idempotency_key: idempotency.into(),
+        ..Default::default()
+    };
+    let answers = bus
+        .publish_many(vec![
+            input("orders.created", "a", ""),
+            input("orders.created", "b", "key-1"),
+            input("orders.created", "c", "key-1"),
+            input("orders.paid", "d", ""),
+            input("orders.*", "bad", ""),
+            input("orders.created", "never", ""),
+        ])
+        .await;
+    assert_eq!(answers.len(), 5, "answers stop at the first error");
+    let ok: Vec<&crate::Published> = answers[..4].iter().map(|a| a.as_ref().unwrap()).collect();
+    assert!(ok[2].duplicate && ok[2].event_id == ok[1].event_id, "a repeat within the batch is a duplicate");
+    assert!(!ok[0].duplicate && !ok[1].duplicate && !ok[3].duplicate);
+    assert!(matches!(answers[4], Err(crate::Error::Name(_))), "{:?}", answers[4]);
+
+    let mut attached = durable.attach("inbox", ClientOptions::default(), None).await.unwrap();
+    assert_eq!(payloads(&next(&mut attached.deliveries).await), ["a", "b", "d"]);
+    let mut out = Vec::new();
+    ephemeral.next_batch(&mut out).await.unwrap();
+    let seen: Vec<&[u8]> = out.iter().map(|e| &e.payload[..]).collect();
+    assert_eq!(seen, [&b"a"[..], b"b", b"d"], "subscribers get the same events, in order");
+}
