@@ -86,36 +86,28 @@ pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
     /// Where dead letters are published (the bus, set once it exists).
     fn set_dead_letter_sink(&self, sink: DeadLetterSink);
 
-    /// Stores a published event for every consumer it matches before the publish is
-    /// answered; detects repeated idempotency keys.
+    /// Stores published events of one publisher, in their order, for every consumer
+    /// each matches, before the publishes are answered (one commit for all of them
+    /// where the store allows); detects repeated idempotency keys, within the batch
+    /// too. The answers come in the same order and stop at the first error (the last
+    /// answer is then that error, and the later events go unanswered: like any
+    /// publish whose answer was lost, a shared store may have captured some of them).
+    fn capture_many<'a>(
+        &'a self,
+        batch: &'a [CaptureRequest<'a>],
+    ) -> BoxFuture<'a, Vec<Result<Captured, DurableError>>>;
+
+    /// [`DurableBackend::capture_many`] for one event.
     fn capture<'a>(
         &'a self,
         event: &'a Arc<Event>,
         ordering_key: Option<&'a str>,
         idempotency_key: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Captured, DurableError>>;
-
-    /// Captures several events of one publisher, in their order. The answers come in
-    /// the same order and stop at the first error (the last answer is then that
-    /// error, and the later events go unanswered: like any publish whose answer was
-    /// lost, a shared store may have captured some of them). The default captures
-    /// them one after another; a backend with a round trip per capture overrides it
-    /// to share one.
-    fn capture_many<'a>(
-        &'a self,
-        batch: &'a [CaptureRequest<'a>],
-    ) -> BoxFuture<'a, Vec<Result<Captured, DurableError>>> {
+    ) -> BoxFuture<'a, Result<Captured, DurableError>> {
         Box::pin(async move {
-            let mut out = Vec::with_capacity(batch.len());
-            for r in batch {
-                let captured = self.capture(r.event, r.ordering_key, r.idempotency_key).await;
-                let failed = captured.is_err();
-                out.push(captured);
-                if failed {
-                    break;
-                }
-            }
-            out
+            let request = [CaptureRequest { event, ordering_key, idempotency_key }];
+            let answer = self.capture_many(&request).await.pop();
+            answer.unwrap_or_else(|| Err(DurableError::Unavailable("the durable engine gave no answer".into())))
         })
     }
 

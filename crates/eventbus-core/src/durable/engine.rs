@@ -65,6 +65,16 @@ pub enum DurableError {
     InvalidArgument { field: &'static str, message: String },
 }
 
+impl DurableError {
+    /// A `page_token` this broker did not issue.
+    pub fn bad_page_token(token: &str) -> Self {
+        Self::InvalidArgument {
+            field: "page_token",
+            message: format!("{token:?} is not a page token this broker issued"),
+        }
+    }
+}
+
 /// A dead-lettered event, to be published on its dead-letter channel.
 #[derive(Debug, Clone)]
 pub struct PublishedDeadLetter {
@@ -558,30 +568,14 @@ impl Durable {
         Ok(self.inner.store.log(name, status, limit.clamp(1, 1000), after)?)
     }
 
-    /// Stores a published event for every consumer it matches, before the publish is
-    /// answered; detects repeated idempotency keys.
-    pub async fn capture(
-        &self,
-        event: &Arc<Event>,
-        ordering_key: Option<&str>,
-        idempotency_key: Option<&str>,
-    ) -> Result<Captured, DurableError> {
-        let mut plan = match self.plan_capture(event, ordering_key, idempotency_key) {
-            Ok(plan) => plan,
-            Err(done) => return Ok(done),
-        };
-        let op = plan.op.take().into_iter().collect();
-        if let Err(err) = self.commit(op).await {
-            self.forget_dedup(std::slice::from_ref(&plan));
-            return Err(err);
-        }
-        Ok(self.apply_capture(plan))
-    }
-
     /// Captures several events of one publisher with one store commit (one sync
     /// under `fsync: always`), in order. On a failed commit none is captured and the
     /// one answer is the error.
     pub async fn capture_many(&self, batch: &[CaptureRequest<'_>]) -> Vec<Result<Captured, DurableError>> {
+        if self.inner.consumer_count.load(Ordering::Relaxed) == 0 && batch.iter().all(|r| r.idempotency_key.is_none()) {
+            // The common case without consumers: nothing to store, nothing to plan.
+            return batch.iter().map(|_| Ok(Captured::Stored(0))).collect();
+        }
         let mut planned: Vec<Result<CapturePlan, Captured>> =
             batch.iter().map(|r| self.plan_capture(r.event, r.ordering_key, r.idempotency_key)).collect();
         let ops: Vec<StoreOp> = planned.iter_mut().filter_map(|p| p.as_mut().ok()?.op.take()).collect();
@@ -1154,15 +1148,6 @@ impl DurableBackend for Durable {
         Durable::set_dead_letter_sink(self, sink);
     }
 
-    fn capture<'a>(
-        &'a self,
-        event: &'a Arc<Event>,
-        ordering_key: Option<&'a str>,
-        idempotency_key: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Captured, DurableError>> {
-        Box::pin(Durable::capture(self, event, ordering_key, idempotency_key))
-    }
-
     fn capture_many<'a>(
         &'a self,
         batch: &'a [CaptureRequest<'a>],
@@ -1204,10 +1189,7 @@ impl DurableBackend for Durable {
         Box::pin(async move {
             let after = match page_token {
                 "" => None,
-                token => Some(token.parse::<u64>().map_err(|_| DurableError::InvalidArgument {
-                    field: "page_token",
-                    message: format!("{token:?} is not a page token this broker issued"),
-                })?),
+                token => Some(token.parse::<u64>().map_err(|_| DurableError::bad_page_token(token))?),
             };
             let page = Durable::log(self, name, status, limit, after).await?;
             Ok(LogSlice {

@@ -550,10 +550,7 @@ impl Shared {
         page_token: &str,
     ) -> Result<LogSlice, DurableError> {
         if !page_token.is_empty() && !is_stream_id(page_token) {
-            return Err(DurableError::InvalidArgument {
-                field: "page_token",
-                message: format!("{page_token:?} is not a page token this broker issued"),
-            });
+            return Err(DurableError::bad_page_token(page_token));
         }
         let limit = limit.clamp(1, 1000);
         let key = format!("{}:l", rt.base);
@@ -608,19 +605,6 @@ fn log_entry(fields: &HashMap<String, Vec<u8>>) -> Result<LogEntry, String> {
 impl DurableBackend for RedisDurable {
     fn set_dead_letter_sink(&self, sink: DeadLetterSink) {
         let _ = self.shared.sink.set(sink);
-    }
-
-    fn capture<'a>(
-        &'a self,
-        event: &'a Arc<Event>,
-        ordering_key: Option<&'a str>,
-        idempotency_key: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Captured, DurableError>> {
-        Box::pin(async move {
-            let request = [CaptureRequest { event, ordering_key, idempotency_key }];
-            let mut outcome = self.shared.capture_many(&request).await;
-            outcome.pop().unwrap_or_else(|| Err(DurableError::Unavailable("no answer from the capture".into())))
-        })
     }
 
     fn capture_many<'a>(
