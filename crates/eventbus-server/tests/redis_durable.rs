@@ -55,6 +55,10 @@ async fn clients_on_two_instances_share_one_consumer() {
     // Attached through different instances, each may hold at most 5.
     let mut on_a = attach(a.endpoint(), "work", 5).await.unwrap();
     let mut on_b = attach(b.endpoint(), "work", 5).await.unwrap();
+    // Either instance reports the clients of the whole cluster.
+    let counted = |server| async move { info(server, "work").await.clients };
+    eventually("both instances to count both clients", || async { counted(&a).await == 2 && counted(&b).await == 2 })
+        .await;
     // Publishes through both instances, all captured for the one consumer.
     for i in 0..20 {
         let via = if i % 2 == 0 { &a } else { &b };
@@ -86,6 +90,8 @@ async fn clients_on_two_instances_share_one_consumer() {
     let len: u64 =
         redis::cmd("XLEN").arg("socle:eventbus:durable:work:s").query_async(&mut redis.conn().await).await.unwrap();
     assert_eq!(len, 0);
+    drop(on_b);
+    eventually("instance A to see the client of B leave", || async { counted(&a).await == 1 }).await;
 }
 
 /// Reads the next deliveries message, or None when nothing comes within `ms`.

@@ -41,6 +41,11 @@ const READ_BATCH: usize = 1024;
 const MAX_OPS: usize = 64;
 /// Entries one janitor run handles.
 const JANITOR_BATCH: usize = 256;
+/// How often an instance with clients attached renews its count of them in Redis.
+pub(crate) const PRESENCE_EVERY: Duration = Duration::from_secs(5);
+/// How long a count stands without renewal: an instance that died stops counting
+/// after this.
+pub(crate) const PRESENCE_TTL: Duration = Duration::from_secs(15);
 
 /// Why an actor stops.
 #[derive(Debug, Clone)]
@@ -242,6 +247,8 @@ enum Timer {
     Touch(Arc<str>),
     /// Janitor run (retries due, reclaim of abandoned events).
     Janitor,
+    /// Renews this instance's count of attached clients in Redis.
+    Presence,
 }
 
 /// One failed attempt to report.
@@ -325,6 +332,10 @@ struct Actor {
     fails: Vec<FailItem>,
     touches: Vec<String>,
     requeue: Vec<String>,
+    /// The client count changed or is due for renewal in Redis.
+    presence_due: bool,
+    /// A `Timer::Presence` is set.
+    presence_timer: bool,
 }
 
 impl Actor {
@@ -351,6 +362,8 @@ impl Actor {
             fails: Vec::new(),
             touches: Vec::new(),
             requeue: Vec::new(),
+            presence_due: false,
+            presence_timer: false,
         }
     }
 
@@ -416,7 +429,11 @@ impl Actor {
         match cmd {
             Command::Attach(client) => {
                 self.clients.push(client);
-                self.rt.clients.store(self.clients.len() as u32, std::sync::atomic::Ordering::Relaxed);
+                self.clients_changed();
+                if !self.presence_timer {
+                    self.presence_timer = true;
+                    self.add_timer(Instant::now() + PRESENCE_EVERY, Timer::Presence);
+                }
                 if self.janitor_at.is_empty() {
                     self.schedule_janitor(Instant::now());
                 }
@@ -485,7 +502,7 @@ impl Actor {
 
     fn detach(&mut self, id: u64) {
         self.clients.retain(|c| c.id != id);
-        self.rt.clients.store(self.clients.len() as u32, std::sync::atomic::Ordering::Relaxed);
+        self.clients_changed();
         let held: Vec<Arc<str>> =
             self.held.iter().filter(|(_, h)| h.client == id).map(|(k, _)| Arc::clone(k)).collect();
         for key in held {
@@ -500,6 +517,12 @@ impl Actor {
             self.idle_conn = None;
             self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
         }
+    }
+
+    /// Publishes the local client count: to this process now, to Redis at the next flush.
+    fn clients_changed(&mut self) {
+        self.rt.clients.store(self.clients.len() as u32, std::sync::atomic::Ordering::Relaxed);
+        self.presence_due = true;
     }
 
     fn add_timer(&mut self, at: Instant, timer: Timer) {
@@ -546,6 +569,13 @@ impl Actor {
                         if h.deadline > now + half {
                             self.add_timer(now + half, Timer::Touch(key));
                         }
+                    }
+                }
+                Timer::Presence => {
+                    self.presence_timer = !self.clients.is_empty();
+                    if self.presence_timer {
+                        self.presence_due = true;
+                        self.add_timer(now + PRESENCE_EVERY, Timer::Presence);
                     }
                 }
                 Timer::Janitor => {
@@ -732,6 +762,16 @@ impl Actor {
                 args.push(sid);
             }
             self.script(|s| &s.requeue, args, "requeue failed", |_| Outcome::default());
+        }
+        if std::mem::take(&mut self.presence_due) {
+            let now = now_ms();
+            let mut args = Args::default();
+            args.push(&base)
+                .push(&self.shared.instance)
+                .push(self.clients.len())
+                .push(now)
+                .push(now + PRESENCE_TTL.as_millis() as u64);
+            self.script(|s| &s.presence, args, "recording attached clients failed", |_| Outcome::default());
         }
         if !self.touches.is_empty() {
             let mut cmd = redis::cmd("XCLAIM");

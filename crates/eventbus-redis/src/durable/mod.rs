@@ -377,7 +377,8 @@ impl Shared {
     async fn try_info(&self, rt: &Runtime) -> Result<ConsumerInfo, redis::RedisError> {
         let stream = format!("{}:s", rt.base);
         type Counters = (Option<u64>, Option<u64>, Option<u64>);
-        let (len, pel, waiting, counters): (u64, Value, u64, Counters) = redis::pipe()
+        type Presence = HashMap<String, String>;
+        let (len, pel, waiting, counters, presence): (u64, Value, u64, Counters, Presence) = redis::pipe()
             .cmd("XLEN")
             .arg(&stream)
             .cmd("XPENDING")
@@ -390,6 +391,8 @@ impl Shared {
             .arg("acked")
             .arg("dead_lettered")
             .arg("redelivered")
+            .cmd("HGETALL")
+            .arg(format!("{}:c", rt.base))
             .query_async(&mut self.conn())
             .await?;
         let in_flight = match pel {
@@ -403,7 +406,7 @@ impl Shared {
             config: rt.config().as_ref().clone(),
             pending: len.saturating_sub(in_flight) + waiting,
             in_flight,
-            clients: rt.local_clients(),
+            clients: cluster_clients(rt.local_clients(), &self.instance, &presence, now_ms()),
             acked: counters.0.unwrap_or(0),
             dead_lettered: counters.1.unwrap_or(0),
             redelivered: counters.2.unwrap_or(0),
@@ -587,6 +590,17 @@ impl Shared {
     }
 }
 
+/// Clients attached across the cluster: this instance's own, live, plus the counts the
+/// other instances recorded in `:c` (`"{clients} {expires at ms}"`) that have not expired.
+fn cluster_clients(local: u32, instance: &str, presence: &HashMap<String, String>, now: u64) -> u32 {
+    let others = presence.iter().filter(|(name, _)| name.as_str() != instance).filter_map(|(_, value)| {
+        let (clients, expires) = value.split_once(' ')?;
+        let (clients, expires) = (clients.parse::<u32>().ok()?, expires.parse::<u64>().ok()?);
+        (expires >= now).then_some(clients)
+    });
+    others.fold(local, u32::saturating_add)
+}
+
 fn is_stream_id(s: &str) -> bool {
     let mut parts = s.splitn(2, '-');
     let ms = parts.next().unwrap_or("");
@@ -746,5 +760,26 @@ impl RedisDurable {
         let (deliveries, client) = rt.attach(&self.shared, id, options).await?;
         let info = ConsumerInfo { clients: info.clients + 1, ..info };
         Ok(Attachment { info, deliveries, client: Box::new(client) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_clients_adds_the_live_counts_of_other_instances() {
+        let presence: HashMap<String, String> = [
+            ("me", "7 2000"), // this instance: its live count is used instead
+            ("b", "2 2000"),  // live
+            ("c", "3 999"),   // expired: an instance that died
+            ("d", "garbage"), // unreadable: ignored
+            ("e", "4 1000"),  // expires exactly now: still counts
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(cluster_clients(1, "me", &presence, 1000), 1 + 2 + 4);
+        assert_eq!(cluster_clients(0, "me", &HashMap::new(), 1000), 0);
     }
 }

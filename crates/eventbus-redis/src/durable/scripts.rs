@@ -334,9 +334,31 @@ const DELETE: &str = r#"
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 local b = ARGV[2]
 for _, key in ipairs(redis.call('HKEYS', b .. ':k')) do redis.call('DEL', b .. ':q:' .. key) end
-redis.call('DEL', b .. ':s', b .. ':d', b .. ':r', b .. ':k', b .. ':l', b .. ':n', b .. ':lock')
+redis.call('DEL', b .. ':s', b .. ':d', b .. ':r', b .. ':k', b .. ':l', b .. ':n', b .. ':lock', b .. ':c')
 local v = redis.call('INCR', KEYS[2])
 redis.call('PUBLISH', ARGV[3], v)
+return 1
+"#;
+
+/// Clients attached through one instance: ARGV base, instance, clients, now, expiry
+/// (ms). Each field of `:c` is an instance's `"{clients} {expires at}"`: a count stands
+/// until refreshed or expired, so an instance that died stops counting; expired fields
+/// go. Nothing is written for a consumer that no longer exists.
+const PRESENCE: &str = r#"
+local b, now = ARGV[1], tonumber(ARGV[4])
+local key = b .. ':c'
+if redis.call('EXISTS', b .. ':s') == 0 then return 0 end
+if ARGV[3] == '0' then
+  redis.call('HDEL', key, ARGV[2])
+else
+  redis.call('HSET', key, ARGV[2], ARGV[3] .. ' ' .. ARGV[5])
+  redis.call('PEXPIREAT', key, ARGV[5])
+end
+local all = redis.call('HGETALL', key)
+for j = 1, #all, 2 do
+  local expires = tonumber(string.match(all[j + 1], ' (%d+)$'))
+  if expires == nil or expires < now then redis.call('HDEL', key, all[j]) end
+end
 return 1
 "#;
 
@@ -350,6 +372,7 @@ pub(crate) struct Scripts {
     pub(crate) tick: Script,
     pub(crate) define: Script,
     pub(crate) delete: Script,
+    pub(crate) presence: Script,
 }
 
 impl Scripts {
@@ -363,6 +386,7 @@ impl Scripts {
             tick: with_prelude(TICK),
             define: Script::new(DEFINE),
             delete: Script::new(DELETE),
+            presence: Script::new(PRESENCE),
         }
     }
 }
