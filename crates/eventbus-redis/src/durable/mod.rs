@@ -105,6 +105,8 @@ struct GlobalKeys {
     version: String,
     notify: String,
     idem: String,
+    /// What precedes an event channel in its Redis Pub/Sub channel (`{prefix}:`).
+    pubsub: String,
 }
 
 pub(crate) struct Shared {
@@ -167,6 +169,7 @@ impl RedisDurable {
             version: format!("{p}:durable:version"),
             notify: format!("{p}/durable/changes"),
             idem: format!("{p}:durable:idem:"),
+            pubsub: redis_channel(p, ""),
         };
         let (captures, capture_queue) = mpsc::channel(CAPTURE_QUEUE);
         let shared = Arc::new(Shared {
@@ -196,7 +199,6 @@ impl RedisDurable {
 struct PendingCapture {
     event: Arc<Event>,
     envelope: Vec<u8>,
-    pubsub: String,
     /// "" = none.
     ordering_key: String,
     /// The full Redis key; "" = none.
@@ -443,7 +445,6 @@ impl Shared {
             let (reply, outcome) = oneshot::channel();
             let capture = PendingCapture {
                 envelope: envelope::encode(r.event),
-                pubsub: redis_channel(&self.prefix, &r.event.channel),
                 ordering_key: r.ordering_key.unwrap_or("").to_owned(),
                 idem: r.idempotency_key.map(|k| format!("{}{k}", self.keys.idem)).unwrap_or_default(),
                 event: Arc::clone(r.event),
@@ -482,7 +483,7 @@ impl Shared {
             consumers.clear();
             {
                 let registry = self.registry.read();
-                call.arg(&*registry.version).arg(window_ms);
+                call.arg(&*registry.version).arg(window_ms).arg(&self.keys.pubsub);
                 for p in batch.iter() {
                     names.clear();
                     registry.trie.collect(&p.event.channel, &mut names);
@@ -493,7 +494,6 @@ impl Shared {
                         .arg(&p.envelope)
                         .arg(&p.event.channel)
                         .arg(&p.ordering_key)
-                        .arg(&p.pubsub)
                         .arg(&p.idem)
                         .arg(names.len());
                     for rt in names.iter().filter_map(|n| registry.by_name.get(n)) {

@@ -143,22 +143,22 @@ end
 /// idempotency key, store it for every matching consumer and PUBLISH it for
 /// ephemeral subscribers.
 ///
-/// KEYS: version. ARGV: known version, window ms, then per event: event id, envelope,
-/// channel, ordering key ('' = none), pub/sub channel, idempotency key ('' = none),
-/// number of consumers n, then n consumer key bases.
+/// KEYS: version. ARGV: known version, window ms, pub/sub channel prefix, then per
+/// event: event id, envelope, channel, ordering key ('' = none), idempotency key ('' =
+/// none), number of consumers n, then n consumer key bases.
 /// Returns `{'stale', version}` (nothing done), or `{'ok', r1, r2, ...}` with one `r`
 /// per event: the receivers of its PUBLISH (integer), or for a repeated idempotency
 /// key the original event id (string).
 const PUBLISH: &str = r#"
 local v = redis.call('GET', KEYS[1]) or '0'
 if v ~= ARGV[1] then return {'stale', v} end
-local window = ARGV[2]
+local window, pubsub = ARGV[2], ARGV[3]
 local out = {'ok'}
-local j = 3
+local j = 4
 while j <= #ARGV do
-  local id, env, channel, key, chan, idem = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4], ARGV[j + 5]
-  local first = j + 7
-  j = first + tonumber(ARGV[j + 6])
+  local id, env, channel, key, idem = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4]
+  local first = j + 6
+  j = first + tonumber(ARGV[j + 5])
   local prev = false
   if idem ~= '' then
     prev = redis.call('GET', idem)
@@ -182,7 +182,7 @@ while j <= #ARGV do
         redis.call('RPUSH', b .. ':q:' .. key, id)
       end
     end
-    out[#out + 1] = redis.call('PUBLISH', chan, env)
+    out[#out + 1] = redis.call('PUBLISH', pubsub .. channel, env)
   end
 end
 return out
