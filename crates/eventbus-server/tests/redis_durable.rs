@@ -318,6 +318,43 @@ async fn a_persistent_redis_restart_loses_nothing_acknowledged() {
     assert!(got.iter().all(|d| d.attempt == 1));
 }
 
+#[tokio::test]
+async fn events_held_when_redis_went_away_come_back_as_soon_as_their_client_reattaches() {
+    let Some(mut redis) = RedisProc::reserve() else {
+        RedisProc::start().await; // prints the notice, or fails when Redis is required
+        return;
+    };
+    redis.persist = true;
+    redis.spawn().await;
+    let a = broker(&redis).await;
+    // An ack deadline far beyond this test's patience: only their release on
+    // reattach can bring the held events back in time.
+    let config = pb::ConsumerConfig { ack_deadline_ms: 600_000, ..consumer("held", &["held.>"]) };
+    create(&a, config).await;
+    let mut c = attach(a.endpoint(), "held", 0).await.unwrap();
+    for i in 0..3 {
+        publish(&a, event("held.x", format!("h-{i}"))).await;
+    }
+    let held = c.deliveries(3).await;
+    redis.kill();
+    let end = within(c.responses.message()).await;
+    assert_eq!(end.err().map(|s| s.code()), Some(Code::Unavailable), "the client is told to reconnect");
+    redis.spawn().await;
+    wait_ready(&a, true).await;
+
+    let mut c = eventually_attach(&a, "held").await;
+    let again = c.deliveries(3).await;
+    assert_eq!(ids(&again).into_iter().collect::<HashSet<_>>(), ids(&held).into_iter().collect::<HashSet<_>>());
+    assert!(again.iter().all(|d| d.attempt == 2), "one failed attempt each: {again:?}");
+    c.send(ack(ids(&again))).await;
+    eventually("acks", || async { info(&a, "held").await.acked == 3 }).await;
+    let entries = log(&a, "held", pb::EventStatus::Completed).await;
+    assert!(
+        entries.iter().all(|e| e.failures.len() == 1 && e.failures[0].reason == "consumer disconnected"),
+        "{entries:?}"
+    );
+}
+
 /// Attaches once Redis answers again (the connection comes back with backoff).
 async fn eventually_attach(server: &TestServer, name: &str) -> Consumer {
     let deadline = tokio::time::Instant::now() + DEADLINE;

@@ -41,6 +41,8 @@ const READ_BATCH: usize = 1024;
 const MAX_OPS: usize = 64;
 /// Entries one janitor run handles.
 const JANITOR_BATCH: usize = 256;
+/// Orphaned entries listed per XPENDING page.
+const ORPHAN_PAGE: usize = 1000;
 /// How often an instance with clients attached renews its count of them in Redis.
 pub(crate) const PRESENCE_EVERY: Duration = Duration::from_secs(5);
 /// How long a count stands without renewal: an instance that died stops counting
@@ -368,6 +370,7 @@ impl Actor {
     }
 
     async fn run(mut self) {
+        self.release_orphans().await;
         let stop = loop {
             self.config = self.rt.config();
             self.dispatch();
@@ -422,6 +425,63 @@ impl Actor {
             }
         };
         self.finish(stop).await;
+    }
+
+    /// Releases the entries an earlier actor of this instance left in flight: it lost
+    /// Redis and its clients were told to reconnect, so nobody holds them any more.
+    /// Each counts a failed attempt ("consumer disconnected", as for any client that
+    /// leaves) and comes back after its backoff, instead of only once its ack
+    /// deadline has passed. Runs before the first read: everything this instance has
+    /// pending then is an orphan. When Redis does not answer, the janitors reclaim
+    /// them after the deadline as before.
+    async fn release_orphans(&mut self) {
+        let mut start = "-".to_owned();
+        loop {
+            let page: RedisResult<Vec<(String, String, u64, u64)>> = redis::cmd("XPENDING")
+                .arg(&self.stream)
+                .arg(GROUP)
+                .arg(&start)
+                .arg("+")
+                .arg(ORPHAN_PAGE)
+                .arg(&self.shared.instance)
+                .query_async(&mut self.shared.conn())
+                .await;
+            let page = match page {
+                Ok(page) => page,
+                Err(err) => {
+                    if !is_missing_stream(&err) {
+                        warn!(consumer = %self.rt.name, %err, "cannot list the events an earlier reader left in flight; they come back after their ack deadline");
+                    }
+                    return;
+                }
+            };
+            let now = now_ms();
+            for (sid, _, idle_ms, _) in &page {
+                let first_ms = now.saturating_sub(*idle_ms);
+                self.fails.push(FailItem {
+                    sid: sid.clone(),
+                    reason: REASON_DISCONNECT.to_owned(),
+                    delay_ms: -1,
+                    term: false,
+                    first_ms,
+                });
+            }
+            let Some((last, ..)) = page.last() else { break };
+            if page.len() < ORPHAN_PAGE {
+                break;
+            }
+            start = format!("({last}");
+        }
+        if self.fails.is_empty() {
+            return;
+        }
+        debug!(consumer = %self.rt.name, events = self.fails.len(), "releasing events an earlier reader left in flight");
+        self.flush();
+        while let Some(outcome) = self.ops.next().await {
+            if let Some(StopReason::Lost(err)) = self.take_outcome(outcome) {
+                warn!(consumer = %self.rt.name, %err, "releasing the events an earlier reader left in flight failed; they come back after their ack deadline");
+            }
+        }
     }
 
     /// Applies one command; returns a reason to stop.
@@ -853,7 +913,7 @@ impl Actor {
                 }
             }
             StopReason::Lost(err) => {
-                warn!(consumer = %self.rt.name, %err, "durable consumer lost Redis; detaching its clients (they reconnect; held events come back after their ack deadline)");
+                warn!(consumer = %self.rt.name, %err, "durable consumer lost Redis; detaching its clients (they reconnect; the events they held come back when one reattaches here, or after their ack deadline)");
                 for c in &self.clients {
                     *c.closed.lock() = Some(err.clone());
                 }
