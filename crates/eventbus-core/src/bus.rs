@@ -167,20 +167,15 @@ impl Bus {
         let durable: Arc<dyn DurableBackend> = Arc::new(durable);
         let bus = Arc::downgrade(&self.inner);
         durable.set_dead_letter_sink(Arc::new(move |channel, payload, content_type| {
-            let Some(inner) = bus.upgrade() else { return };
-            let bus = Bus { inner };
-            tokio::spawn(async move {
-                let input = PublishInput {
-                    channel: channel.clone(),
-                    payload,
-                    content_type,
-                    source: "eventbusd".into(),
-                    ..Default::default()
-                };
-                if let Err(err) = bus.publish(input).await {
-                    tracing::error!(%channel, %err, "cannot publish a dead letter");
-                }
-            });
+            let bus = bus.upgrade().map(|inner| Bus { inner });
+            Box::pin(async move {
+                let bus = bus.ok_or(Error::ShuttingDown)?;
+                let input =
+                    PublishInput { channel, payload, content_type, source: "eventbusd".into(), ..Default::default() };
+                // A dead letter wraps an event that was within the limit; refusing it
+                // for the wrapping would lose it.
+                bus.publish_within(input, usize::MAX).await.map(drop)
+            })
         }));
         let _ = self.inner.durable.set(durable);
     }
@@ -202,8 +197,13 @@ impl Bus {
 
     /// Validates and publishes one event.
     pub async fn publish(&self, input: PublishInput) -> Result<Published, Error> {
+        self.publish_within(input, self.inner.config.max_payload_bytes).await
+    }
+
+    /// [`Bus::publish`] with its own payload limit.
+    async fn publish_within(&self, input: PublishInput, max_payload_bytes: usize) -> Result<Published, Error> {
         let start = Instant::now();
-        let (event, keys) = self.prepare(input)?;
+        let (event, keys) = self.prepare(input, max_payload_bytes)?;
         let Some(durable) = self.inner.durable.get() else {
             return self.deliver(event, start).await;
         };
@@ -235,7 +235,7 @@ impl Bus {
         let mut prepared = Vec::with_capacity(inputs.len());
         let mut refused = None;
         for input in inputs {
-            match self.prepare(input) {
+            match self.prepare(input, self.inner.config.max_payload_bytes) {
                 Ok((event, keys)) => prepared.push((Arc::new(event), keys)),
                 Err(err) => {
                     refused = Some(err);
@@ -272,7 +272,7 @@ impl Bus {
     }
 
     /// Checks a publish and builds its event.
-    fn prepare(&self, mut input: PublishInput) -> Result<(Event, PublishKeys), Error> {
+    fn prepare(&self, mut input: PublishInput, max_payload_bytes: usize) -> Result<(Event, PublishKeys), Error> {
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
         }
@@ -280,7 +280,7 @@ impl Bus {
             ordering: std::mem::take(&mut input.ordering_key),
             idempotency: std::mem::take(&mut input.idempotency_key),
         };
-        let event = input.into_event(self.inner.config.max_payload_bytes)?;
+        let event = input.into_event(max_payload_bytes)?;
         if let Some(status) = &self.inner.transport_status
             && !status.borrow().connected
         {

@@ -108,7 +108,9 @@ async fn durable_errors_have_their_status_codes() {
 
 #[tokio::test]
 async fn dead_letters_are_decodable_and_consumable() {
-    let server = start().await;
+    // The event takes the whole payload limit: its dead letter, which wraps it, is
+    // over the limit and must be published all the same.
+    let server = start_with(|s| s.eventbus.max_payload_bytes = 64).await;
     let mut admin = server.admin().await;
     let config = pb::ConsumerConfig { max_attempts: Some(1), ..consumer("pay", &["pay.*"]) };
     admin.create_consumer(pb::CreateConsumerRequest { config: Some(config) }).await.unwrap();
@@ -117,7 +119,8 @@ async fn dead_letters_are_decodable_and_consumable() {
         .await
         .unwrap();
     let mut watcher = server.subscribe(sub(&["dlq.>"])).await;
-    server.client().await.publish(event("pay.card", "charge")).await.unwrap();
+    let charge = format!("{:<64}", "charge");
+    server.client().await.publish(event("pay.card", charge.clone())).await.unwrap();
     let mut c = attach(server.endpoint(), "pay", 0).await.unwrap();
     let got = c.deliveries(1).await;
     let nack = pb::Nack { event_id: ids(&got)[0].clone(), reason: "card declined".into(), delay_ms: 0 };
@@ -129,7 +132,8 @@ async fn dead_letters_are_decodable_and_consumable() {
     let letter = pb::DeadLetter::decode(dead.payload.clone()).unwrap();
     assert_eq!((letter.consumer.as_str(), letter.attempts), ("pay", 1));
     assert_eq!(letter.failures[0].reason, "card declined");
-    assert_eq!(letter.event.unwrap().id, ids(&got)[0]);
+    let wrapped = letter.event.unwrap();
+    assert_eq!((wrapped.id.as_str(), wrapped.payload.as_ref()), (ids(&got)[0].as_str(), charge.as_bytes()));
     // Captured durably by a consumer of the dead-letter channel too.
     let mut keeper = attach(server.endpoint(), "dlq-keeper", 0).await.unwrap();
     assert_eq!(keeper.deliveries(1).await[0].event.as_ref().unwrap().id, dead.id);

@@ -184,6 +184,8 @@ async fn dead_letters_and_the_terminal_log_across_instances() {
     assert_eq!(dl.event.unwrap().id, published.event_id);
     let reasons: Vec<&str> = dl.failures.iter().map(|f| f.reason.as_str()).collect();
     assert_eq!(reasons, ["try later", "still broken"]);
+    // Published, so out of the outbox.
+    eventually("the outbox to empty", || async { outbox_len(&redis, "fragile").await == 0 }).await;
 
     let entries = log(&b, "fragile", pb::EventStatus::DeadLettered).await;
     assert_eq!(entries.len(), 1);
@@ -203,6 +205,47 @@ async fn dead_letters_and_the_terminal_log_across_instances() {
     eventually("the late ack to complete it", || async { info(&b, "fragile").await.acked == 1 }).await;
     let done = log(&a, "fragile", pb::EventStatus::Completed).await;
     assert_eq!(done.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), [late.event_id.as_str()]);
+}
+
+async fn outbox_len(redis: &RedisProc, consumer: &str) -> u64 {
+    let key = format!("socle:eventbus:durable:{consumer}:o");
+    redis::cmd("HLEN").arg(key).query_async(&mut redis.conn().await).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_dead_letter_whose_publisher_died_is_published_by_a_janitor() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let a = broker(&redis).await;
+    create(&a, consumer("orphans", &["jobs.>"])).await;
+    let published = publish(&a, event("jobs.run", "lost-letter")).await;
+    // What an instance killed between dead-lettering an event and publishing its dead
+    // letter leaves: the entry gone from the stream, the letter in the outbox, stamped
+    // long ago.
+    let mut conn = redis.conn().await;
+    let stream = "socle:eventbus:durable:orphans:s";
+    let entries: Vec<(String, HashMap<String, Vec<u8>>)> =
+        redis::cmd("XRANGE").arg(stream).arg("-").arg("+").query_async(&mut conn).await.unwrap();
+    let (sid, fields) = entries.into_iter().next().unwrap();
+    let _: i64 = redis::cmd("XDEL").arg(stream).arg(&sid).query_async(&mut conn).await.unwrap();
+    let record = r#"return redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack({ARGV[2], 3, '[{"at_ms":1,"reason":"gave up"}]', 0}))"#;
+    let _: i64 = redis::Script::new(record)
+        .key("socle:eventbus:durable:orphans:o")
+        .arg(&published.event_id)
+        .arg(&fields["e"][..])
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+
+    let mut dlq = a.subscribe(sub(&["dlq.>"])).await;
+    // A client attaching starts this instance's janitor for the consumer.
+    let _c = attach(a.endpoint(), "orphans", 0).await.unwrap();
+    let letter = dlq.take(1).await.remove(0);
+    assert_eq!(letter.channel, "dlq.jobs.run");
+    let dl = pb::DeadLetter::decode(letter.payload).unwrap();
+    assert_eq!((dl.consumer.as_str(), dl.attempts), ("orphans", 3));
+    assert_eq!(dl.event.unwrap().id, published.event_id);
+    assert_eq!(dl.failures[0].reason, "gave up");
+    eventually("the outbox to empty", || async { outbox_len(&redis, "orphans").await == 0 }).await;
 }
 
 #[tokio::test]

@@ -88,8 +88,11 @@ pub struct PublishedDeadLetter {
 /// Encodes a dead letter for publishing: (payload, content type). The wire layer
 /// provides it (the `eventbus.v1.DeadLetter` protobuf).
 pub type DeadLetterEncoder = Arc<dyn Fn(&PublishedDeadLetter) -> (Bytes, String) + Send + Sync>;
-/// Publishes an encoded dead letter (channel, payload, content type) through the bus.
-pub type DeadLetterSink = Arc<dyn Fn(String, Bytes, String) + Send + Sync>;
+/// Publishes an encoded dead letter (channel, payload, content type) through the bus;
+/// the future ends when the publish has been answered. A dead letter is not held to
+/// `max_payload_bytes`: it wraps an event that was.
+pub type DeadLetterSink =
+    Arc<dyn Fn(String, Bytes, String) -> BoxFuture<'static, Result<(), crate::Error>> + Send + Sync>;
 /// Observes ack latency (delivery to ack) per consumer, for metrics.
 pub type AckObserver = Arc<dyn Fn(&str, Duration) + Send + Sync>;
 
@@ -728,7 +731,14 @@ impl Durable {
         for dl in dead_letters {
             let (payload, content_type) = (self.inner.options.dead_letter_encoder)(&dl);
             match self.inner.sink.get() {
-                Some(sink) => sink(dl.channel, payload, content_type),
+                Some(sink) => {
+                    let published = sink(dl.channel.clone(), payload, content_type);
+                    tokio::spawn(async move {
+                        if let Err(err) = published.await {
+                            tracing::error!(channel = %dl.channel, consumer = %dl.consumer, event = %dl.event.id, %err, "cannot publish a dead letter");
+                        }
+                    });
+                }
                 None => {
                     tracing::warn!(consumer = %dl.consumer, event = %dl.event.id, "dead letter not published: no sink")
                 }

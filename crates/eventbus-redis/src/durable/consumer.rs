@@ -14,20 +14,20 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use eventbus_core::Event;
 use eventbus_core::durable::engine::{REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM, next_with_room};
 use eventbus_core::durable::store::{Failure, LogEntry, LogStatus};
 use eventbus_core::durable::{
     BoxFuture, ClientOptions, ConsumerClient, ConsumerConfig, Delivery, DurableError, PublishedDeadLetter,
 };
+use eventbus_core::{ErrorKind, Event};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use parking_lot::{Mutex, RwLock};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
+use redis::{AsyncCommands, AsyncConnectionConfig, RedisResult, Script, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 use super::scripts::Scripts;
 use super::{CONNECT_TIMEOUT, GROUP, Shared, now_ms};
@@ -41,6 +41,9 @@ const READ_BATCH: usize = 1024;
 const MAX_OPS: usize = 64;
 /// Entries one janitor run handles.
 const JANITOR_BATCH: usize = 256;
+/// How long a dead letter may wait in the outbox for its publication before a janitor
+/// hands it out again (its publisher died, or Redis failed under the publish).
+const OUTBOX_GRACE: Duration = Duration::from_secs(10);
 /// Orphaned entries listed per XPENDING page.
 const ORPHAN_PAGE: usize = 1000;
 /// How often an instance with clients attached renews its count of them in Redis.
@@ -308,8 +311,18 @@ struct Outcome {
     next_due: Option<u64>,
     /// More work waits (run the janitor again now).
     more: bool,
-    dead: Vec<(Bytes, u32, String)>,
+    dead: Vec<DeadLetter>,
     error: Option<String>,
+}
+
+/// A dead letter to publish, as a script hands it back; it stays in the consumer's
+/// outbox until its publication is answered.
+struct DeadLetter {
+    envelope: Bytes,
+    attempts: u32,
+    /// JSON `[{"at_ms":…,"reason":…}]`.
+    failures: String,
+    event_id: String,
 }
 
 type ReadFuture = BoxFuture<'static, (Option<MultiplexedConnection>, RedisResult<Value>)>;
@@ -661,18 +674,24 @@ impl Actor {
         if outcome.more {
             self.schedule_janitor(Instant::now());
         }
-        for (envelope, attempts, failures) in outcome.dead {
-            self.publish_dead_letter(envelope, attempts, &failures);
+        for dead in outcome.dead {
+            self.publish_dead_letter(dead);
         }
         None
     }
 
-    fn publish_dead_letter(&self, envelope: Bytes, attempts: u32, failures: &str) {
-        let Some(event) = envelope::decode_own(envelope) else {
-            warn!(consumer = %self.rt.name, "dead letter with an unreadable event; not published");
+    /// Publishes a dead letter, then takes it out of the outbox. Should the publish
+    /// fail for now (Redis away, shutting down), it stays there and a janitor hands it
+    /// out again after [`OUTBOX_GRACE`]; a dead letter that can never be published is
+    /// dropped from the outbox with an error.
+    fn publish_dead_letter(&self, dead: DeadLetter) {
+        let outbox = format!("{}:o", self.rt.base);
+        let Some(event) = envelope::decode_own(dead.envelope) else {
+            error!(consumer = %self.rt.name, event = %dead.event_id, "dead letter with an unreadable event; dropped");
+            self.forget_dead_letter(outbox, dead.event_id);
             return;
         };
-        let failures: Vec<Failure> = serde_json::from_str(failures).unwrap_or_else(|err| {
+        let failures: Vec<Failure> = serde_json::from_str(&dead.failures).unwrap_or_else(|err| {
             warn!(consumer = %self.rt.name, %err, "unreadable failure list of a dead letter");
             Vec::new()
         });
@@ -680,14 +699,38 @@ impl Actor {
             channel: self.config.dead_letter_channel_for(&event.channel),
             event: Arc::new(event),
             consumer: self.rt.name.to_string(),
-            attempts,
+            attempts: dead.attempts,
             failures,
         };
         let (payload, content_type) = (self.shared.options.dead_letter_encoder)(&dl);
-        match self.shared.sink.get() {
-            Some(sink) => sink(dl.channel, payload, content_type),
-            None => warn!(consumer = %dl.consumer, event = %dl.event.id, "dead letter not published: no sink"),
-        }
+        let Some(sink) = self.shared.sink.get() else {
+            warn!(consumer = %dl.consumer, event = %dl.event.id, "dead letter not published: no sink; kept in the outbox");
+            return;
+        };
+        let published = sink(dl.channel.clone(), payload, content_type);
+        let shared = Arc::clone(&self.shared);
+        tokio::spawn(async move {
+            let (channel, consumer, event) = (&dl.channel, &dl.consumer, &dl.event.id);
+            match published.await {
+                Ok(()) => {}
+                Err(err) if err.kind() == ErrorKind::Unavailable => {
+                    warn!(%channel, %consumer, %event, %err, "dead letter not published yet; a janitor retries it");
+                    return;
+                }
+                Err(err) => error!(%channel, %consumer, %event, %err, "cannot publish a dead letter; dropped"),
+            }
+            let done: RedisResult<i64> = shared.conn().hdel(&outbox, event).await;
+            if let Err(err) = done {
+                warn!(%consumer, %event, %err, "dead letter published but still in the outbox: it may be published twice");
+            }
+        });
+    }
+
+    fn forget_dead_letter(&self, outbox: String, event_id: String) {
+        let mut conn = self.shared.conn();
+        tokio::spawn(async move {
+            let _: RedisResult<i64> = conn.hdel(&outbox, &event_id).await;
+        });
     }
 
     /// Room the clients have for more events than already read.
@@ -883,6 +926,7 @@ impl Actor {
             .push(JANITOR_BATCH)
             .push(format!("{oldest}-0"));
         args.retry_config(&self.config);
+        args.push(OUTBOX_GRACE.as_millis() as u64);
         self.script(|s| &s.tick, args, "janitor failed", |v| outcome_of(v, true));
     }
 
@@ -968,10 +1012,17 @@ fn outcome_of(value: Value, with_more: bool) -> Outcome {
     for dead in items {
         let Value::Array(parts) = dead else { continue };
         let mut parts = parts.into_iter();
-        let (Some(env), Some(attempts), Some(failures)) = (parts.next(), parts.next(), parts.next()) else { continue };
-        let Value::BulkString(env) = env else { continue };
-        let attempts = text(&attempts).and_then(|a| a.parse().ok()).unwrap_or(0);
-        out.dead.push((Bytes::from(env), attempts, text(&failures).unwrap_or_default()));
+        let (Some(Value::BulkString(env)), Some(attempts), Some(failures), Some(id)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        out.dead.push(DeadLetter {
+            envelope: Bytes::from(env),
+            attempts: text(&attempts).and_then(|a| a.parse().ok()).unwrap_or(0),
+            failures: text(&failures).unwrap_or_default(),
+            event_id: text(&id).unwrap_or_default(),
+        });
     }
     out
 }

@@ -90,6 +90,9 @@ end
 
 -- One failed attempt of stream entry `sid`: back later with backoff, or dead-lettered.
 -- cfg = {max_attempts, initial_ms, multiplier, max_ms}. Appends to out.dead / out.next.
+-- A dead letter is recorded in the outbox `:o` (event id -> {envelope, attempts,
+-- failures, stamp ms}) and handed back for publication as {envelope, attempts,
+-- failures, event id}.
 local function fail_one(b, g, sid, reason, delay, term, first, now, cfg, maxlen, out)
   local e = redis.call('XRANGE', b .. ':s', sid, sid)
   redis.call('XACK', b .. ':s', g, sid)
@@ -106,7 +109,9 @@ local function fail_one(b, g, sid, reason, delay, term, first, now, cfg, maxlen,
     log(b, id, channel, 'DeadLettered', attempts, first, now, x, maxlen)
     redis.call('HINCRBY', b .. ':n', 'dead_lettered', 1)
     release_key(b, f.k, id)
-    out.dead[#out.dead + 1] = {f.e, tostring(attempts), x}
+    -- Kept in the outbox until its publication is answered (see TICK).
+    redis.call('HSET', b .. ':o', id, cmsgpack.pack({f.e, attempts, x, now}))
+    out.dead[#out.dead + 1] = {f.e, tostring(attempts), x, id}
     return
   end
   if delay < 0 then
@@ -279,10 +284,12 @@ return 0
 
 /// Janitor: ARGV base, group, now, log maxlen, instance, lock ms, min idle ms (the ack
 /// deadline), batch, oldest log id to keep, max_attempts, initial_ms, multiplier,
-/// max_ms. Under a lock that expires, reclaims entries idle past the ack deadline
-/// (held by an instance that died) as failed attempts, trims the log by age and
-/// forgets idle, empty group members; moves due retries back. Returns
-/// `{next due or '', more (1/0), dead letters...}`.
+/// max_ms, outbox grace ms. Under a lock that expires, reclaims entries idle past the
+/// ack deadline (held by an instance that died) as failed attempts, hands back for
+/// publication the dead letters left in the outbox longer than the grace (their
+/// publisher died or failed; restamped so that one janitor takes them at a time),
+/// trims the log by age and forgets idle, empty group members; moves due retries
+/// back. Returns `{next due or '', more (1/0), dead letters...}`.
 const TICK: &str = r#"
 local b, g, now, maxlen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local cfg = {tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])}
@@ -295,6 +302,21 @@ if redis.call('SET', b .. ':lock', ARGV[5], 'NX', 'PX', ARGV[6]) then
     fail_one(b, g, sid, 'ack deadline exceeded', -1, 0, tostring(now - tonumber(ARGV[7])), now, cfg, maxlen, out)
   end
   if claimed[1] ~= '0-0' then more = 1 end
+  local stale = now - tonumber(ARGV[14])
+  local cursor, seen = '0', {}
+  repeat
+    local page = redis.call('HSCAN', b .. ':o', cursor, 'COUNT', batch)
+    cursor = page[1]
+    for j = 1, #page[2], 2 do
+      local id, rec = page[2][j], cmsgpack.unpack(page[2][j + 1])
+      if #out.dead < batch and not seen[id] and tonumber(rec[4]) <= stale then
+        seen[id] = true
+        rec[4] = now
+        redis.call('HSET', b .. ':o', id, cmsgpack.pack(rec))
+        out.dead[#out.dead + 1] = {rec[1], tostring(rec[2]), rec[3], id}
+      end
+    end
+  until cursor == '0' or #out.dead >= batch
   redis.call('XTRIM', b .. ':l', 'MINID', '~', ARGV[9])
   -- Group members of instances gone for good (every restart is a new instance) would
   -- pile up: drop those holding nothing and unseen for an hour.
@@ -334,7 +356,7 @@ const DELETE: &str = r#"
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 local b = ARGV[2]
 for _, key in ipairs(redis.call('HKEYS', b .. ':k')) do redis.call('DEL', b .. ':q:' .. key) end
-redis.call('DEL', b .. ':s', b .. ':d', b .. ':r', b .. ':k', b .. ':l', b .. ':n', b .. ':lock', b .. ':c')
+redis.call('DEL', b .. ':s', b .. ':d', b .. ':r', b .. ':k', b .. ':l', b .. ':n', b .. ':lock', b .. ':c', b .. ':o')
 local v = redis.call('INCR', KEYS[2])
 redis.call('PUBLISH', ARGV[3], v)
 return 1
