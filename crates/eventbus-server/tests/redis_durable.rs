@@ -335,12 +335,7 @@ async fn a_killed_instance_s_events_are_redelivered_by_another() {
 
 #[tokio::test]
 async fn a_persistent_redis_restart_loses_nothing_acknowledged() {
-    let Some(mut redis) = RedisProc::reserve() else {
-        RedisProc::start().await; // prints the notice, or fails when Redis is required
-        return;
-    };
-    redis.persist = true;
-    redis.spawn().await;
+    let Some(mut redis) = RedisProc::start_persistent().await else { return };
     let a = broker(&redis).await;
     create(&a, consumer("keep", &["ledger.>"])).await;
     let mut published = HashSet::new();
@@ -363,12 +358,7 @@ async fn a_persistent_redis_restart_loses_nothing_acknowledged() {
 
 #[tokio::test]
 async fn events_held_when_redis_went_away_come_back_as_soon_as_their_client_reattaches() {
-    let Some(mut redis) = RedisProc::reserve() else {
-        RedisProc::start().await; // prints the notice, or fails when Redis is required
-        return;
-    };
-    redis.persist = true;
-    redis.spawn().await;
+    let Some(mut redis) = RedisProc::start_persistent().await else { return };
     let a = broker(&redis).await;
     // An ack deadline far beyond this test's patience: only their release on
     // reattach can bring the held events back in time.

@@ -30,6 +30,16 @@ impl RedisProc {
     /// Starts a private redis-server, or returns None (after a notice) when there is
     /// none to start and it is not required.
     pub async fn start() -> Option<Self> {
+        Self::start_with(false).await
+    }
+
+    /// [`RedisProc::start`] with persistence (AOF, `appendfsync always`): a restart
+    /// keeps everything it acknowledged.
+    pub async fn start_persistent() -> Option<Self> {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(persist: bool) -> Option<Self> {
         let Some(binary) = which_redis() else {
             assert!(
                 std::env::var("EVENTBUS_REQUIRE_REDIS").as_deref() != Ok("1"),
@@ -45,7 +55,7 @@ impl RedisProc {
             return None;
         };
         let mut redis =
-            Self { port: 0, binary, dir: tempfile::tempdir().unwrap(), child: None, extra: Vec::new(), persist: false };
+            Self { port: 0, binary, dir: tempfile::tempdir().unwrap(), child: None, extra: Vec::new(), persist };
         // A free port can be taken again before redis-server binds it (by another
         // test's redis-server, say): then ours exits and the PING is answered by the
         // other one. Check who answered and try another port.
