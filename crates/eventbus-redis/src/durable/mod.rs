@@ -15,6 +15,9 @@
 //! | `P:durable:{name}:k` / `:q:{key}` | ordering key → its one live event / events waiting on it |
 //! | `P:durable:{name}:l` | terminal log (stream, trimmed by count and age) |
 //! | `P:durable:{name}:n` | counters: acked, dead_lettered, redelivered |
+//! | `P:durable:{name}:c` | instance → clients attached through it and when that count expires |
+//! | `P:durable:{name}:o` | outbox: dead letters recorded, publication not yet answered |
+//! | `P:durable:{name}:lock` | the janitor's lock (expires) |
 //!
 //! - Capture: the publish script checks the consumer-set version this instance knows
 //!   (a stale instance reloads and retries, so a consumer created on another instance
@@ -29,6 +32,9 @@
 //!   appended again when due, carrying its attempt count and failures. So the pending
 //!   entries list holds exactly what is in flight, and XAUTOCLAIM with min-idle = the
 //!   ack deadline finds precisely the events of clients (or instances) that vanished.
+//! - Dead letters: the script that dead-letters an event also puts its letter in the
+//!   outbox; the instance publishes it and then removes it, and a janitor publishes the
+//!   ones left behind (at least once, never zero times).
 
 mod consumer;
 mod scripts;
