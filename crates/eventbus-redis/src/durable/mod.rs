@@ -2,7 +2,7 @@
 //! every instance, whichever instance a client or a publisher talks to.
 //!
 //! State lives in Redis, never only in an instance, and every change is one Lua script
-//! ([`scripts`]), so instances never coordinate except through Redis:
+//! (`scripts`), so instances never coordinate except through Redis:
 //!
 //! | key (`P` = prefix) | what |
 //! |---|---|
@@ -25,7 +25,7 @@
 //!   stream and PUBLISHes for ephemeral subscribers: all in one step. Publishes are
 //!   group-committed: one script runs at a time and carries every publish that arrived
 //!   while the previous one ran, in arrival order.
-//! - Delivery: [`consumer`] runs one actor per consumer with local clients; it reads
+//! - Delivery: `consumer` runs one actor per consumer with local clients; it reads
 //!   with a blocking XREADGROUP (nothing runs while idle) and spreads events to its
 //!   clients.
 //! - A failed attempt takes the event off the stream into the retry set; it is
