@@ -785,10 +785,11 @@ impl Actor {
         for s in streams {
             let Value::Array(mut pair) = s else { continue };
             let Some(entries) = pair.pop() else { continue };
-            for (sid, mut fields) in entries_of(entries)? {
+            for mut entry in entries_of(entries)? {
                 // Owned out of the reply: the payload is not copied again.
-                let envelope = Bytes::from(fields.remove("e").ok_or("entry without an event")?);
-                let text = |name: &str| fields.get(name).and_then(|v| std::str::from_utf8(v).ok());
+                let envelope = Bytes::from(entry.take("e").ok_or("entry without an event")?);
+                let sid = std::mem::take(&mut entry.id);
+                let text = |name: &str| entry.text(name);
                 let event = envelope::decode_own(envelope).ok_or_else(|| format!("entry {sid} holds no event"))?;
                 let failed: u32 = text("a").and_then(|a| a.parse().ok()).unwrap_or(0);
                 let first_ms = text("f").and_then(|f| f.parse().ok());
@@ -1036,8 +1037,26 @@ fn text(value: &Value) -> Option<String> {
     }
 }
 
-/// A stream entry: its id and fields.
-pub(crate) type Entry = (String, HashMap<String, Vec<u8>>);
+/// A stream entry: its id and fields, moved out of the reply (no copies).
+pub(crate) struct Entry {
+    pub(crate) id: String,
+    fields: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Entry {
+    pub(crate) fn get(&self, name: &str) -> Option<&[u8]> {
+        self.fields.iter().find(|(k, _)| k == name.as_bytes()).map(|(_, v)| v.as_slice())
+    }
+
+    fn take(&mut self, name: &str) -> Option<Vec<u8>> {
+        let at = self.fields.iter().position(|(k, _)| k == name.as_bytes())?;
+        Some(self.fields.swap_remove(at).1)
+    }
+
+    fn text(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+}
 
 /// Stream entries `[[id, [field, value, ...]], ...]`.
 pub(crate) fn entries_of(value: Value) -> Result<Vec<Entry>, String> {
@@ -1046,18 +1065,17 @@ pub(crate) fn entries_of(value: Value) -> Result<Vec<Entry>, String> {
     for row in rows {
         let Value::Array(row) = row else { return Err("stream entry is not an array".into()) };
         let mut row = row.into_iter();
-        let (Some(id), Some(Value::Array(kv))) = (row.next(), row.next()) else {
+        let (Some(Value::BulkString(id)), Some(Value::Array(kv))) = (row.next(), row.next()) else {
             // A deleted entry still in the pending list comes back as [id, nil].
             continue;
         };
-        let id = text(&id).ok_or("stream entry id is not text")?;
-        let mut fields = HashMap::with_capacity(kv.len() / 2);
+        let id = String::from_utf8(id).map_err(|_| "stream entry id is not text")?;
+        let mut fields = Vec::with_capacity(kv.len() / 2);
         let mut kv = kv.into_iter();
-        while let (Some(k), Some(v)) = (kv.next(), kv.next()) {
-            let Value::BulkString(v) = v else { continue };
-            fields.insert(text(&k).ok_or("field name is not text")?, v);
+        while let (Some(Value::BulkString(k)), Some(Value::BulkString(v))) = (kv.next(), kv.next()) {
+            fields.push((k, v));
         }
-        out.push((id, fields));
+        out.push(Entry { id, fields });
     }
     Ok(out)
 }

@@ -580,16 +580,16 @@ impl Shared {
             if rows.is_empty() {
                 return Ok(page);
             }
-            for (id, fields) in rows {
+            for row in rows {
                 if page.entries.len() == limit {
                     page.next_page_token = last_scanned;
                     return Ok(page);
                 }
-                let entry = log_entry(&fields).map_err(corrupt)?;
+                let entry = log_entry(&row).map_err(corrupt)?;
                 if status.is_none_or(|s| s == entry.status) {
                     page.entries.push(entry);
                 }
-                last_scanned.clone_from(&id);
+                last_scanned.clone_from(&row.id);
             }
             start = format!("({last_scanned}");
         }
@@ -617,8 +617,8 @@ fn is_stream_id(s: &str) -> bool {
         && seq.bytes().all(|b| b.is_ascii_digit())
 }
 
-fn log_entry(fields: &HashMap<String, Vec<u8>>) -> Result<LogEntry, String> {
-    let line = fields.get("j").ok_or("log line without its entry")?;
+fn log_entry(row: &consumer::Entry) -> Result<LogEntry, String> {
+    let line = row.get("j").ok_or("log line without its entry")?;
     serde_json::from_slice(line).map_err(|e| format!("log line: {e}"))
 }
 
