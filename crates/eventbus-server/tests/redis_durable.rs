@@ -438,6 +438,35 @@ async fn losing_redis_ends_consume_streams_with_unavailable_and_clients_recover(
 }
 
 #[tokio::test]
+async fn consumers_declared_in_the_configuration_outlive_a_redis_that_lost_its_data() {
+    let Some(mut redis) = RedisProc::start().await else { return };
+    let declared = eventbus_server::config::ConsumerSetting {
+        name: "declared".into(),
+        channels: vec!["jobs.>".into()],
+        ack_deadline_ms: 30_000,
+        max_attempts: 5,
+        backoff: Default::default(),
+        max_in_flight: 100,
+        dead_letter_channel: String::new(),
+    };
+    let a = broker_with(&redis, |s| s.durable.consumers = vec![declared]).await;
+    eventually("the declared consumer", || async { get(&a, "declared").await.is_ok() }).await;
+    // Restarted without persistence: every definition is gone from Redis.
+    redis.kill();
+    redis.spawn().await;
+    wait_ready(&a, true).await;
+    eventually("the declared consumer to be declared again", || async { get(&a, "declared").await.is_ok() }).await;
+    let published = publish(&a, event("jobs.run", "after")).await;
+    let mut c = attach(a.endpoint(), "declared", 0).await.unwrap();
+    assert_eq!(ids(&c.deliveries(1).await), [published.event_id], "captured again");
+}
+
+async fn get(server: &TestServer, name: &str) -> Result<pb::ConsumerInfo, tonic::Status> {
+    let request = pb::GetConsumerRequest { name: name.into() };
+    server.admin().await.get_consumer(request).await.map(tonic::Response::into_inner)
+}
+
+#[tokio::test]
 async fn a_publish_stream_is_captured_in_order_and_stops_at_its_first_error() {
     let Some(redis) = RedisProc::start().await else { return };
     let server = broker(&redis).await;

@@ -129,6 +129,9 @@ pub(crate) struct Shared {
     registry: RwLock<Registry>,
     /// One reload at a time (a burst of stale publishes triggers one).
     reloading: tokio::sync::Mutex<()>,
+    /// Consumers declared in the configuration: declared again should Redis lose its
+    /// data (restarted without persistence).
+    declared: Mutex<Vec<ConsumerConfig>>,
     snapshot: Mutex<Vec<ConsumerInfo>>,
     next_client: AtomicU64,
     shutdown: CancellationToken,
@@ -191,6 +194,7 @@ impl RedisDurable {
             captures,
             registry: RwLock::default(),
             reloading: tokio::sync::Mutex::new(()),
+            declared: Mutex::default(),
             snapshot: Mutex::default(),
             next_client: AtomicU64::new(1),
             shutdown,
@@ -288,6 +292,22 @@ async fn follow_changes(shared: std::sync::Weak<Shared>) {
     }
 }
 
+/// Writes the consumers declared in the configuration again (identical definitions are
+/// a no-op, so every instance may do it).
+/// (Boxed: `define` reloads, and a reload may start this.)
+fn redeclare(shared: std::sync::Weak<Shared>) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let Some(shared) = shared.upgrade() else { return };
+        let declared = shared.declared.lock().clone();
+        for config in declared {
+            match shared.define(&config, true).await {
+                Ok(_) => info!(consumer = %config.name, "durable consumer declared again"),
+                Err(err) => warn!(consumer = %config.name, %err, "cannot declare the durable consumer again"),
+            }
+        }
+    })
+}
+
 impl Shared {
     fn conn(&self) -> ConnectionManager {
         self.conn.clone()
@@ -313,6 +333,14 @@ impl Shared {
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
+        if version.is_none() && !matches!(&*self.registry.read().version, "" | "0") {
+            // The definitions this instance knew are gone with the version counter
+            // itself: not a delete (that bumps it) but a Redis that lost its data.
+            warn!(
+                "Redis has lost the durable consumer definitions (restarted without persistence?); declaring the configured consumers again"
+            );
+            tokio::spawn(redeclare(Arc::downgrade(self)));
+        }
         let version = version.unwrap_or_else(|| "0".into());
         let mut fresh = Registry { version: version.as_str().into(), ..Registry::default() };
         let mut removed = Vec::new();
@@ -652,6 +680,11 @@ impl DurableBackend for RedisDurable {
     fn declare_consumer(&self, config: ConsumerConfig) -> BoxFuture<'_, Result<(), DurableError>> {
         Box::pin(async move {
             config.validate().map_err(DurableError::InvalidConfig)?;
+            {
+                let mut declared = self.shared.declared.lock();
+                declared.retain(|c| c.name != config.name);
+                declared.push(config.clone());
+            }
             self.shared.define(&config, true).await.map(|_| ())
         })
     }

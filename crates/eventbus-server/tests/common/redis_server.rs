@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Once;
 
-use eventbus_server::config::Mode;
+use eventbus_server::config::{Mode, Settings};
 use reqwest::StatusCode;
 
 use super::*;
@@ -152,12 +152,18 @@ impl Drop for RedisProc {
 }
 
 pub async fn broker(redis: &RedisProc) -> TestServer {
+    broker_with(redis, |_| {}).await
+}
+
+/// [`broker`] with its settings adjusted first.
+pub async fn broker_with(redis: &RedisProc, tweak: impl FnOnce(&mut Settings)) -> TestServer {
     let port = redis.port;
     let server = start_with(|s| {
         s.eventbus.mode = Mode::Redis;
         s.eventbus.redis.host = "127.0.0.1".into();
         s.eventbus.redis.port = port;
         s.eventbus.offer_timeout_ms = 20;
+        tweak(s);
     })
     .await;
     wait_ready(&server, true).await;
