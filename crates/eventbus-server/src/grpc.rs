@@ -3,7 +3,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use eventbus_core::{Bus, Event, SubscriptionHandle};
+use eventbus_core::{Bus, Event, Published, SubscriptionHandle};
 use eventbus_proto::pb::{self, subscribe_response::Kind};
 use futures::{Stream, StreamExt, stream};
 use tonic::{Request, Response, Status, Streaming};
@@ -43,10 +43,15 @@ async fn publish_one(
     peer: String,
 ) -> Result<pb::PublishResponse, Status> {
     let published = bus.publish(convert::publish_input(req, peer)).await.map_err(status)?;
+    Ok(respond(metrics, published))
+}
+
+/// The answer to a publish, its duration recorded.
+fn respond(metrics: Option<&Metrics>, published: Published) -> pb::PublishResponse {
     if let Some(metrics) = metrics {
         metrics.observe_publish(published.duration);
     }
-    Ok(convert::publish_response(published))
+    convert::publish_response(published)
 }
 
 #[tonic::async_trait]
@@ -84,12 +89,7 @@ impl pb::event_bus_server::EventBus for EventBusService {
             }
             let mut answers = Vec::with_capacity(inputs.len() + 1);
             for published in svc.bus.publish_many(inputs).await {
-                answers.push(published.map_err(status).map(|p| {
-                    if let Some(metrics) = &svc.metrics {
-                        metrics.observe_publish(p.duration);
-                    }
-                    convert::publish_response(p)
-                }));
+                answers.push(published.map_err(status).map(|p| respond(svc.metrics.as_deref(), p)));
             }
             let failed = answers.last().is_some_and(Result::is_err);
             if let Some(status) = broken.filter(|_| !failed) {

@@ -23,7 +23,7 @@ use eventbus_core::{ErrorKind, Event};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use parking_lot::{Mutex, RwLock};
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{AsyncCommands, AsyncConnectionConfig, RedisResult, Script, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -47,10 +47,10 @@ const OUTBOX_GRACE: Duration = Duration::from_secs(10);
 /// Orphaned entries listed per XPENDING page.
 const ORPHAN_PAGE: usize = 1000;
 /// How often an instance with clients attached renews its count of them in Redis.
-pub(crate) const PRESENCE_EVERY: Duration = Duration::from_secs(5);
+const PRESENCE_EVERY: Duration = Duration::from_secs(5);
 /// How long a count stands without renewal: an instance that died stops counting
 /// after this.
-pub(crate) const PRESENCE_TTL: Duration = Duration::from_secs(15);
+const PRESENCE_TTL: Duration = Duration::from_secs(15);
 
 /// Why an actor stops.
 #[derive(Debug, Clone)]
@@ -688,7 +688,7 @@ impl Actor {
         let outbox = format!("{}:o", self.rt.base);
         let Some(event) = envelope::decode_own(dead.envelope) else {
             error!(consumer = %self.rt.name, event = %dead.event_id, "dead letter with an unreadable event; dropped");
-            self.forget_dead_letter(outbox, dead.event_id);
+            tokio::spawn(leave_outbox(self.shared.conn(), outbox, dead.event_id));
             return;
         };
         let failures: Vec<Failure> = serde_json::from_str(&dead.failures).unwrap_or_else(|err| {
@@ -708,7 +708,7 @@ impl Actor {
             return;
         };
         let published = sink(dl.channel.clone(), payload, content_type);
-        let shared = Arc::clone(&self.shared);
+        let conn = self.shared.conn();
         tokio::spawn(async move {
             let (channel, consumer, event) = (&dl.channel, &dl.consumer, &dl.event.id);
             match published.await {
@@ -719,17 +719,7 @@ impl Actor {
                 }
                 Err(err) => error!(%channel, %consumer, %event, %err, "cannot publish a dead letter; dropped"),
             }
-            let done: RedisResult<i64> = shared.conn().hdel(&outbox, event).await;
-            if let Err(err) = done {
-                warn!(%consumer, %event, %err, "dead letter published but still in the outbox: it may be published twice");
-            }
-        });
-    }
-
-    fn forget_dead_letter(&self, outbox: String, event_id: String) {
-        let mut conn = self.shared.conn();
-        tokio::spawn(async move {
-            let _: RedisResult<i64> = conn.hdel(&outbox, &event_id).await;
+            leave_outbox(conn, outbox, dl.event.id.clone()).await;
         });
     }
 
@@ -992,6 +982,15 @@ pub(crate) fn is_missing_stream(err: &redis::RedisError) -> bool {
     // Inside a pipeline the server's code is only in the text.
     let text = err.to_string();
     text.contains("NOGROUP") || (text.contains("UNBLOCKED") && text.contains("no longer exists"))
+}
+
+/// Takes a dead letter out of its consumer's outbox. Should that fail, a janitor will
+/// publish it once more (at least once, as documented).
+async fn leave_outbox(mut conn: ConnectionManager, outbox: String, event_id: String) {
+    let done: RedisResult<i64> = conn.hdel(&outbox, &event_id).await;
+    if let Err(err) = done {
+        warn!(%outbox, event = %event_id, %err, "a dead letter is done but still in the outbox: it may be published twice");
+    }
 }
 
 async fn sleep_until(at: Option<Instant>) {

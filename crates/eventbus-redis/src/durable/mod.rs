@@ -565,9 +565,9 @@ impl Shared {
                     }
                 }
                 other => {
-                    let err = corrupt(format!("unexpected reply to the capture script: {other:?}"));
+                    let what = format!("unexpected reply to the capture script: {other:?}");
                     for p in batch.drain(..) {
-                        let _ = p.reply.send(Err(corrupt(&err)));
+                        let _ = p.reply.send(Err(corrupt(&what)));
                     }
                     return;
                 }
