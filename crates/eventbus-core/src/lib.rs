@@ -9,6 +9,7 @@
 //! - [`bus`]: the engine that ties them together — publish, subscribe, stats, shutdown.
 //! - [`stats`]: counters per bus, channel and subscription; the bounded channel table.
 //! - [`transport`]: the seam a distributed fan-out (Redis) plugs into.
+//! - [`tasks`]: the supervisor of background tasks: one that stops while needed is loud.
 //! - [`event`]: the event envelope and publish-time checks.
 //! - [`durable`]: durable consumers (SPEC §9): store trait, redb store, engine.
 //! - [`error`]: what a call can be refused for.
@@ -20,6 +21,7 @@ pub mod event;
 pub mod name;
 pub mod stats;
 pub mod subscription;
+pub mod tasks;
 pub mod transport;
 
 pub mod trie;
@@ -32,4 +34,5 @@ pub use event::{Event, PublishInput};
 pub use name::{NameError, Pattern};
 pub use stats::{BusStats, ChannelStats, LabelStats, OTHER_LABEL, SubscriptionInfo};
 pub use subscription::{CloseReason, Overflow};
+pub use tasks::{Supervisor, TaskFailure, TaskHandle};
 pub use transport::{Fanout, LocalFanout, Transport, TransportError, TransportStatus};

@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use eventbus_core::name::validate_channel;
 use eventbus_core::transport::{PublishFuture, WatchedFuture};
-use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Transport, TransportError, TransportStatus};
+use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Supervisor, Transport, TransportError, TransportStatus};
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
@@ -133,6 +133,7 @@ impl RedisTransport {
         settings: &RedisOptions,
         local: LocalFanout,
         shutdown: CancellationToken,
+        supervisor: &Supervisor,
     ) -> Arc<Self> {
         // rediss:// needs a TLS crypto provider; an error means one is installed already.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -145,7 +146,8 @@ impl RedisTransport {
             applied: watch::Sender::new(0),
             status: watch::Sender::new(TransportStatus::default()),
         });
-        tokio::spawn(Arc::clone(&transport).run(client, local, shutdown));
+        // Runs until `shutdown` (it holds the transport, so no owner's drop retires it).
+        supervisor.spawn("redis transport", Arc::clone(&transport).run(client, local, shutdown)).detach();
         transport
     }
 

@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use eventbus_core::durable::store::{LogStatus, from_epoch_ms};
 use eventbus_core::durable::{ConsumerInfo, DurableBackend};
-use eventbus_core::{Bus, Error, ErrorKind, PublishInput, TransportStatus};
+use eventbus_core::{Bus, Error, ErrorKind, PublishInput, Supervisor, TaskFailure, TransportStatus};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::watch;
@@ -23,17 +23,23 @@ use tokio::sync::watch;
 use crate::config::ConsumerSetting;
 use crate::metrics::Metrics;
 
-/// Whether the instance should receive traffic: not shutting down, and (redis mode)
-/// connected to Redis.
+/// Whether the instance should receive traffic: every background task running, not
+/// shutting down, and (redis mode) connected to Redis.
 #[derive(Debug, Clone)]
 pub struct Readiness {
     shutting_down: Arc<AtomicBool>,
     transport: Option<watch::Receiver<TransportStatus>>,
+    tasks: watch::Receiver<Option<TaskFailure>>,
 }
 
 impl Readiness {
-    pub fn new(transport: Option<watch::Receiver<TransportStatus>>) -> Self {
-        Self { shutting_down: Arc::default(), transport }
+    pub fn new(transport: Option<watch::Receiver<TransportStatus>>, supervisor: &Supervisor) -> Self {
+        Self { shutting_down: Arc::default(), transport, tasks: supervisor.failures() }
+    }
+
+    /// The background task that stopped, if one did: the process must be restarted.
+    pub fn failed_task(&self) -> Option<TaskFailure> {
+        self.tasks.borrow().clone()
     }
 
     /// Shutdown has begun: not ready from now on.
@@ -46,11 +52,13 @@ impl Readiness {
     }
 
     /// Why the instance is not ready, if it is not.
-    pub fn reason(&self) -> Option<&'static str> {
-        if self.is_shutting_down() {
-            Some("shutting down")
+    pub fn reason(&self) -> Option<String> {
+        if let Some(failure) = self.failed_task() {
+            Some(failure.to_string())
+        } else if self.is_shutting_down() {
+            Some("shutting down".to_owned())
         } else if self.transport.as_ref().is_some_and(|t| !t.borrow().connected) {
-            Some("not connected to Redis")
+            Some("not connected to Redis".to_owned())
         } else {
             None
         }
@@ -138,8 +146,16 @@ async fn metrics(State(state): State<HttpState>) -> Result<Response, ApiError> {
     Ok(([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response())
 }
 
-async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({ "status": "ok" }))
+/// Liveness: fails once a background task has stopped (the process no longer does all
+/// its work and must be restarted; README "Health").
+async fn healthz(State(state): State<HttpState>) -> Response {
+    match state.readiness.failed_task() {
+        None => Json(json!({ "status": "ok" })).into_response(),
+        Some(failure) => {
+            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "failed", "reason": failure.to_string() })))
+                .into_response()
+        }
+    }
 }
 
 async fn readyz(State(state): State<HttpState>) -> Response {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use eventbus_core::durable::DurableBackend;
 use eventbus_core::durable::engine::AckObserver;
 use eventbus_core::durable::{Durable, DurableOptions, Fsync, RedbStore};
-use eventbus_core::{Bus, TransportStatus};
+use eventbus_core::{Bus, Supervisor, TransportStatus};
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
 use eventbus_redis::{RedisDurable, RedisDurableSettings, RedisTransport};
 use futures::StreamExt;
@@ -65,6 +65,8 @@ pub struct Server {
     metrics: Option<Arc<Metrics>>,
     /// Stops the transport's background task (redis mode) once the server has stopped.
     transport_stop: CancellationToken,
+    /// Every background task; one that stops turns readiness and health off.
+    supervisor: Supervisor,
     grpc: TcpListener,
     grpc_addr: SocketAddr,
     http: TcpListener,
@@ -85,6 +87,7 @@ impl Server {
         let (grpc, grpc_addr) = listen("gRPC", settings.server.grpc_addr).await?;
         let (http, http_addr) = listen("HTTP", settings.server.http_addr).await?;
         let transport_stop = CancellationToken::new();
+        let supervisor = Supervisor::new();
         let bus = match settings.eventbus.mode {
             Mode::InMemory => Bus::new(settings.bus_config()),
             Mode::Redis => {
@@ -92,7 +95,9 @@ impl Server {
                 let client = redis.client().map_err(|e| ServerError::Redis(e.to_string()))?;
                 info!(target = %redis.display_target(), prefix = %redis.prefix, "redis mode: connecting in the background");
                 let stop = transport_stop.clone();
-                Bus::with_transport(settings.bus_config(), |local| RedisTransport::start(client, &redis, local, stop))
+                Bus::with_transport(settings.bus_config(), |local| {
+                    RedisTransport::start(client, &redis, local, stop, &supervisor)
+                })
             }
         };
         let metrics = match settings.eventbus.metrics.enabled {
@@ -100,10 +105,10 @@ impl Server {
             false => None,
         };
         match settings.eventbus.mode {
-            Mode::InMemory => start_durable(&settings, &bus, metrics.clone()).await?,
-            Mode::Redis => start_redis_durable(&settings, &bus, metrics.clone(), transport_stop.clone())?,
+            Mode::InMemory => start_durable(&settings, &bus, metrics.clone(), &supervisor).await?,
+            Mode::Redis => start_redis_durable(&settings, &bus, metrics.clone(), transport_stop.clone(), &supervisor)?,
         }
-        Ok(Self { settings, bus, metrics, transport_stop, grpc, grpc_addr, http, http_addr })
+        Ok(Self { settings, bus, metrics, transport_stop, supervisor, grpc, grpc_addr, http, http_addr })
     }
 
     /// The bound gRPC address.
@@ -121,15 +126,20 @@ impl Server {
         &self.bus
     }
 
+    /// The supervisor of the server's background tasks.
+    pub fn supervisor(&self) -> &Supervisor {
+        &self.supervisor
+    }
+
     /// Serves until `shutdown` is cancelled, then drains: readiness and gRPC health go
     /// false, new calls get UNAVAILABLE, subscribers receive what is queued for up to
     /// `shutdown_timeout_ms`, remaining streams end with UNAVAILABLE, and the
     /// listeners close.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServerError> {
-        let Self { settings, bus, metrics, transport_stop, grpc, grpc_addr, http, http_addr } = self;
+        let Self { settings, bus, metrics, transport_stop, supervisor, grpc, grpc_addr, http, http_addr } = self;
         // Stops the transport whichever way this function returns.
         let _transport_guard = transport_stop.drop_guard();
-        let readiness = Readiness::new(bus.transport_status());
+        let readiness = Readiness::new(bus.transport_status(), &supervisor);
         let (health, health_service) = tonic_health::server::health_reporter();
         set_health(&health, health_status(readiness.get())).await;
         let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -155,11 +165,16 @@ impl Server {
         });
 
         let stopped = CancellationToken::new();
-        // gRPC health follows readiness (a Redis outage, then shutdown).
-        if let Some(status) = bus.transport_status() {
-            tokio::spawn(follow_transport(status, readiness.clone(), health.clone(), stopped.clone()));
-        }
-        let on_stop = Stopping { readiness: readiness.clone(), health };
+        // gRPC health follows readiness (a stopped background task, a Redis outage,
+        // then shutdown).
+        tokio::spawn(follow_readiness(
+            bus.transport_status(),
+            supervisor.failures(),
+            readiness.clone(),
+            health.clone(),
+            stopped.clone(),
+        ));
+        let on_stop = Stopping { readiness: readiness.clone(), health, supervisor };
         let drain = drain(bus.clone(), shutdown, settings.shutdown_timeout(), on_stop, stopped.clone());
         let grpc_server = tonic::transport::Server::builder()
             .add_service(health_service)
@@ -199,7 +214,12 @@ impl Server {
 
 /// Opens the durable store, starts the engine on the bus and declares the configured
 /// consumers. A store that cannot be opened stops start-up: never a silent empty store.
-async fn start_durable(settings: &Settings, bus: &Bus, metrics: Option<Arc<Metrics>>) -> Result<(), ServerError> {
+async fn start_durable(
+    settings: &Settings,
+    bus: &Bus,
+    metrics: Option<Arc<Metrics>>,
+    supervisor: &Supervisor,
+) -> Result<(), ServerError> {
     let d = &settings.durable;
     let fsync = match d.fsync {
         FsyncSetting::Always => Fsync::Always,
@@ -207,7 +227,7 @@ async fn start_durable(settings: &Settings, bus: &Bus, metrics: Option<Arc<Metri
     };
     let store = RedbStore::open(std::path::Path::new(&d.data_dir), fsync, settings.retention())
         .map_err(|e| ServerError::Durable(e.to_string()))?;
-    let options = durable_options(settings, metrics);
+    let options = durable_options(settings, metrics, supervisor);
     let durable = Durable::start(Arc::new(store), options).map_err(|e| ServerError::Durable(e.to_string()))?;
     bus.enable_durable(durable.clone());
     for consumer in &d.consumers {
@@ -218,8 +238,9 @@ async fn start_durable(settings: &Settings, bus: &Bus, metrics: Option<Arc<Metri
     Ok(())
 }
 
-fn durable_options(settings: &Settings, metrics: Option<Arc<Metrics>>) -> DurableOptions {
+fn durable_options(settings: &Settings, metrics: Option<Arc<Metrics>>, supervisor: &Supervisor) -> DurableOptions {
     DurableOptions {
+        supervisor: supervisor.clone(),
         dedup_window: Duration::from_millis(settings.durable.dedup_window_ms),
         dead_letter_encoder: Arc::new(consume::encode_dead_letter),
         on_ack: metrics.map(|m| -> AckObserver { Arc::new(move |consumer, latency| m.observe_ack(consumer, latency)) }),
@@ -234,6 +255,7 @@ fn start_redis_durable(
     bus: &Bus,
     metrics: Option<Arc<Metrics>>,
     stop: CancellationToken,
+    supervisor: &Supervisor,
 ) -> Result<(), ServerError> {
     let redis = settings.redis_settings();
     let client = redis.client().map_err(|e| ServerError::Redis(e.to_string()))?;
@@ -242,8 +264,9 @@ fn start_redis_durable(
         instance_id: bus.instance_id().to_owned(),
         retention: settings.retention(),
     };
-    let durable = RedisDurable::start(client, durable_settings, durable_options(settings, metrics), stop.clone())
-        .map_err(|e| ServerError::Durable(e.to_string()))?;
+    let durable =
+        RedisDurable::start(client, durable_settings, durable_options(settings, metrics, supervisor), stop.clone())
+            .map_err(|e| ServerError::Durable(e.to_string()))?;
     bus.enable_durable(durable.clone());
     let declared: Vec<_> = settings.durable.consumers.iter().map(|c| c.to_config()).collect();
     if declared.is_empty() {
@@ -277,27 +300,37 @@ fn start_redis_durable(
 struct Stopping {
     readiness: Readiness,
     health: HealthReporter,
+    supervisor: Supervisor,
 }
 
 fn health_status(ready: bool) -> ServingStatus {
     if ready { ServingStatus::Serving } else { ServingStatus::NotServing }
 }
 
-/// Keeps gRPC health in step with the transport's connection until the server stops.
-async fn follow_transport(
-    mut status: tokio::sync::watch::Receiver<TransportStatus>,
+/// Keeps gRPC health in step with readiness (the transport's connection, the background
+/// tasks) until the server stops.
+async fn follow_readiness(
+    transport: Option<tokio::sync::watch::Receiver<TransportStatus>>,
+    mut tasks: tokio::sync::watch::Receiver<Option<eventbus_core::TaskFailure>>,
     readiness: Readiness,
     health: HealthReporter,
     stopped: CancellationToken,
 ) {
+    let mut transport = transport;
     loop {
+        let transport_changed = async {
+            match transport.as_mut() {
+                Some(status) => status.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = stopped.cancelled() => return,
-            changed = status.changed() => if changed.is_err() { return },
+            alive = transport_changed => if !alive { transport = None },
+            changed = tasks.changed() => if changed.is_err() { return },
         }
-        let connected = status.borrow_and_update().connected;
         if !readiness.is_shutting_down() {
-            set_health(&health, health_status(connected)).await;
+            set_health(&health, health_status(readiness.get())).await;
         }
     }
 }
@@ -319,6 +352,7 @@ async fn drain(
 ) {
     shutdown.cancelled().await;
     info!(subscriptions = bus.stats().active_subscriptions, "shutting down: draining subscriptions");
+    on_stop.supervisor.stop();
     on_stop.readiness.shutting_down();
     set_health(&on_stop.health, ServingStatus::NotServing).await;
     bus.begin_shutdown();

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_acks_and_the_log_over_grpc() {
     let server = start().await;
     let mut admin = server.admin().await;
@@ -67,7 +67,7 @@ async fn consume_acks_and_the_log_over_grpc() {
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_errors_have_their_status_codes() {
     let server = start().await;
     let mut admin = server.admin().await;
@@ -106,7 +106,7 @@ async fn durable_errors_have_their_status_codes() {
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_decodable_and_consumable() {
     // The event takes the whole payload limit: its dead letter, which wraps it, is
     // over the limit and must be published all the same.
@@ -140,7 +140,7 @@ async fn dead_letters_are_decodable_and_consumable() {
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_releases_in_flight_events_at_once() {
     let server = start().await;
     let mut admin = server.admin().await;
@@ -160,7 +160,7 @@ async fn disconnect_releases_in_flight_events_at_once() {
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotent_publish_over_grpc() {
     let server = start().await;
     let mut client = server.client().await;
@@ -173,7 +173,7 @@ async fn idempotent_publish_over_grpc() {
     server.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_nothing_published_and_redelivers_nothing_completed() {
     let dir = tempfile::tempdir().unwrap();
     let (mut child, addr) = daemon(dir.path()).await;
@@ -249,7 +249,7 @@ async fn kill_9_loses_nothing_published_and_redelivers_nothing_completed() {
     assert!(redelivered.is_disjoint(&early), "completed events came back");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_rest_routes_and_metrics() {
     let server = start().await;
     let http = reqwest::Client::new();
@@ -315,4 +315,33 @@ async fn consumer_rest_routes_and_metrics() {
         reqwest::StatusCode::NOT_FOUND
     );
     server.stop().await;
+}
+
+/// Issue 13: in fresh `eventbusd` processes (default on-disk store, multi-threaded
+/// runtime), the timers run: an event not acked within its deadline comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fresh_daemon_redelivers_after_the_ack_deadline() {
+    const DAEMONS: usize = 10;
+    let mut runs = tokio::task::JoinSet::new();
+    for i in 0..DAEMONS {
+        runs.spawn(async move {
+            let dir = tempfile::tempdir().unwrap();
+            let (_child, addr) = daemon(dir.path()).await;
+            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+            let mut admin = pb::admin_client::AdminClient::new(endpoint.connect().await.unwrap());
+            let config = pb::ConsumerConfig { ack_deadline_ms: 200, ..consumer("inbox", &["orders.>"]) };
+            admin.create_consumer(pb::CreateConsumerRequest { config: Some(config) }).await.unwrap();
+            let mut c = attach(endpoint.clone(), "inbox", 0).await.unwrap();
+            let mut client = pb::event_bus_client::EventBusClient::new(endpoint.connect().await.unwrap());
+            client.publish(event("orders.created", &b"x"[..])).await.unwrap();
+            let first = c.deliveries(1).await;
+            // Not acked: the deadline must bring it back, on every process.
+            let again = c.deliveries(1).await;
+            (i, first[0].attempt, again[0].attempt, ids(&first) == ids(&again))
+        });
+    }
+    while let Some(run) = runs.join_next().await {
+        let (i, first, again, same) = run.unwrap();
+        assert_eq!((first, again, same), (1, 2, true), "daemon {i}");
+    }
 }

@@ -337,3 +337,29 @@ fn prometheus_config_scrapes_the_metrics_port() {
         assert!(target.ends_with(&format!(":{http_port}")), "{target} is not the metrics port {http_port}");
     }
 }
+
+/// Issue 13: a background task that stops while the daemon serves turns liveness,
+/// readiness and gRPC health off, with the task named, instead of failing silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_background_task_turns_health_and_readiness_off() {
+    let server = start().await;
+    assert_eq!(health_of(&server, "").await, ServingStatus::Serving);
+    assert_eq!(reqwest::get(server.url("/readyz")).await.unwrap().status(), StatusCode::OK);
+
+    let _task = server.supervisor.spawn("test worker", async { panic!("forced to stop") });
+
+    eventually("gRPC health to turn NOT_SERVING", || async {
+        health_of(&server, "").await == ServingStatus::NotServing
+            && health_of(&server, "eventbus.v1.EventBus").await == ServingStatus::NotServing
+    })
+    .await;
+    for route in ["/readyz", "/healthz"] {
+        let resp = reqwest::get(server.url(route)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE, "{route}");
+        let reason = resp.json::<Json>().await.unwrap()["reason"].as_str().unwrap().to_owned();
+        assert!(reason.contains("test worker") && reason.contains("forced to stop"), "{route}: {reason}");
+    }
+    // Still serving calls: only health tells the orchestrator to restart it.
+    server.client().await.publish(event("still.up", &b"x"[..])).await.unwrap();
+    server.stop().await;
+}

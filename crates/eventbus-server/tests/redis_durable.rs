@@ -47,7 +47,7 @@ fn nack(id: &str, delay_ms: u64) -> consume_request::Kind {
     consume_request::Kind::Nack(pb::Nack { event_id: id.into(), reason: "try later".into(), delay_ms })
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_on_two_instances_share_one_consumer() {
     let Some(redis) = RedisProc::start().await else { return };
     let (a, b) = (broker(&redis).await, broker(&redis).await);
@@ -103,7 +103,7 @@ async fn next_within(c: &mut Consumer, ms: u64) -> Option<Vec<pb::Delivery>> {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn definitions_and_captures_follow_at_once_across_instances() {
     let Some(redis) = RedisProc::start().await else { return };
     let (a, b) = (broker(&redis).await, broker(&redis).await);
@@ -132,7 +132,7 @@ async fn definitions_and_captures_follow_at_once_across_instances() {
     assert!(keys.is_empty(), "delete removes everything the consumer held: {keys:?}");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotent_publish_across_instances() {
     let Some(redis) = RedisProc::start().await else { return };
     let (a, b) = (broker(&redis).await, broker(&redis).await);
@@ -151,7 +151,7 @@ async fn idempotent_publish_across_instances() {
     assert!(publish(&a, other).await.duplicate);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_and_the_terminal_log_across_instances() {
     let Some(redis) = RedisProc::start().await else { return };
     let (a, b) = (broker(&redis).await, broker(&redis).await);
@@ -212,7 +212,7 @@ async fn outbox_len(redis: &RedisProc, consumer: &str) -> u64 {
     redis::cmd("HLEN").arg(key).query_async(&mut redis.conn().await).await.unwrap()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_whose_publisher_died_is_published_by_a_janitor() {
     let Some(redis) = RedisProc::start().await else { return };
     let a = broker(&redis).await;
@@ -248,7 +248,7 @@ async fn a_dead_letter_whose_publisher_died_is_published_by_a_janitor() {
     eventually("the outbox to empty", || async { outbox_len(&redis, "orphans").await == 0 }).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordering_keys_hold_across_instances() {
     let Some(redis) = RedisProc::start().await else { return };
     let (a, b) = (broker(&redis).await, broker(&redis).await);
@@ -294,7 +294,7 @@ async fn ordering_keys_hold_across_instances() {
     assert_eq!(k1_order, ["k1-0", "k1-1", "k1-2", "k1-3"], "in publish order");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_instance_s_events_are_redelivered_by_another() {
     let Some(redis) = RedisProc::start().await else { return };
     let b = broker(&redis).await;
@@ -333,7 +333,7 @@ async fn a_killed_instance_s_events_are_redelivered_by_another() {
     assert!(reasons.values().all(|r| *r == ["ack deadline exceeded"]), "{reasons:?}");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persistent_redis_restart_loses_nothing_acknowledged() {
     let Some(mut redis) = RedisProc::start_persistent().await else { return };
     let a = broker(&redis).await;
@@ -356,7 +356,7 @@ async fn a_persistent_redis_restart_loses_nothing_acknowledged() {
     assert!(got.iter().all(|d| d.attempt == 1));
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_held_when_redis_went_away_come_back_as_soon_as_their_client_reattaches() {
     let Some(mut redis) = RedisProc::start_persistent().await else { return };
     let a = broker(&redis).await;
@@ -402,7 +402,7 @@ async fn eventually_attach(server: &TestServer, name: &str) -> Consumer {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_redis_ends_consume_streams_with_unavailable_and_clients_recover() {
     let Some(mut redis) = RedisProc::start().await else { return };
     let a = broker(&redis).await;
@@ -437,7 +437,7 @@ async fn losing_redis_ends_consume_streams_with_unavailable_and_clients_recover(
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumers_declared_in_the_configuration_outlive_a_redis_that_lost_its_data() {
     let Some(mut redis) = RedisProc::start().await else { return };
     let declared = eventbus_server::config::ConsumerSetting {
@@ -466,7 +466,7 @@ async fn get(server: &TestServer, name: &str) -> Result<pb::ConsumerInfo, tonic:
     server.admin().await.get_consumer(request).await.map(tonic::Response::into_inner)
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_stream_is_captured_in_order_and_stops_at_its_first_error() {
     let Some(redis) = RedisProc::start().await else { return };
     let server = broker(&redis).await;
@@ -530,7 +530,7 @@ async fn stream_id_of(redis: &RedisProc, stream: &str, event_id: &str) -> String
     panic!("no entry of {stream} holds {event_id}")
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_batch_completes_only_the_entries_still_pending() {
     let Some(redis) = RedisProc::start().await else { return };
     let server = broker(&redis).await;

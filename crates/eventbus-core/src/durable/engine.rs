@@ -22,7 +22,6 @@ use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util_shim::CancelOnDrop;
 
 use crate::durable::backend::{
     Attachment, BoxFuture, CaptureRequest, Captured, ConsumerClient, DurableBackend, LogSlice,
@@ -33,6 +32,7 @@ use crate::durable::store::{
 };
 use crate::event::Event;
 use crate::name::Pattern;
+use crate::tasks::{Supervisor, TaskHandle};
 use crate::trie::Trie;
 
 /// Reason recorded when an ack deadline passes.
@@ -102,6 +102,8 @@ pub struct DurableOptions {
     pub dedup_window: Duration,
     pub dead_letter_encoder: DeadLetterEncoder,
     pub on_ack: Option<AckObserver>,
+    /// Starts the engine's background tasks and reports one that stops.
+    pub supervisor: Supervisor,
 }
 
 impl std::fmt::Debug for DurableOptions {
@@ -312,6 +314,8 @@ impl std::fmt::Debug for Durable {
 type Timers = BTreeMap<(Instant, u64), (Weak<Consumer>, u64)>;
 
 struct Inner {
+    /// First, so they are retired before the channels they read close.
+    tasks: OnceLock<[TaskHandle; 2]>,
     store: Arc<dyn Store>,
     options: DurableOptions,
     registry: RwLock<Registry>,
@@ -327,19 +331,6 @@ struct Inner {
     /// Shared with the scheduler task, which must not keep the engine alive.
     timers_changed: Arc<Notify>,
     sink: OnceLock<DeadLetterSink>,
-    _scheduler: CancelOnDrop,
-}
-
-/// Keeps tokio_util out of the core: a task aborted when the engine goes away.
-mod tokio_util_shim {
-    #[derive(Debug)]
-    pub(super) struct CancelOnDrop(pub(super) tokio::task::AbortHandle);
-
-    impl Drop for CancelOnDrop {
-        fn drop(&mut self) {
-            self.0.abort();
-        }
-    }
 }
 
 impl Durable {
@@ -347,28 +338,31 @@ impl Durable {
     pub fn start(store: Arc<dyn Store>, options: DurableOptions) -> Result<Self, DurableError> {
         let loaded = store.load()?;
         let (writer, rx) = mpsc::channel(WRITER_QUEUE);
-        spawn_writer(Arc::clone(&store), rx);
-        let timers_changed = Arc::new(Notify::new());
-        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
-            let weak = weak.clone();
-            let wake = Arc::clone(&timers_changed);
-            let scheduler = tokio::spawn(async move { run_scheduler(weak, wake).await });
-            Inner {
-                store,
-                options,
-                registry: RwLock::default(),
-                next_seq: AtomicU64::new(loaded.next_seq.max(1)),
-                consumer_count: AtomicU64::new(0),
-                next_client: AtomicU64::new(1),
-                dedup: Mutex::default(),
-                writer,
-                timers: Mutex::default(),
-                timer_seq: AtomicU64::new(0),
-                timers_changed,
-                sink: OnceLock::new(),
-                _scheduler: CancelOnDrop(scheduler.abort_handle()),
-            }
+        let supervisor = options.supervisor.clone();
+        let inner = Arc::new(Inner {
+            tasks: OnceLock::new(),
+            store,
+            options,
+            registry: RwLock::default(),
+            next_seq: AtomicU64::new(loaded.next_seq.max(1)),
+            consumer_count: AtomicU64::new(0),
+            next_client: AtomicU64::new(1),
+            dedup: Mutex::default(),
+            writer,
+            timers: Mutex::default(),
+            timer_seq: AtomicU64::new(0),
+            timers_changed: Arc::new(Notify::new()),
+            sink: OnceLock::new(),
         });
+        // The scheduler holds the engine weakly (it must not keep it alive), and the
+        // weak reference is taken from the finished engine: it can fail to upgrade only
+        // once the engine is gone, never before construction ends (issue 13).
+        let writer = supervisor
+            .thread("durable store writer", writer_loop(Arc::clone(&inner.store), rx))
+            .map_err(|e| DurableError::Unavailable(format!("cannot start the durable store writer: {e}")))?;
+        let scheduler = supervisor
+            .spawn("durable timer scheduler", run_scheduler(Arc::downgrade(&inner), Arc::clone(&inner.timers_changed)));
+        let _ = inner.tasks.set([writer, scheduler]);
         let durable = Self { inner };
         durable.restore(loaded)?;
         Ok(durable)
@@ -1080,9 +1074,10 @@ fn info(consumer: &Consumer) -> ConsumerInfo {
 
 // --- background work ---------------------------------------------------------------
 
-/// The group-commit writer: takes every queued change and commits them together.
-fn spawn_writer(store: Arc<dyn Store>, mut rx: mpsc::Receiver<WriteRequest>) {
-    let spawned = std::thread::Builder::new().name("eventbus-store-writer".into()).spawn(move || {
+/// The group-commit writer: takes every queued change and commits them together. Ends
+/// when the engine is gone (its queue closes).
+fn writer_loop(store: Arc<dyn Store>, mut rx: mpsc::Receiver<WriteRequest>) -> impl FnOnce() + Send + 'static {
+    move || {
         while let Some(first) = rx.blocking_recv() {
             let mut batch = vec![first];
             let mut ops_count = batch[0].ops.len();
@@ -1106,9 +1101,6 @@ fn spawn_writer(store: Arc<dyn Store>, mut rx: mpsc::Receiver<WriteRequest>) {
                 }
             }
         }
-    });
-    if let Err(err) = spawned {
-        tracing::error!(%err, "cannot start the durable store writer");
     }
 }
 
@@ -1119,7 +1111,11 @@ async fn run_scheduler(inner: Weak<Inner>, wake: Arc<Notify>) {
         // look still wakes the sleep below.
         let notified = wake.notified();
         let next = {
-            let Some(strong) = inner.upgrade() else { return };
+            let Some(strong) = inner.upgrade() else {
+                // The engine is being dropped, and its drop aborts this task: wait for
+                // that rather than end first (an end before it is reported as a failure).
+                return std::future::pending().await;
+            };
             let now = Instant::now();
             let next = strong.timers.lock().first_key_value().map(|(k, _)| k.0);
             if next.is_some_and(|n| n <= now) {

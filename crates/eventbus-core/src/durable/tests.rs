@@ -1,5 +1,5 @@
-//! Engine semantics (SPEC §9) through the bus, with an in-memory store and paused time
-//! wherever timing is the subject.
+//! Engine semantics (SPEC §9) through the bus, with an in-memory store: paused time wherever
+//! timing is the subject, the multi-threaded runtime (where background tasks race) elsewhere.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,6 +20,7 @@ fn options(dedup_window: Duration) -> DurableOptions {
             (Bytes::from(format!("{}|{}|{}", dl.consumer, dl.attempts, reasons.join(";"))), "text/plain".into())
         }),
         on_ack: None,
+        supervisor: crate::Supervisor::new(),
     }
 }
 
@@ -71,7 +72,7 @@ fn payloads(batch: &[Delivery]) -> Vec<String> {
     batch.iter().map(|d| String::from_utf8(d.event.payload.to_vec()).unwrap()).collect()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn captures_while_nobody_is_attached_then_pushes() {
     let (bus, durable) = bus_with(memory(), Duration::from_secs(120));
     durable.create_consumer(consumer("inbox", &["orders.>"])).await.unwrap();
@@ -94,7 +95,7 @@ async fn captures_while_nobody_is_attached_then_pushes() {
     assert!(log.entries.iter().all(|e| e.status == LogStatus::Completed && e.attempts == 1));
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_is_idempotent_and_conflicts_are_refused() {
     let (_bus, durable) = bus_with(memory(), Duration::from_secs(1));
     let config = consumer("c", &["a"]);
@@ -185,7 +186,7 @@ async fn dead_letters_after_max_attempts_with_every_reason() {
     assert_eq!((info.pending, info.dead_lettered), (0, 1));
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn competing_clients_never_hold_the_same_event() {
     let (bus, durable) = bus_with(memory(), Duration::from_secs(1));
     durable.create_consumer(consumer("w", &["work"])).await.unwrap();
@@ -242,7 +243,7 @@ async fn idempotent_publish_inside_and_outside_the_window() {
     assert!(!later.duplicate && later.event_id != first.event_id, "outside the window it is new");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_restores_pending_events_with_their_attempts() {
     let dir = tempfile::tempdir().unwrap();
     let retention = Retention { max_entries: 100, max_age_ms: 86_400_000 };
@@ -384,7 +385,7 @@ mod model {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_many_captures_in_order_and_stops_at_the_first_error() {
     let (bus, durable) = bus_with(memory(), Duration::from_secs(120));
     durable.create_consumer(consumer("inbox", &["orders.>"])).await.unwrap();
@@ -418,4 +419,102 @@ async fn publish_many_captures_in_order_and_stops_at_the_first_error() {
     ephemeral.next_batch(&mut out).await.unwrap();
     let seen: Vec<&[u8]> = out.iter().map(|e| &e.payload[..]).collect();
     assert_eq!(seen, [&b"a"[..], b"b", b"d"], "subscribers get the same events, in order");
+}
+
+/// Issue 13: on the multi-threaded runtime the timer scheduler of every fresh engine
+/// must run. Engines are started the way the daemon starts its one: from the thread
+/// that blocks on the runtime, while the worker threads are idle and pick a spawned
+/// task up at once. Each must redeliver one event whose ack deadline passed.
+#[test]
+fn every_fresh_engine_fires_its_timers_on_the_multi_threaded_runtime() {
+    const ENGINES: usize = 200;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let engines: Vec<(Bus, Durable)> = (0..ENGINES).map(|_| bus_with(memory(), Duration::from_secs(1))).collect();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, (bus, durable)) in engines.into_iter().enumerate() {
+            tasks.spawn(async move {
+                let config = ConsumerConfig { ack_deadline_ms: 50, ..consumer("inbox", &["orders.>"]) };
+                durable.create_consumer(config).await.unwrap();
+                let mut attached = durable.attach("inbox", ClientOptions::default(), None).await.unwrap();
+                publish(&bus, "orders.created", "x").await;
+                assert_eq!(next(&mut attached.deliveries).await[0].attempt, 1);
+                // Not acked: the deadline must bring it back.
+                let again = tokio::time::timeout(Duration::from_secs(10), attached.deliveries.recv()).await;
+                (i, again.ok().flatten().map(|b| b[0].attempt))
+            });
+        }
+        let mut silent = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            let (i, attempt) = done.unwrap();
+            if attempt != Some(2) {
+                silent.push(i);
+            }
+        }
+        assert!(silent.is_empty(), "{} of {ENGINES} engines never redelivered: {silent:?}", silent.len());
+    });
+}
+
+/// A store whose commits panic once armed: the writer thread dies on it.
+#[derive(Debug)]
+struct PanickingStore {
+    inner: Arc<dyn Store>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl Store for PanickingStore {
+    fn load(&self) -> Result<store::Loaded, StoreError> {
+        self.inner.load()
+    }
+
+    fn apply(&self, ops: &[store::StoreOp]) -> Result<(), StoreError> {
+        assert!(!self.armed.load(std::sync::atomic::Ordering::Acquire), "the disk caught fire");
+        self.inner.apply(ops)
+    }
+
+    fn log(
+        &self,
+        consumer: &str,
+        status: Option<LogStatus>,
+        limit: usize,
+        after: Option<u64>,
+    ) -> Result<store::LogPage, StoreError> {
+        self.inner.log(consumer, status, limit, after)
+    }
+}
+
+/// Issue 13: the engine's writer thread dying is reported, not silent; a retired
+/// engine's tasks end quietly.
+#[test]
+fn a_dead_store_writer_is_reported_and_a_dropped_engine_is_not() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let store = Arc::new(PanickingStore { inner: memory(), armed: Default::default() });
+        let opts = options(Duration::from_secs(1));
+        let supervisor = opts.supervisor.clone();
+        let durable = Durable::start(store.clone(), opts).unwrap();
+        durable.create_consumer(consumer("inbox", &["a"])).await.unwrap();
+        store.armed.store(true, std::sync::atomic::Ordering::Release);
+        assert!(durable.flush().await.is_err(), "a commit on a dead writer is an error");
+        let mut failures = supervisor.failures();
+        let failure = tokio::time::timeout(Duration::from_secs(10), failures.wait_for(Option::is_some))
+            .await
+            .expect("reported in time")
+            .unwrap()
+            .clone()
+            .unwrap();
+        assert_eq!(failure.task, "durable store writer");
+
+        let opts = options(Duration::from_secs(1));
+        let quiet = opts.supervisor.clone();
+        let durable = Durable::start(memory(), opts).unwrap();
+        durable.create_consumer(consumer("inbox", &["a"])).await.unwrap();
+        drop(durable);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while quiet.ended() < 2 {
+            assert!(tokio::time::Instant::now() < deadline, "the dropped engine's tasks did not end");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(quiet.failure(), None);
+    });
 }

@@ -19,7 +19,7 @@ use eventbus_core::durable::store::{Failure, LogEntry, LogStatus};
 use eventbus_core::durable::{
     BoxFuture, ClientOptions, ConsumerClient, ConsumerConfig, Delivery, DurableError, PublishedDeadLetter,
 };
-use eventbus_core::{ErrorKind, Event};
+use eventbus_core::{ErrorKind, Event, TaskHandle};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use parking_lot::{Mutex, RwLock};
@@ -80,7 +80,7 @@ pub(crate) struct Runtime {
     /// `{prefix}:durable:{name}`.
     pub(crate) base: String,
     config: RwLock<Arc<ConsumerConfig>>,
-    actor: Mutex<Option<mpsc::Sender<Command>>>,
+    actor: Mutex<Option<ActorSlot>>,
     clients: std::sync::atomic::AtomicU32,
 }
 
@@ -113,13 +113,13 @@ impl Runtime {
     /// The running actor, started on first use.
     fn actor(self: &Arc<Self>, shared: &Arc<Shared>) -> mpsc::Sender<Command> {
         let mut slot = self.actor.lock();
-        if let Some(tx) = slot.as_ref().filter(|tx| !tx.is_closed()) {
-            return tx.clone();
+        if let Some(running) = slot.as_ref().filter(|a| !a.tx.is_closed()) {
+            return running.tx.clone();
         }
         let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
-        *slot = Some(tx.clone());
         let actor = Actor::new(Arc::clone(self), Arc::clone(shared), rx);
-        tokio::spawn(actor.run());
+        let task = shared.options.supervisor.spawn("durable consumer actor (redis)", actor.run()).without_abort();
+        *slot = Some(ActorSlot { task, tx: tx.clone() });
         tx
     }
 
@@ -144,13 +144,21 @@ impl Runtime {
 
     /// Stops the actor, if one runs; the next attach starts a new one.
     pub(crate) fn stop(&self, reason: StopReason) {
-        let Some(tx) = self.actor.lock().take() else { return };
+        let Some(ActorSlot { task: _retired, tx }) = self.actor.lock().take() else { return };
         if let Err(mpsc::error::TrySendError::Full(cmd)) = tx.try_send(Command::Stop(reason)) {
             tokio::spawn(async move {
                 let _ = tx.send(cmd).await;
             });
         }
     }
+}
+
+/// A running actor: its queue, and its task, retired (not aborted: it drains what is
+/// queued) when the slot is emptied or dropped.
+#[derive(Debug)]
+struct ActorSlot {
+    task: TaskHandle,
+    tx: mpsc::Sender<Command>,
 }
 
 /// An attached client's handle.
@@ -928,7 +936,7 @@ impl Actor {
         self.rx.close();
         {
             let mut slot = self.rt.actor.lock();
-            if slot.as_ref().is_some_and(|tx| tx.is_closed()) {
+            if slot.as_ref().is_some_and(|a| a.tx.is_closed()) {
                 *slot = None;
             }
         }

@@ -51,7 +51,7 @@ use eventbus_core::durable::{
     DurableError, DurableOptions, LogSlice, Retention,
 };
 use eventbus_core::trie::Trie;
-use eventbus_core::{Event, Fanout};
+use eventbus_core::{Event, Fanout, TaskHandle};
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use redis::aio::ConnectionManager;
@@ -116,6 +116,8 @@ struct GlobalKeys {
 }
 
 pub(crate) struct Shared {
+    /// First, so they are retired before the queues they read close.
+    tasks: OnceLock<[TaskHandle; 2]>,
     client: Client,
     conn: ConnectionManager,
     prefix: String,
@@ -182,6 +184,7 @@ impl RedisDurable {
         };
         let (captures, capture_queue) = mpsc::channel(CAPTURE_QUEUE);
         let shared = Arc::new(Shared {
+            tasks: OnceLock::new(),
             client,
             conn,
             prefix: settings.prefix,
@@ -199,8 +202,11 @@ impl RedisDurable {
             next_client: AtomicU64::new(1),
             shutdown,
         });
-        tokio::spawn(follow_changes(Arc::downgrade(&shared)));
-        tokio::spawn(run_captures(Arc::downgrade(&shared), capture_queue));
+        let supervisor = &shared.options.supervisor;
+        let follower = supervisor.spawn("durable consumer follower (redis)", follow_changes(Arc::downgrade(&shared)));
+        let writer =
+            supervisor.spawn("durable capture writer (redis)", run_captures(Arc::downgrade(&shared), capture_queue));
+        let _ = shared.tasks.set([follower, writer]);
         Ok(Self { shared })
     }
 }
@@ -234,9 +240,15 @@ async fn run_captures(shared: std::sync::Weak<Shared>, mut queue: mpsc::Receiver
                 Err(_) => break,
             }
         }
-        let Some(s) = shared.upgrade() else { return };
+        let Some(s) = shared.upgrade() else { return owner_gone().await };
         s.capture_batch(&mut batch).await;
     }
+}
+
+/// The engine is being dropped, and its drop aborts the calling task: wait for that
+/// rather than end first (an end before it is reported as a failure).
+async fn owner_gone() {
+    std::future::pending().await
 }
 
 /// Reloads the consumer set on every change notice, and after every reconnection
@@ -244,7 +256,7 @@ async fn run_captures(shared: std::sync::Weak<Shared>, mut queue: mpsc::Receiver
 async fn follow_changes(shared: std::sync::Weak<Shared>) {
     let mut backoff = INITIAL_BACKOFF;
     loop {
-        let Some(s) = shared.upgrade() else { return };
+        let Some(s) = shared.upgrade() else { return owner_gone().await };
         let (client, channel, stop) = (s.client.clone(), s.keys.notify.clone(), s.shutdown.clone());
         drop(s);
         let subscribed = async {
@@ -259,7 +271,7 @@ async fn follow_changes(shared: std::sync::Weak<Shared>) {
         match pubsub {
             Ok(Ok(pubsub)) => {
                 let mut messages = pubsub.into_on_message();
-                let Some(s) = shared.upgrade() else { return };
+                let Some(s) = shared.upgrade() else { return owner_gone().await };
                 if let Err(err) = s.reload().await {
                     warn!(%err, "cannot load durable consumer definitions");
                 }
@@ -270,7 +282,7 @@ async fn follow_changes(shared: std::sync::Weak<Shared>) {
                         () = stop.cancelled() => return,
                         msg = messages.next() => match msg {
                             Some(_) => {
-                                let Some(s) = shared.upgrade() else { return };
+                                let Some(s) = shared.upgrade() else { return owner_gone().await };
                                 if let Err(err) = s.reload().await {
                                     warn!(%err, "cannot reload durable consumer definitions");
                                 }

@@ -24,6 +24,8 @@ pub struct TestServer {
     pub http: SocketAddr,
     pub shutdown: CancellationToken,
     pub task: JoinHandle<Result<(), ServerError>>,
+    /// The server's background-task supervisor (a test can make a task stop).
+    pub supervisor: eventbus_core::Supervisor,
 }
 
 pub fn test_settings() -> Settings {
@@ -44,9 +46,10 @@ pub async fn start_with(tweak: impl FnOnce(&mut Settings)) -> TestServer {
     let server = Server::bind(settings).await.expect("bind");
     let addr = server.grpc_addr();
     let http = server.http_addr();
+    let supervisor = server.supervisor().clone();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(server.run(shutdown.clone()));
-    TestServer { addr, http, shutdown, task }
+    TestServer { addr, http, shutdown, task, supervisor }
 }
 
 impl TestServer {
