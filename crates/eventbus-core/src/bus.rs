@@ -264,7 +264,7 @@ impl Bus {
             // than leave a publisher without an answer.
             let answered = out.len();
             let reason = format!("the durable engine answered {answered} of {expected} publishes");
-            out.push(Err(Error::Durable(DurableError::Unavailable(reason))));
+            out.push(Err(Error::Durable(DurableError::unavailable(reason))));
             return out;
         }
         out.extend(refused.map(Err));

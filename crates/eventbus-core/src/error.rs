@@ -56,6 +56,9 @@ pub enum ErrorKind {
     Unavailable,
     /// A different resource with that name exists (gRPC `ALREADY_EXISTS`, HTTP 409).
     AlreadyExists,
+    /// A failure retrying will not fix, such as a corrupt store (gRPC `INTERNAL`, HTTP
+    /// 500); the wire layers log the cause and do not show it.
+    Internal,
 }
 
 impl Error {
@@ -76,7 +79,21 @@ impl Error {
             Self::Durable(DurableError::InvalidConfig(_) | DurableError::InvalidArgument { .. }) => {
                 ErrorKind::InvalidArgument
             }
-            Self::Durable(DurableError::Store(_) | DurableError::Unavailable(_)) => ErrorKind::Unavailable,
+            Self::Durable(DurableError::Unavailable { .. }) => ErrorKind::Unavailable,
+            Self::Durable(DurableError::Internal { .. }) => ErrorKind::Internal,
         }
     }
+}
+
+/// An error and its causes, `: `-separated, for logs (and for errors whose causes a
+/// client may read, such as an unreachable Redis).
+pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(e) = cause {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        cause = e.source();
+    }
+    text
 }

@@ -11,7 +11,8 @@
 //! - [`transport`]: the seam a distributed fan-out (Redis) plugs into.
 //! - [`tasks`]: the supervisor of background tasks: one that stops while needed is loud.
 //! - [`event`]: the event envelope and publish-time checks.
-//! - [`durable`]: durable consumers (SPEC §9): store trait, redb store, engine.
+//! - [`durable`]: the durable-consumer seam ([`durable::DurableBackend`]) and its types;
+//!   the engines are in `eventbus-durable` (embedded) and `eventbus-redis`.
 //! - [`error`]: what a call can be refused for.
 
 pub mod bus;
@@ -29,7 +30,7 @@ pub mod trie;
 mod router;
 
 pub use bus::{Bus, BusConfig, Published, SubscribeOptions, SubscriptionHandle};
-pub use error::{Error, ErrorKind};
+pub use error::{Error, ErrorKind, chain as error_chain};
 pub use event::{Event, PublishInput};
 pub use name::{NameError, Pattern};
 pub use stats::{BusStats, ChannelStats, LabelStats, OTHER_LABEL, SubscriptionInfo};

@@ -21,4 +21,6 @@ mod glob;
 pub mod transport;
 
 pub use durable::{RedisDurable, RedisDurableSettings};
+/// The Redis client's error, for callers that report a bad Redis setting.
+pub use redis::RedisError;
 pub use transport::{RedisOptions, RedisTransport};

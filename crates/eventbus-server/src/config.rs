@@ -366,7 +366,7 @@ impl Settings {
         }
         for consumer in &self.durable.consumers {
             if let Err(message) = consumer.to_config().validate() {
-                return invalid("durable.consumers", message);
+                return invalid("durable.consumers", message.to_string());
             }
         }
         if self.durable.log_max_entries == 0 {

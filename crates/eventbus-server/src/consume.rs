@@ -4,10 +4,10 @@
 use std::pin::Pin;
 
 use bytes::Bytes;
-use eventbus_core::durable::store::{Failure, LogEntry, LogStatus, from_epoch_ms};
 use eventbus_core::durable::{
     Backoff, ClientOptions, ConsumerClient, ConsumerConfig, ConsumerInfo, Delivery, DurableBackend, PublishedDeadLetter,
 };
+use eventbus_core::durable::{Failure, LogEntry, LogStatus, from_epoch_ms};
 use eventbus_core::{Bus, Error};
 use eventbus_proto::pb::{self, consume_request, consume_response};
 use futures::{Stream, StreamExt};

@@ -11,10 +11,15 @@ use eventbus_core::{
 use eventbus_proto::pb;
 use tonic::Status;
 
-/// Maps a core error to its gRPC status (SPEC §2). Messages name the problem.
+/// Maps a core error to its gRPC status (README "Errors"). Messages name the problem;
+/// an internal error is logged with its causes and answered without them.
 pub(crate) fn status(err: Error) -> Status {
     let message = err.to_string();
     match err.kind() {
+        ErrorKind::Internal => {
+            tracing::error!(error = %eventbus_core::error_chain(&err), "internal error");
+            Status::internal(message)
+        }
         ErrorKind::InvalidArgument => Status::invalid_argument(message),
         ErrorKind::TooLarge => Status::resource_exhausted(message),
         ErrorKind::NotFound => Status::not_found(message),

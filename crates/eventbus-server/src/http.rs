@@ -13,8 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use eventbus_core::durable::store::{LogStatus, from_epoch_ms};
 use eventbus_core::durable::{ConsumerInfo, DurableBackend};
+use eventbus_core::durable::{LogStatus, from_epoch_ms};
 use eventbus_core::{Bus, Error, ErrorKind, PublishInput, Supervisor, TaskFailure, TransportStatus};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -117,6 +117,10 @@ impl From<Error> for ApiError {
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::AlreadyExists => StatusCode::CONFLICT,
+            ErrorKind::Internal => {
+                tracing::error!(error = %eventbus_core::error_chain(&err), "internal error");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         Self::new(status, err.to_string())
     }

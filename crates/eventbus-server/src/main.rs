@@ -72,8 +72,8 @@ fn main() -> ExitCode {
     match runtime.block_on(serve(settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            tracing::error!("{err}");
-            eprintln!("eventbusd: {err}");
+            tracing::error!("{err:#}");
+            eprintln!("eventbusd: {err:#}");
             ExitCode::FAILURE
         }
     }

@@ -4,10 +4,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventbus_core::durable::DurableBackend;
-use eventbus_core::durable::engine::AckObserver;
-use eventbus_core::durable::{Durable, DurableOptions, Fsync, RedbStore};
+use eventbus_core::durable::{AckObserver, DurableBackend, DurableOptions};
 use eventbus_core::{Bus, Supervisor, TransportStatus};
+use eventbus_durable::{Durable, Fsync, RedbStore};
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
 use eventbus_redis::{RedisDurable, RedisDurableSettings, RedisTransport};
 use futures::StreamExt;
@@ -49,10 +48,12 @@ pub enum ServerError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
-    #[error("durable store: {0}")]
-    Durable(String),
-    #[error("invalid Redis settings: {0}")]
-    Redis(String),
+    #[error("cannot open the durable store")]
+    Store(#[from] eventbus_durable::StoreError),
+    #[error("cannot start durable consumers")]
+    Durable(#[from] eventbus_core::durable::DurableError),
+    #[error("invalid Redis settings")]
+    Redis(#[source] eventbus_redis::RedisError),
     #[error("HTTP server failed: {0}")]
     Http(#[source] std::io::Error),
 }
@@ -92,7 +93,7 @@ impl Server {
             Mode::InMemory => Bus::new(settings.bus_config()),
             Mode::Redis => {
                 let redis = settings.redis_settings();
-                let client = redis.client().map_err(|e| ServerError::Redis(e.to_string()))?;
+                let client = redis.client().map_err(ServerError::Redis)?;
                 info!(target = %redis.display_target(), prefix = %redis.prefix, "redis mode: connecting in the background");
                 let stop = transport_stop.clone();
                 Bus::with_transport(settings.bus_config(), |local| {
@@ -225,13 +226,12 @@ async fn start_durable(
         FsyncSetting::Always => Fsync::Always,
         FsyncSetting::Batch => Fsync::Batch,
     };
-    let store = RedbStore::open(std::path::Path::new(&d.data_dir), fsync, settings.retention())
-        .map_err(|e| ServerError::Durable(e.to_string()))?;
+    let store = RedbStore::open(std::path::Path::new(&d.data_dir), fsync, settings.retention())?;
     let options = durable_options(settings, metrics, supervisor);
-    let durable = Durable::start(Arc::new(store), options).map_err(|e| ServerError::Durable(e.to_string()))?;
+    let durable = Durable::start(Arc::new(store), options)?;
     bus.enable_durable(durable.clone());
     for consumer in &d.consumers {
-        durable.declare_consumer(consumer.to_config()).await.map_err(|e| ServerError::Durable(e.to_string()))?;
+        durable.declare_consumer(consumer.to_config()).await?;
     }
     let where_ = if d.data_dir.is_empty() { "memory" } else { d.data_dir.as_str() };
     info!(store = where_, consumers = durable.list_consumers().len(), "durable consumers ready");
@@ -258,15 +258,14 @@ fn start_redis_durable(
     supervisor: &Supervisor,
 ) -> Result<(), ServerError> {
     let redis = settings.redis_settings();
-    let client = redis.client().map_err(|e| ServerError::Redis(e.to_string()))?;
+    let client = redis.client().map_err(ServerError::Redis)?;
     let durable_settings = RedisDurableSettings {
         prefix: redis.prefix.clone(),
         instance_id: bus.instance_id().to_owned(),
         retention: settings.retention(),
     };
     let durable =
-        RedisDurable::start(client, durable_settings, durable_options(settings, metrics, supervisor), stop.clone())
-            .map_err(|e| ServerError::Durable(e.to_string()))?;
+        RedisDurable::start(client, durable_settings, durable_options(settings, metrics, supervisor), stop.clone())?;
     bus.enable_durable(durable.clone());
     let declared: Vec<_> = settings.durable.consumers.iter().map(|c| c.to_config()).collect();
     if declared.is_empty() {

@@ -1,9 +1,10 @@
 //! The seam between the wire layer and a durable consumer implementation.
 //!
-//! Two implementations exist: the embedded [`Durable`](crate::durable::Durable) engine
+//! Two implementations exist: the embedded engine of the `eventbus-durable` crate
 //! (`in_memory` mode: working state in memory, persisted to redb) and the Redis Streams
 //! engine of the `eventbus-redis` crate (`redis` mode: state lives in Redis, shared by
-//! every instance). The gRPC, REST and metrics layers only see this trait.
+//! every instance). The gRPC, REST and metrics layers only see this trait; one
+//! conformance suite checks that both engines answer it the same way.
 
 use std::fmt;
 use std::future::Future;
@@ -14,8 +15,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::durable::config::ConsumerConfig;
-use crate::durable::engine::{ClientOptions, ConsumerInfo, DeadLetterSink, Delivery, DurableError};
-use crate::durable::store::{LogEntry, LogStatus};
+use crate::durable::dead_letter::DeadLetterSink;
+use crate::durable::delivery::{ClientOptions, Delivery};
+use crate::durable::error::DurableError;
+use crate::durable::log::{LogSlice, LogStatus};
 use crate::event::Event;
 use crate::transport::Fanout;
 
@@ -34,12 +37,17 @@ pub enum Captured {
     Duplicate(String),
 }
 
-/// A page of a consumer's terminal log.
-#[derive(Debug, Clone, Default)]
-pub struct LogSlice {
-    pub entries: Vec<LogEntry>,
-    /// Pass back as `page_token` to continue; empty at the end.
-    pub next_page_token: String,
+/// A consumer's state for `GetConsumer`/`ListConsumers`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumerInfo {
+    pub config: ConsumerConfig,
+    /// Unfinished events not in flight (ready, waiting for redelivery, or behind their key).
+    pub pending: u64,
+    pub in_flight: u64,
+    pub clients: u32,
+    pub acked: u64,
+    pub dead_lettered: u64,
+    pub redelivered: u64,
 }
 
 /// Acks and friends for one attached client. Dropping it detaches the client: events
@@ -81,7 +89,7 @@ pub struct CaptureRequest<'a> {
     pub idempotency_key: Option<&'a str>,
 }
 
-/// Durable consumers (SPEC §9), whatever keeps them.
+/// Durable consumers (README "Durable consumers"), whatever keeps them.
 pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
     /// Where dead letters are published (the bus, set once it exists).
     fn set_dead_letter_sink(&self, sink: DeadLetterSink);
@@ -107,7 +115,7 @@ pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
         Box::pin(async move {
             let request = [CaptureRequest { event, ordering_key, idempotency_key }];
             let answer = self.capture_many(&request).await.pop();
-            answer.unwrap_or_else(|| Err(DurableError::Unavailable("the durable engine gave no answer".into())))
+            answer.unwrap_or_else(|| Err(DurableError::unavailable("the durable engine gave no answer")))
         })
     }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::name::Pattern;
+use crate::name::{MAX_NAME_BYTES, MAX_TOKENS, NameError, Pattern};
 
 /// Retry delays: `min(max, initial × multiplier^(attempt−1))`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -62,12 +62,12 @@ impl ConsumerConfig {
 
     /// The definition a client's `create_if_missing` gives for consumer `name`: an empty
     /// name takes `name`; another name is an error.
-    pub fn named_for_attach(mut self, name: &str) -> Result<Self, String> {
+    pub fn named_for_attach(mut self, name: &str) -> Result<Self, ConfigError> {
         if self.name.is_empty() {
             self.name = name.to_owned();
         }
         if self.name != name {
-            return Err(format!("create_if_missing names {:?}, not {name:?}", self.name));
+            return Err(ConfigError::NameMismatch { given: self.name, attached: name.to_owned() });
         }
         Ok(self)
     }
@@ -77,44 +77,93 @@ impl ConsumerConfig {
     }
 
     /// Checks names and ranges; returns the parsed filters.
-    pub fn validate(&self) -> Result<Vec<Pattern>, String> {
+    pub fn validate(&self) -> Result<Vec<Pattern>, ConfigError> {
         let name_ok = !self.name.is_empty()
             && self.name.len() <= 128
             && self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
         if !name_ok {
-            return Err(format!(
-                "consumer name {:?} must be 1 to 128 characters of letters, digits, '-', '_' or '.'",
-                self.name
-            ));
+            return Err(ConfigError::BadName { name: self.name.clone() });
         }
         if self.channels.is_empty() {
-            return Err(format!("consumer {:?} needs at least one channel or pattern", self.name));
+            return Err(ConfigError::NoChannels { name: self.name.clone() });
         }
-        let filters = self
-            .channels
-            .iter()
-            .map(|c| Pattern::parse(c).map_err(|e| e.to_string()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let filters = self.channels.iter().map(|c| Pattern::parse(c)).collect::<Result<Vec<_>, _>>()?;
         if self.ack_deadline_ms == 0 {
-            return Err("ack_deadline_ms must be positive".into());
+            return Err(ConfigError::NotPositive { field: "ack_deadline_ms" });
         }
         if self.max_in_flight == 0 {
-            return Err("max_in_flight must be positive".into());
+            return Err(ConfigError::NotPositive { field: "max_in_flight" });
         }
         let b = &self.backoff;
         if !(b.multiplier.is_finite() && b.multiplier >= 1.0) || b.initial_ms == 0 || b.max_ms < b.initial_ms {
-            return Err("backoff needs initial_ms > 0, multiplier >= 1 and max_ms >= initial_ms".into());
+            return Err(ConfigError::Backoff);
         }
         if let Some(dlq) = &self.dead_letter_channel {
-            crate::name::validate_channel(dlq).map_err(|e| format!("dead_letter_channel: {e}"))?;
+            crate::name::validate_channel(dlq).map_err(ConfigError::DeadLetterChannel)?;
         }
         Ok(filters)
     }
 
-    /// The channel a dead letter of an event on `channel` is published on.
+    /// The channel a dead letter of an event on `channel` is published on: the
+    /// configured one, else [`default_dead_letter_channel`].
     pub fn dead_letter_channel_for(&self, channel: &str) -> String {
-        self.dead_letter_channel.clone().unwrap_or_else(|| format!("dlq.{channel}"))
+        match &self.dead_letter_channel {
+            Some(dlq) => dlq.clone(),
+            None => default_dead_letter_channel(channel),
+        }
     }
+}
+
+/// `dlq.` + `channel` when that is a valid channel. A channel too long for the prefix
+/// (16 tokens, or over 252 bytes) gets a shortened one instead (README "Dead letters"):
+/// `dlq.`, then as many of its leading tokens as fit in 14 tokens and the byte limit,
+/// then `h` and 16 hex digits of the FNV-1a 64 hash of the whole channel. Stable across
+/// versions and instances, so both engines agree and `dlq.<prefix>.>` still matches.
+pub fn default_dead_letter_channel(channel: &str) -> String {
+    let plain = format!("{DLQ_PREFIX}{channel}");
+    if crate::name::validate_channel(&plain).is_ok() {
+        return plain;
+    }
+    let hash = format!("h{:016x}", fnv1a64(channel.as_bytes()));
+    let budget = MAX_NAME_BYTES - DLQ_PREFIX.len() - hash.len() - 1;
+    let mut out = String::from(DLQ_PREFIX);
+    let mut used = 0;
+    for token in channel.split('.').take(MAX_TOKENS - 2) {
+        if used + token.len() + 1 > budget {
+            break;
+        }
+        out.push_str(token);
+        out.push('.');
+        used += token.len() + 1;
+    }
+    out.push_str(&hash);
+    out
+}
+
+const DLQ_PREFIX: &str = "dlq.";
+
+/// FNV-1a, 64 bits: a fixed, documented hash (std's hasher may change between releases).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// What is wrong with a consumer definition.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("consumer name {name:?} must be 1 to 128 characters of letters, digits, '-', '_' or '.'")]
+    BadName { name: String },
+    #[error("consumer {name:?} needs at least one channel or pattern")]
+    NoChannels { name: String },
+    #[error(transparent)]
+    Filter(#[from] NameError),
+    #[error("{field} must be positive")]
+    NotPositive { field: &'static str },
+    #[error("backoff needs initial_ms > 0, multiplier >= 1 and max_ms >= initial_ms")]
+    Backoff,
+    #[error("dead_letter_channel: {0}")]
+    DeadLetterChannel(NameError),
+    #[error("create_if_missing names {given:?}, not {attached:?}")]
+    NameMismatch { given: String, attached: String },
 }
 
 #[cfg(test)]
@@ -133,11 +182,27 @@ mod tests {
         let ok = ConsumerConfig::new("billing", vec!["orders.>".into()]);
         assert!(ok.validate().is_ok());
         let bad = ConsumerConfig::new("has space", vec!["a".into()]);
-        assert!(bad.validate().unwrap_err().contains("has space"));
+        assert!(bad.validate().unwrap_err().to_string().contains("has space"));
         let bad = ConsumerConfig::new("x", vec!["a.>.b".into()]);
-        assert!(bad.validate().unwrap_err().contains("a.>.b"));
+        assert!(bad.validate().unwrap_err().to_string().contains("a.>.b"));
         let bad = ConsumerConfig { backoff: Backoff { multiplier: 0.5, ..Backoff::default() }, ..ok.clone() };
-        assert!(bad.validate().unwrap_err().contains("multiplier"));
+        assert!(bad.validate().unwrap_err().to_string().contains("multiplier"));
         assert_eq!(ok.dead_letter_channel_for("orders.created"), "dlq.orders.created");
+    }
+
+    #[test]
+    fn channels_too_long_for_the_prefix_get_a_shortened_valid_dead_letter_channel() {
+        let sixteen = (1..=16).map(|i| format!("t{i}")).collect::<Vec<_>>().join(".");
+        let short = default_dead_letter_channel(&sixteen);
+        assert!(crate::name::validate_channel(&short).is_ok(), "{short}");
+        assert!(short.starts_with("dlq.t1.t2.") && short.contains(".t14.h"), "{short}");
+        assert_eq!(short, default_dead_letter_channel(&sixteen), "stable");
+        assert_ne!(short, default_dead_letter_channel(&format!("{sixteen}x")), "distinct channels stay distinct");
+        let long = format!("a.{}", "b".repeat(253));
+        let short = default_dead_letter_channel(&long);
+        assert!(crate::name::validate_channel(&short).is_ok(), "{short}");
+        assert!(short.starts_with("dlq.a.h"), "{short}");
+        let huge_token = "c".repeat(256);
+        assert!(crate::name::validate_channel(&default_dead_letter_channel(&huge_token)).is_ok());
     }
 }

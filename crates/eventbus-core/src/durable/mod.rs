@@ -1,30 +1,33 @@
-//! Durable consumers (SPEC §9): at-least-once delivery with acks, redelivery with
-//! backoff, dead letters, a terminal log, ordering keys and idempotent publish.
+//! Durable consumers (README "Durable consumers"): at-least-once delivery with acks,
+//! redelivery with backoff, dead letters, a terminal log, ordering keys and idempotent
+//! publish. This module holds the seam and every type it speaks; the engines live in
+//! their own crates (`eventbus-durable`: embedded, redb; `eventbus-redis`: Redis
+//! Streams), so the core depends on no storage engine.
 //!
-//! - [`config`]: a consumer's definition and its backoff schedule.
-//! - [`store`]: the [`Store`](store::Store) trait every durable backend implements, and
-//!   the records it keeps.
-//! - [`redb_store`]: the embedded, crash-safe implementation (redb), on disk or in memory.
-//! - [`backend`]: the [`DurableBackend`] trait the wire layer uses, implemented by the
-//!   engine below and by the Redis Streams engine of `eventbus-redis`.
-//! - [`engine`]: the state machine: capture, push delivery to attached clients, ack,
-//!   nack, extend, term, deadlines, backoff, dead-lettering, ordering keys, dedup; one
-//!   scheduler for every timer and one writer that group-commits every change.
+//! - [`backend`]: the [`DurableBackend`] trait the wire layers use, with its call and
+//!   answer types ([`ConsumerInfo`], [`Attachment`], [`ConsumerClient`], [`Captured`]).
+//! - [`config`]: a consumer's definition, its backoff schedule and its dead-letter channel.
+//! - [`delivery`]: what a client receives, its options, the failure reasons, and the
+//!   round-robin picker both engines share.
+//! - [`dead_letter`]: a dead letter, and how it is encoded and published.
+//! - [`log`]: the terminal log's records.
+//! - [`options`]: engine settings.
+//! - [`error`]: why a call was refused ([`DurableError`]).
 
 pub mod backend;
 pub mod config;
-pub mod engine;
-pub mod redb_store;
-pub mod store;
+pub mod dead_letter;
+pub mod delivery;
+pub mod error;
+pub mod log;
+pub mod options;
 
-#[cfg(test)]
-mod tests;
-
-pub use backend::{Attachment, BoxFuture, CaptureRequest, Captured, ConsumerClient, DurableBackend, LogSlice};
-pub use config::{Backoff, ConsumerConfig};
-pub use engine::{
-    Attached, ClientHandle, ClientOptions, ConsumerInfo, Delivery, Durable, DurableError, DurableOptions,
-    PublishedDeadLetter,
+pub use backend::{Attachment, BoxFuture, CaptureRequest, Captured, ConsumerClient, ConsumerInfo, DurableBackend};
+pub use config::{Backoff, ConfigError, ConsumerConfig, default_dead_letter_channel};
+pub use dead_letter::{DeadLetterEncoder, DeadLetterSink, PublishedDeadLetter};
+pub use delivery::{
+    ClientOptions, DEFAULT_MAX_BATCH, Delivery, REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM, next_with_room,
 };
-pub use redb_store::{Fsync, RedbStore, Retention};
-pub use store::{Failure, LogEntry, LogStatus, Store, StoreError};
+pub use error::{BoxError, DurableError};
+pub use log::{Failure, LogEntry, LogSlice, LogStatus, Retention, epoch_ms, from_epoch_ms};
+pub use options::{AckObserver, DurableOptions};

@@ -14,10 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use eventbus_core::durable::engine::{REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM, next_with_room};
-use eventbus_core::durable::store::{Failure, LogEntry, LogStatus};
 use eventbus_core::durable::{
-    BoxFuture, ClientOptions, ConsumerClient, ConsumerConfig, Delivery, DurableError, PublishedDeadLetter,
+    BoxFuture, ClientOptions, ConsumerClient, ConsumerConfig, Delivery, DurableError, Failure, LogEntry, LogStatus,
+    PublishedDeadLetter, REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM, next_with_room,
 };
 use eventbus_core::{ErrorKind, Event, TaskHandle};
 use futures::StreamExt;
@@ -135,10 +134,7 @@ impl Runtime {
         let closed = Arc::new(Mutex::new(None));
         let client = Client { id, max_in_flight, max_batch, in_flight: 0, tx, closed: Arc::clone(&closed) };
         let actor = self.actor(shared);
-        actor
-            .send(Command::Attach(client))
-            .await
-            .map_err(|_| DurableError::Unavailable("the consumer was stopped".into()))?;
+        actor.send(Command::Attach(client)).await.map_err(|_| DurableError::unavailable("the consumer was stopped"))?;
         Ok((rx, RedisClient { actor, id, closed }))
     }
 
@@ -196,7 +192,7 @@ impl ConsumerClient for RedisClient {
     }
 
     fn closed_reason(&self) -> Option<DurableError> {
-        self.closed.lock().clone().map(DurableError::Unavailable)
+        self.closed.lock().clone().map(DurableError::unavailable)
     }
 }
 

@@ -44,11 +44,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use eventbus_core::durable::engine::DeadLetterSink;
-use eventbus_core::durable::store::{LogEntry, LogStatus};
 use eventbus_core::durable::{
-    Attachment, BoxFuture, CaptureRequest, Captured, ClientOptions, ConsumerConfig, ConsumerInfo, DurableBackend,
-    DurableError, DurableOptions, LogSlice, Retention,
+    Attachment, BoxFuture, CaptureRequest, Captured, ClientOptions, ConsumerConfig, ConsumerInfo, DeadLetterSink,
+    DurableBackend, DurableError, DurableOptions, LogEntry, LogSlice, LogStatus, Retention,
 };
 use eventbus_core::trie::Trie;
 use eventbus_core::{Event, Fanout, TaskHandle};
@@ -146,16 +144,17 @@ impl std::fmt::Debug for Shared {
 }
 
 pub(crate) fn unavailable(err: redis::RedisError) -> DurableError {
-    DurableError::Unavailable(format!("Redis: {err}"))
+    DurableError::unavailable_because(format!("Redis: {err}"), err)
 }
 
+/// Redis answered something the engine cannot read: not a "try again".
 fn corrupt(what: impl std::fmt::Display) -> DurableError {
-    DurableError::Store(eventbus_core::durable::StoreError::Corrupt(what.to_string()))
+    DurableError::internal("an unreadable Redis reply", what.to_string())
 }
 
 /// Milliseconds since the Unix epoch, now.
 pub(crate) fn now_ms() -> u64 {
-    eventbus_core::durable::store::epoch_ms(std::time::SystemTime::now())
+    eventbus_core::durable::epoch_ms(std::time::SystemTime::now())
 }
 
 impl RedisDurable {
@@ -463,7 +462,8 @@ impl Shared {
 
     /// Writes a definition; `replace` overwrites a different one.
     async fn define(self: &Arc<Self>, config: &ConsumerConfig, replace: bool) -> Result<Option<String>, DurableError> {
-        let json = serde_json::to_string(config).map_err(|e| DurableError::InvalidConfig(e.to_string()))?;
+        let json =
+            serde_json::to_string(config).map_err(|e| DurableError::internal("encoding a consumer definition", e))?;
         let (kind, value): (String, String) = self
             .scripts
             .define
@@ -485,7 +485,7 @@ impl Shared {
     /// Queues publishes for the next capture script, in order, then waits for their
     /// outcomes. Answers stop at the first error.
     async fn capture_many(&self, batch: &[CaptureRequest<'_>]) -> Vec<Result<Captured, DurableError>> {
-        let gone = || DurableError::Unavailable("the durable engine is shutting down".into());
+        let gone = || DurableError::unavailable("the durable engine is shutting down");
         let mut outcomes = Vec::with_capacity(batch.len());
         for r in batch {
             let (reply, outcome) = oneshot::channel();
@@ -587,7 +587,7 @@ impl Shared {
         }
         warn!(events = batch.len(), reason = %failure, "durable capture failed; publishes answered UNAVAILABLE");
         for p in batch.drain(..) {
-            let _ = p.reply.send(Err(DurableError::Unavailable(failure.clone())));
+            let _ = p.reply.send(Err(DurableError::unavailable(failure.clone())));
         }
     }
 

@@ -8,8 +8,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::*;
-use crate::{Bus, BusConfig, PublishInput, SubscribeOptions};
+use eventbus_core::durable::*;
+use eventbus_core::{Bus, BusConfig, PublishInput, SubscribeOptions};
+
+use crate::store::{self, StoreOp};
+use crate::{Durable, Fsync, RedbStore, Retention, Store, StoreError};
 
 fn options(dedup_window: Duration) -> DurableOptions {
     DurableOptions {
@@ -20,7 +23,7 @@ fn options(dedup_window: Duration) -> DurableOptions {
             (Bytes::from(format!("{}|{}|{}", dl.consumer, dl.attempts, reasons.join(";"))), "text/plain".into())
         }),
         on_ack: None,
-        supervisor: crate::Supervisor::new(),
+        supervisor: eventbus_core::Supervisor::new(),
     }
 }
 
@@ -43,7 +46,7 @@ fn consumer(name: &str, channels: &[&str]) -> ConsumerConfig {
     }
 }
 
-async fn publish(bus: &Bus, channel: &str, payload: &str) -> crate::Published {
+async fn publish(bus: &Bus, channel: &str, payload: &str) -> eventbus_core::Published {
     bus.publish(PublishInput {
         channel: channel.into(),
         payload: Bytes::from(payload.to_owned()),
@@ -53,7 +56,13 @@ async fn publish(bus: &Bus, channel: &str, payload: &str) -> crate::Published {
     .unwrap()
 }
 
-async fn publish_keyed(bus: &Bus, channel: &str, payload: &str, ordering: &str, idempotency: &str) -> crate::Published {
+async fn publish_keyed(
+    bus: &Bus,
+    channel: &str,
+    payload: &str,
+    ordering: &str,
+    idempotency: &str,
+) -> eventbus_core::Published {
     let input = PublishInput {
         channel: channel.into(),
         payload: Bytes::from(payload.to_owned()),
@@ -164,7 +173,7 @@ async fn expired_deadlines_and_disconnects_count_as_failures() {
     b.client.term(&third[0].event.id, "");
     let log = durable.log("d", Some(LogStatus::DeadLettered), 10, None).await.unwrap();
     let reasons: Vec<&str> = log.entries[0].failures.iter().map(|f| f.reason.as_str()).collect();
-    assert_eq!(reasons, [engine::REASON_DEADLINE, engine::REASON_DISCONNECT, engine::REASON_TERM]);
+    assert_eq!(reasons, [REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -408,10 +417,10 @@ async fn publish_many_captures_in_order_and_stops_at_the_first_error() {
         ])
         .await;
     assert_eq!(answers.len(), 5, "answers stop at the first error");
-    let ok: Vec<&crate::Published> = answers[..4].iter().map(|a| a.as_ref().unwrap()).collect();
+    let ok: Vec<&eventbus_core::Published> = answers[..4].iter().map(|a| a.as_ref().unwrap()).collect();
     assert!(ok[2].duplicate && ok[2].event_id == ok[1].event_id, "a repeat within the batch is a duplicate");
     assert!(!ok[0].duplicate && !ok[1].duplicate && !ok[3].duplicate);
-    assert!(matches!(answers[4], Err(crate::Error::Name(_))), "{:?}", answers[4]);
+    assert!(matches!(answers[4], Err(eventbus_core::Error::Name(_))), "{:?}", answers[4]);
 
     let mut attached = durable.attach("inbox", ClientOptions::default(), None).await.unwrap();
     assert_eq!(payloads(&next(&mut attached.deliveries).await), ["a", "b", "d"]);
@@ -467,7 +476,7 @@ impl Store for PanickingStore {
         self.inner.load()
     }
 
-    fn apply(&self, ops: &[store::StoreOp]) -> Result<(), StoreError> {
+    fn apply(&self, ops: &[StoreOp]) -> Result<(), StoreError> {
         assert!(!self.armed.load(std::sync::atomic::Ordering::Acquire), "the disk caught fire");
         self.inner.apply(ops)
     }

@@ -4,7 +4,8 @@
 //! Tables: `consumers` (name → JSON config), `events` (seq → binary event with the
 //! number of consumers still holding it), `entries` ((consumer, seq) → JSON state),
 //! `log` ((consumer, log seq) → JSON entry), `dedup` (idempotency key → JSON record),
-//! `meta` (schema marker and counters). A file without the schema marker is refused.
+//! `dead_letters` (outbox id → binary dead letter, until published), `meta` (schema
+//! marker and counters). A file without the schema marker is refused.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,16 +14,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
-use crate::durable::store::{
-    DedupRecord, EntryRecord, Loaded, LogEntry, LogPage, LogStatus, Store, StoreError, StoreOp, StoredEvent,
-    decode_event, encode_event, epoch_ms, set_refs,
-};
+use eventbus_core::durable::{LogEntry, LogStatus, Retention, epoch_ms};
+
+use crate::codec::{decode_dead_letter, decode_event, encode_dead_letter, encode_event, set_refs};
+use crate::store::{DedupRecord, EntryRecord, Loaded, LogPage, Store, StoreError, StoreOp, StoredEvent};
 
 const CONSUMERS: TableDefinition<&str, &str> = TableDefinition::new("consumers");
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 const ENTRIES: TableDefinition<(&str, u64), &str> = TableDefinition::new("entries");
 const LOG: TableDefinition<(&str, u64), &str> = TableDefinition::new("log");
 const DEDUP: TableDefinition<&str, &str> = TableDefinition::new("dedup");
+const DEAD_LETTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("dead_letters");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 /// Marks a file as ours (value = schema version).
@@ -45,13 +47,6 @@ pub enum Fsync {
 /// With [`Fsync::Batch`], the longest a commit waits to be made durable.
 pub const BATCH_FLUSH_MS: u64 = 100;
 
-/// Terminal log bounds, per consumer.
-#[derive(Debug, Clone, Copy)]
-pub struct Retention {
-    pub max_entries: u64,
-    pub max_age_ms: u64,
-}
-
 /// The redb-backed [`Store`].
 #[derive(Debug)]
 pub struct RedbStore {
@@ -65,12 +60,12 @@ pub struct RedbStore {
     last_durable_ms: AtomicU64,
 }
 
-fn io(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Io(e.to_string())
+fn io(e: impl Into<redb::Error>) -> StoreError {
+    StoreError::Io(e.into())
 }
 
-fn corrupt(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(e.to_string())
+fn corrupt(e: serde_json::Error) -> StoreError {
+    StoreError::Corrupt { what: "a JSON record".into(), source: Some(e.into()) }
 }
 
 impl RedbStore {
@@ -79,13 +74,14 @@ impl RedbStore {
         let (db, location) = if data_dir.as_os_str().is_empty() {
             let db = Database::builder()
                 .create_with_backend(redb::backends::InMemoryBackend::new())
-                .map_err(|e| StoreError::Open { path: MEMORY.into(), reason: e.to_string() })?;
+                .map_err(|e| StoreError::Open { path: MEMORY.into(), source: e.into() })?;
             (db, MEMORY.to_owned())
         } else {
-            let open_error = |reason: String| StoreError::Open { path: data_dir.display().to_string(), reason };
-            std::fs::create_dir_all(data_dir).map_err(|e| open_error(format!("cannot create the directory: {e}")))?;
+            std::fs::create_dir_all(data_dir)
+                .map_err(|e| StoreError::Open { path: data_dir.display().to_string(), source: e.into() })?;
             let path: PathBuf = data_dir.join(FILE_NAME);
-            let db = Database::create(&path).map_err(|e| open_error(format!("{}: {e}", path.display())))?;
+            let db = Database::create(&path)
+                .map_err(|e| StoreError::Open { path: path.display().to_string(), source: e.into() })?;
             (db, path.display().to_string())
         };
         let store = Self {
@@ -103,7 +99,7 @@ impl RedbStore {
 
     /// Checks (or writes) the schema marker and creates the tables.
     fn init(&self) -> Result<(), StoreError> {
-        let refuse = |reason: String| StoreError::Open { path: self.location.clone(), reason };
+        let refuse = |reason: String| StoreError::Refused { path: self.location.clone(), reason };
         let txn = self.db.begin_write().map_err(io)?;
         {
             let mut meta = txn.open_table(META).map_err(io)?;
@@ -127,6 +123,7 @@ impl RedbStore {
             txn.open_table(EVENTS).map_err(io)?;
             txn.open_table(ENTRIES).map_err(io)?;
             txn.open_table(DEDUP).map_err(io)?;
+            txn.open_table(DEAD_LETTERS).map_err(io)?;
             let log = txn.open_table(LOG).map_err(io)?;
             let mut counts = self.log_counts.lock();
             for row in log.iter().map_err(io)? {
@@ -188,6 +185,13 @@ impl RedbStore {
                 }
                 self.append_log(txn, consumer, log, now_ms)?;
             }
+            StoreOp::PutDeadLetter { id, record } => {
+                let bytes = encode_dead_letter(record);
+                txn.open_table(DEAD_LETTERS).map_err(io)?.insert(*id, bytes.as_slice()).map_err(io)?;
+            }
+            StoreOp::DeleteDeadLetter { id } => {
+                txn.open_table(DEAD_LETTERS).map_err(io)?.remove(*id).map_err(io)?;
+            }
         }
         Ok(())
     }
@@ -237,7 +241,7 @@ fn release_event(txn: &redb::WriteTransaction, seq: u64) -> Result<(), StoreErro
         None => return Ok(()),
     };
     let Some(&[a, b, c, d]) = bytes.get(..4).and_then(|h| <&[u8; 4]>::try_from(h).ok()) else {
-        return Err(StoreError::Corrupt(format!("event {seq}: record too short")));
+        return Err(StoreError::corrupt(format!("event {seq}: record too short")));
     };
     let refs = u32::from_le_bytes([a, b, c, d]);
     if refs <= 1 {
@@ -309,6 +313,10 @@ impl Store for RedbStore {
                 LogStatus::DeadLettered => counts.1 += 1,
             }
         }
+        for row in txn.open_table(DEAD_LETTERS).map_err(io)?.iter().map_err(io)? {
+            let (k, v) = row.map_err(io)?;
+            loaded.dead_letters.push((k.value(), decode_dead_letter(v.value())?));
+        }
         let meta = txn.open_table(META).map_err(io)?;
         let saved_seq = meta.get("next_seq").map_err(io)?.map_or(0, |v| v.value());
         loaded.next_seq = loaded.next_seq.max(saved_seq).max(1);
@@ -378,10 +386,10 @@ mod tests {
     use std::sync::Arc;
     use std::time::SystemTime;
 
+    use eventbus_core::Event;
+    use eventbus_core::durable::{ConsumerConfig, Failure};
+
     use super::*;
-    use crate::durable::config::ConsumerConfig;
-    use crate::durable::store::Failure;
-    use crate::event::Event;
 
     fn event(id: &str) -> Arc<Event> {
         Arc::new(Event::from_parts(

@@ -1,0 +1,68 @@
+//! Why a durable call was refused, for both engines.
+
+use std::borrow::Cow;
+
+use crate::durable::config::ConfigError;
+
+/// An error from below a durable engine (a store, a Redis client), kept as the source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a durable call was refused. The wire layers map each variant to one status
+/// (README "Errors"): callers branch on the variant, never on the text.
+#[derive(Debug, thiserror::Error)]
+pub enum DurableError {
+    #[error("no consumer named {0:?}")]
+    UnknownConsumer(String),
+    #[error("consumer {0:?} already exists with a different configuration")]
+    AlreadyExists(String),
+    #[error("invalid consumer configuration: {0}")]
+    InvalidConfig(#[from] ConfigError),
+    #[error("invalid {field}: {message}")]
+    InvalidArgument { field: &'static str, message: String },
+    /// Try again later: the store cannot be reached (Redis away) or the engine is
+    /// stopping. Nothing was lost; the call did nothing, or may be repeated.
+    #[error("durable consumers are unavailable: {reason}")]
+    Unavailable {
+        reason: Cow<'static, str>,
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The store failed in a way retrying will not fix: corrupt or unreadable records, a
+    /// write the disk refused. Logged with its cause; the client sees no internals.
+    #[error("the durable store failed ({context})")]
+    Internal {
+        context: &'static str,
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl DurableError {
+    /// [`DurableError::Unavailable`] without an underlying error.
+    pub fn unavailable(reason: impl Into<Cow<'static, str>>) -> Self {
+        Self::Unavailable { reason: reason.into(), source: None }
+    }
+
+    /// [`DurableError::Unavailable`] caused by `source`.
+    pub fn unavailable_because(reason: impl Into<Cow<'static, str>>, source: impl Into<BoxError>) -> Self {
+        Self::Unavailable { reason: reason.into(), source: Some(source.into()) }
+    }
+
+    /// [`DurableError::Internal`] caused by `source`.
+    pub fn internal(context: &'static str, source: impl Into<BoxError>) -> Self {
+        Self::Internal { context, source: source.into() }
+    }
+
+    /// A `page_token` this broker did not issue.
+    pub fn bad_page_token(token: &str) -> Self {
+        Self::InvalidArgument {
+            field: "page_token",
+            message: format!("{token:?} is not a page token this broker issued"),
+        }
+    }
+
+    /// This error and its causes, `: `-separated.
+    pub fn chain(&self) -> String {
+        crate::error::chain(self)
+    }
+}

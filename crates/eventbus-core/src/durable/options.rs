@@ -1,0 +1,26 @@
+//! Settings both durable engines take.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::durable::dead_letter::DeadLetterEncoder;
+use crate::tasks::Supervisor;
+
+/// Observes ack latency (delivery to ack) per consumer, for metrics.
+pub type AckObserver = Arc<dyn Fn(&str, Duration) + Send + Sync>;
+
+/// Engine settings.
+#[derive(Clone)]
+pub struct DurableOptions {
+    pub dedup_window: Duration,
+    pub dead_letter_encoder: DeadLetterEncoder,
+    pub on_ack: Option<AckObserver>,
+    /// Starts the engine's background tasks and reports one that stops.
+    pub supervisor: Supervisor,
+}
+
+impl std::fmt::Debug for DurableOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableOptions").field("dedup_window", &self.dedup_window).finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,131 @@
+//! Capture: storing a publish for every consumer it matches, before it is answered.
+//! Concurrent publishes share one commit; an idempotency key is claimed at planning
+//! time, so a repeat within the same batch is already a duplicate.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use eventbus_core::Event;
+use eventbus_core::durable::{CaptureRequest, Captured, DurableError, epoch_ms};
+use tokio::time::Instant;
+
+use crate::engine::Durable;
+use crate::state::{Consumer, Effects, add_entry, dispatch};
+use crate::store::{DedupRecord, EntryRecord, StoreOp};
+
+/// A capture waiting for its store commit.
+pub(crate) struct CapturePlan {
+    seq: u64,
+    event: Arc<Event>,
+    key: Option<Arc<str>>,
+    consumers: Vec<Arc<Consumer>>,
+    dedup: Option<DedupRecord>,
+    /// Taken for the commit.
+    op: Option<StoreOp>,
+}
+
+impl Durable {
+    /// Captures several events of one publisher with one store commit (one sync
+    /// under `fsync: always`), in order. On a failed commit none is captured and the
+    /// one answer is the error.
+    pub async fn capture_many(&self, batch: &[CaptureRequest<'_>]) -> Vec<Result<Captured, DurableError>> {
+        if self.inner.consumer_count.load(Ordering::Relaxed) == 0 && batch.iter().all(|r| r.idempotency_key.is_none()) {
+            // The common case without consumers: nothing to store, nothing to plan.
+            return batch.iter().map(|_| Ok(Captured::Stored(0))).collect();
+        }
+        let mut planned: Vec<Result<CapturePlan, Captured>> =
+            batch.iter().map(|r| self.plan_capture(r.event, r.ordering_key, r.idempotency_key)).collect();
+        let ops: Vec<StoreOp> = planned.iter_mut().filter_map(|p| p.as_mut().ok()?.op.take()).collect();
+        if !ops.is_empty()
+            && let Err(err) = self.commit(ops).await
+        {
+            let plans: Vec<CapturePlan> = planned.into_iter().filter_map(Result::ok).collect();
+            self.forget_dedup(&plans);
+            return vec![Err(err)];
+        }
+        planned
+            .into_iter()
+            .map(|p| match p {
+                Ok(plan) => Ok(self.apply_capture(plan)),
+                Err(done) => Ok(done),
+            })
+            .collect()
+    }
+
+    /// What capturing `event` takes: `Err` when nothing needs storing (the answer is
+    /// final), else the store op and what to apply once it is committed. Claims the
+    /// idempotency key at once, so a repeat later in the same batch is a duplicate.
+    fn plan_capture(
+        &self,
+        event: &Arc<Event>,
+        ordering_key: Option<&str>,
+        idempotency_key: Option<&str>,
+    ) -> Result<CapturePlan, Captured> {
+        if idempotency_key.is_none() && self.inner.consumer_count.load(Ordering::Relaxed) == 0 {
+            return Err(Captured::Stored(0));
+        }
+        let window = self.inner.options.dedup_window;
+        let dedup = match idempotency_key {
+            Some(key) => {
+                let mut d = self.inner.dedup.lock();
+                let now = Instant::now();
+                d.prune(now);
+                if let Some((original, _)) = d.keys.get(key) {
+                    return Err(Captured::Duplicate(original.clone()));
+                }
+                let expires_ms = epoch_ms(event.timestamp) + window.as_millis() as u64;
+                d.insert(key.to_owned(), event.id.clone(), now + window);
+                Some(DedupRecord { key: key.to_owned(), event_id: event.id.clone(), expires_ms })
+            }
+            None => None,
+        };
+        let consumers: Vec<Arc<Consumer>> = {
+            let registry = self.inner.registry.read();
+            let mut names = Vec::new();
+            registry.trie.collect(&event.channel, &mut names);
+            names.sort();
+            names.dedup();
+            names.iter().filter_map(|n| registry.by_name.get(n).cloned()).collect()
+        };
+        if consumers.is_empty() && dedup.is_none() {
+            return Err(Captured::Stored(0));
+        }
+        let seq = self.inner.next_seq.fetch_add(1, Ordering::Relaxed);
+        let key: Option<Arc<str>> = ordering_key.filter(|k| !k.is_empty()).map(Arc::from);
+        let op = match (consumers.is_empty(), dedup.clone()) {
+            (true, Some(record)) => StoreOp::Dedup(record),
+            _ => StoreOp::Capture {
+                seq,
+                event: Arc::clone(event),
+                ordering_key: key.clone(),
+                consumers: consumers.iter().map(|c| Arc::clone(&c.name)).collect(),
+                dedup: dedup.clone(),
+            },
+        };
+        Ok(CapturePlan { seq, event: Arc::clone(event), key, consumers, dedup, op: Some(op) })
+    }
+
+    /// A commit failed: the keys these plans claimed are free again.
+    fn forget_dedup(&self, plans: &[CapturePlan]) {
+        let mut d = self.inner.dedup.lock();
+        for record in plans.iter().filter_map(|p| p.dedup.as_ref()) {
+            d.keys.remove(&record.key);
+        }
+    }
+
+    /// Hands a committed capture to its consumers.
+    fn apply_capture(&self, plan: CapturePlan) -> Captured {
+        let mut fx = Effects::default();
+        for consumer in &plan.consumers {
+            let mut st = consumer.state.lock();
+            if st.deleted {
+                continue;
+            }
+            let (event, key) = (Arc::clone(&plan.event), plan.key.clone());
+            add_entry(consumer, &mut st, plan.seq, event, key, EntryRecord::default(), None, &mut fx);
+            dispatch(consumer, &mut st, &mut fx);
+        }
+        self.run(fx);
+        Captured::Stored(plan.consumers.len())
+    }
+}

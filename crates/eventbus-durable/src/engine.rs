@@ -1,0 +1,396 @@
+//! The engine handle: start-up and restore, consumer definitions, attach, and the one
+//! place where effects collected under a consumer's lock are carried out.
+//!
+//! Working state lives in memory, per consumer, behind that consumer's own mutex; every
+//! change is also sent to the [`Store`]. Locked sections only mutate and collect
+//! [`Effects`] (store ops, deliveries, timers, dead letters), which run after the lock
+//! is released, so no lock is held across I/O or `.await` (docs/ARCHITECTURE.md
+//! "A durable delivery").
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use eventbus_core::durable::{
+    ClientOptions, ConsumerConfig, ConsumerInfo, DeadLetterSink, DurableError, DurableOptions, LogStatus,
+    REASON_DISCONNECT, epoch_ms,
+};
+use eventbus_core::tasks::TaskHandle;
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::client::{Attached, ClientHandle};
+use crate::dedup::Dedup;
+use crate::outbox::{self, Committed};
+use crate::scheduler::{Timers, run_scheduler};
+use crate::state::{Client, Consumer, EState, Effects, Registry, add_entry, dispatch, fail, info};
+use crate::store::{Loaded, LogPage, Store, StoreOp};
+use crate::writer::{WRITER_QUEUE, WriteRequest, writer_loop};
+use eventbus_core::Event;
+
+/// The durable consumer engine. A cheap handle.
+#[derive(Clone)]
+pub struct Durable {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Durable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Durable").field("consumers", &self.inner.registry.read().by_name.len()).finish()
+    }
+}
+
+pub(crate) struct Inner {
+    /// First, so they are retired before the channels they read close.
+    tasks: OnceLock<[TaskHandle; 2]>,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) options: DurableOptions,
+    pub(crate) registry: RwLock<Registry>,
+    pub(crate) next_seq: AtomicU64,
+    /// Consumers registered: with none and no idempotency key, a publish skips the
+    /// engine entirely (no lock, no trie walk on the plain pub/sub path).
+    pub(crate) consumer_count: AtomicU64,
+    next_client: AtomicU64,
+    pub(crate) dedup: Mutex<Dedup>,
+    writer: mpsc::Sender<WriteRequest>,
+    pub(crate) timers: Mutex<Timers>,
+    timer_seq: AtomicU64,
+    /// Shared with the scheduler task, which must not keep the engine alive.
+    timers_changed: Arc<Notify>,
+    pub(crate) sink: OnceLock<DeadLetterSink>,
+    /// Dead letters committed but not yet published (README "Dead letters").
+    pub(crate) outbox: outbox::Outbox,
+}
+
+impl Durable {
+    /// Loads the store and starts the writer thread and the scheduler task.
+    pub fn start(store: Arc<dyn Store>, options: DurableOptions) -> Result<Self, DurableError> {
+        let mut loaded = store.load()?;
+        let (writer, rx) = mpsc::channel(WRITER_QUEUE);
+        let outbox = outbox::Outbox::new(std::mem::take(&mut loaded.dead_letters));
+        let supervisor = options.supervisor.clone();
+        let inner = Arc::new(Inner {
+            tasks: OnceLock::new(),
+            store,
+            options,
+            registry: RwLock::default(),
+            next_seq: AtomicU64::new(loaded.next_seq.max(1)),
+            consumer_count: AtomicU64::new(0),
+            next_client: AtomicU64::new(1),
+            dedup: Mutex::default(),
+            writer,
+            timers: Mutex::default(),
+            timer_seq: AtomicU64::new(0),
+            timers_changed: Arc::new(Notify::new()),
+            sink: OnceLock::new(),
+            outbox,
+        });
+        // The scheduler holds the engine weakly (it must not keep it alive), and the
+        // weak reference is taken from the finished engine: it can fail to upgrade only
+        // once the engine is gone, never before construction ends (issue 13).
+        let writer = supervisor
+            .thread("durable store writer", writer_loop(Arc::clone(&inner.store), rx))
+            .map_err(|e| DurableError::unavailable_because("cannot start the durable store writer", e))?;
+        let scheduler = supervisor
+            .spawn("durable timer scheduler", run_scheduler(Arc::downgrade(&inner), Arc::clone(&inner.timers_changed)));
+        let _ = inner.tasks.set([writer, scheduler]);
+        let durable = Self { inner };
+        durable.restore(loaded)?;
+        Ok(durable)
+    }
+
+    /// Where dead letters are published (the bus, set once it exists).
+    /// Dead letters left unpublished by the last run go out now.
+    pub fn set_dead_letter_sink(&self, sink: DeadLetterSink) {
+        let _ = self.inner.sink.set(sink);
+        self.release_waiting();
+    }
+
+    fn restore(&self, loaded: Loaded) -> Result<(), DurableError> {
+        let now = Instant::now();
+        let now_ms = epoch_ms(SystemTime::now());
+        let events: HashMap<u64, (Arc<Event>, Option<Arc<str>>)> =
+            loaded.events.into_iter().map(|e| (e.seq, (Arc::new(e.event), e.ordering_key.map(Arc::from)))).collect();
+        for config in loaded.consumers {
+            let consumer = self.register(config)?;
+            if let Some((acked, dead)) = loaded.finished.get(&*consumer.name) {
+                consumer.acked.store(*acked, Ordering::Relaxed);
+                consumer.dead_lettered.store(*dead, Ordering::Relaxed);
+            }
+        }
+        let mut fx = Effects::default();
+        for (name, seq, record) in loaded.entries {
+            let Some(consumer) = self.consumer(&name) else { continue };
+            let Some((event, key)) = events.get(&seq) else { continue };
+            let mut st = consumer.state.lock();
+            let due = record.due_ms.filter(|d| *d > now_ms).map(|d| now + Duration::from_millis(d - now_ms));
+            add_entry(&consumer, &mut st, seq, Arc::clone(event), key.clone(), record, due, &mut fx);
+        }
+        {
+            let mut dedup = self.inner.dedup.lock();
+            for d in loaded.dedup {
+                let left = Duration::from_millis(d.expires_ms.saturating_sub(now_ms));
+                dedup.insert(d.key, d.event_id, now + left);
+            }
+        }
+        self.run(fx);
+        Ok(())
+    }
+
+    pub(crate) fn consumer(&self, name: &str) -> Option<Arc<Consumer>> {
+        self.inner.registry.read().by_name.get(name).cloned()
+    }
+
+    pub(crate) fn register(&self, config: ConsumerConfig) -> Result<Arc<Consumer>, DurableError> {
+        let filters = config.validate().map_err(DurableError::InvalidConfig)?;
+        let name: Arc<str> = config.name.as_str().into();
+        let consumer = Arc::new(Consumer {
+            name: Arc::clone(&name),
+            config,
+            filters,
+            state: Mutex::default(),
+            acked: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            redelivered: AtomicU64::new(0),
+        });
+        let mut registry = self.inner.registry.write();
+        for f in &consumer.filters {
+            registry.trie.insert(f, Arc::clone(&name));
+        }
+        if registry.by_name.insert(name, Arc::clone(&consumer)).is_none() {
+            self.inner.consumer_count.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(consumer)
+    }
+
+    /// Waits for `ops` to be committed.
+    pub(crate) async fn commit(&self, ops: Vec<StoreOp>) -> Result<(), DurableError> {
+        let stopped = || DurableError::unavailable("the durable store writer has stopped");
+        match self.submit_waiting(ops) {
+            None => Err(stopped()),
+            Some(committed) => match committed.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(err)) => Err(DurableError::internal("commit", err)),
+                Err(_) => Err(stopped()),
+            },
+        }
+    }
+
+    /// Shutdown: detaches every client (their streams end; what they held counts one
+    /// failed attempt and is released), so nothing waits on them.
+    pub fn detach_all(&self) {
+        let consumers: Vec<Arc<Consumer>> = self.inner.registry.read().by_name.values().cloned().collect();
+        for consumer in consumers {
+            let mut fx = Effects::default();
+            {
+                let mut st = consumer.state.lock();
+                let clients: Vec<u64> = st.clients.iter().map(|c| c.id).collect();
+                st.clients.clear();
+                let held: Vec<u64> = st
+                    .entries
+                    .iter()
+                    .filter(|(_, e)| matches!(e.state, EState::InFlight { client, .. } if clients.contains(&client)))
+                    .map(|(seq, _)| *seq)
+                    .collect();
+                for seq in held {
+                    fail(&consumer, &mut st, seq, REASON_DISCONNECT.into(), None, &mut fx);
+                }
+            }
+            self.run(fx);
+        }
+    }
+
+    /// Waits until every change queued so far is committed.
+    pub async fn flush(&self) -> Result<(), DurableError> {
+        self.commit(Vec::new()).await
+    }
+
+    /// Creates a consumer. Idempotent for an identical configuration.
+    pub async fn create_consumer(&self, config: ConsumerConfig) -> Result<ConsumerInfo, DurableError> {
+        config.validate().map_err(DurableError::InvalidConfig)?;
+        if let Some(existing) = self.consumer(&config.name) {
+            if existing.config == config {
+                return Ok(info(&existing));
+            }
+            return Err(DurableError::AlreadyExists(config.name));
+        }
+        self.commit(vec![StoreOp::PutConsumer(config.clone())]).await?;
+        let consumer = self.register(config)?;
+        Ok(info(&consumer))
+    }
+
+    /// Creates or replaces a consumer declared in the configuration file.
+    pub async fn declare_consumer(&self, config: ConsumerConfig) -> Result<(), DurableError> {
+        match self.consumer(&config.name) {
+            Some(existing) if existing.config == config => Ok(()),
+            Some(existing) => {
+                // Keep what it holds; only the definition changes.
+                self.commit(vec![StoreOp::PutConsumer(config.clone())]).await?;
+                let filters = config.validate().map_err(DurableError::InvalidConfig)?;
+                let replacement = Arc::new(Consumer {
+                    name: Arc::clone(&existing.name),
+                    config,
+                    filters,
+                    state: Mutex::new(std::mem::take(&mut *existing.state.lock())),
+                    acked: AtomicU64::new(existing.acked.load(Ordering::Relaxed)),
+                    dead_lettered: AtomicU64::new(existing.dead_lettered.load(Ordering::Relaxed)),
+                    redelivered: AtomicU64::new(existing.redelivered.load(Ordering::Relaxed)),
+                });
+                let mut registry = self.inner.registry.write();
+                for f in &existing.filters {
+                    registry.trie.remove(f, |n| **n == *existing.name);
+                }
+                for f in &replacement.filters {
+                    registry.trie.insert(f, Arc::clone(&replacement.name));
+                }
+                registry.by_name.insert(Arc::clone(&replacement.name), replacement);
+                Ok(())
+            }
+            None => self.create_consumer(config).await.map(|_| ()),
+        }
+    }
+
+    pub fn get_consumer(&self, name: &str) -> Result<ConsumerInfo, DurableError> {
+        self.consumer(name).map(|c| info(&c)).ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))
+    }
+
+    pub fn list_consumers(&self) -> Vec<ConsumerInfo> {
+        let mut out: Vec<ConsumerInfo> = self.inner.registry.read().by_name.values().map(|c| info(c)).collect();
+        out.sort_by(|a, b| a.config.name.cmp(&b.config.name));
+        out
+    }
+
+    /// Deletes a consumer, what it holds, and its log; attached clients are detached.
+    pub async fn delete_consumer(&self, name: &str) -> Result<(), DurableError> {
+        let consumer = self.consumer(name).ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?;
+        self.commit(vec![StoreOp::DeleteConsumer(name.to_owned())]).await?;
+        let mut registry = self.inner.registry.write();
+        for f in &consumer.filters {
+            registry.trie.remove(f, |n| **n == *consumer.name);
+        }
+        if registry.by_name.remove(name).is_some() {
+            self.inner.consumer_count.fetch_sub(1, Ordering::Relaxed);
+        }
+        drop(registry);
+        let mut st = consumer.state.lock();
+        st.deleted = true;
+        st.clients.clear();
+        Ok(())
+    }
+
+    /// The terminal log of a consumer, including every change made before the call.
+    pub async fn log(
+        &self,
+        name: &str,
+        status: Option<LogStatus>,
+        limit: usize,
+        after: Option<u64>,
+    ) -> Result<LogPage, DurableError> {
+        if self.consumer(name).is_none() {
+            return Err(DurableError::UnknownConsumer(name.to_owned()));
+        }
+        self.flush().await?;
+        Ok(self.inner.store.log(name, status, limit.clamp(1, 1000), after)?)
+    }
+
+    /// Attaches a client to a consumer (creating it from `create_if_missing` when absent).
+    pub async fn attach(
+        &self,
+        name: &str,
+        options: ClientOptions,
+        create_if_missing: Option<ConsumerConfig>,
+    ) -> Result<Attached, DurableError> {
+        let consumer = match (self.consumer(name), create_if_missing) {
+            (Some(c), _) => c,
+            (None, Some(config)) => {
+                self.create_consumer(config.named_for_attach(name).map_err(DurableError::InvalidConfig)?).await?;
+                self.consumer(name).ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?
+            }
+            (None, None) => return Err(DurableError::UnknownConsumer(name.to_owned())),
+        };
+        let (max_in_flight, max_batch) = options.resolve(consumer.config.max_in_flight);
+        let id = self.inner.next_client.fetch_add(1, Ordering::Relaxed);
+        // One message per delivery batch; a batch holds at least one in-flight event.
+        let (tx, rx) = mpsc::channel(max_in_flight as usize);
+        let mut fx = Effects::default();
+        {
+            let mut st = consumer.state.lock();
+            st.clients.push(Client { id, max_in_flight, max_batch, in_flight: 0, tx });
+            dispatch(&consumer, &mut st, &mut fx);
+        }
+        let info = info(&consumer);
+        self.run(fx);
+        Ok(Attached { info, deliveries: rx, client: ClientHandle { durable: self.clone(), consumer, id } })
+    }
+
+    /// Runs the effects collected under a lock.
+    pub(crate) fn run(&self, fx: Effects) {
+        let Effects { mut ops, sends, timers, dead_letters, acks: _ } = fx;
+        if !dead_letters.is_empty() {
+            let records = self.to_outbox(dead_letters, &mut ops);
+            match self.submit_waiting(ops) {
+                Some(committed) => self.publish_when_committed(records, committed),
+                None => tracing::error!(count = records.len(), "dead letters not stored: the store writer has stopped"),
+            }
+        } else if !ops.is_empty() {
+            self.submit(ops);
+        }
+        for (tx, batch) in sends {
+            // Capacity covers max_in_flight batches; a failure means the client left,
+            // and its detach releases the events.
+            let _ = tx.try_send(batch);
+        }
+        if !timers.is_empty() {
+            let mut t = self.inner.timers.lock();
+            let mut earliest = t.first_key_value().map(|(k, _)| k.0);
+            for (at, consumer, seq) in timers {
+                let id = self.inner.timer_seq.fetch_add(1, Ordering::Relaxed);
+                t.insert((at, id), (Arc::downgrade(&consumer), seq));
+                if earliest.is_none_or(|e| at < e) {
+                    earliest = Some(at);
+                    self.inner.timers_changed.notify_one();
+                }
+            }
+        }
+    }
+
+    /// Queues store changes without waiting for their commit.
+    pub(crate) fn submit(&self, ops: Vec<StoreOp>) {
+        if self.inner.store.inline() {
+            if let Err(err) = self.inner.store.apply(&ops) {
+                tracing::error!(error = %eventbus_core::error_chain(&err), "durable store commit failed");
+            }
+            return;
+        }
+        self.queue(WriteRequest { ops, done: None });
+    }
+
+    /// Queues store changes; the answer says when they are committed (`None`: the
+    /// writer has stopped).
+    fn submit_waiting(&self, ops: Vec<StoreOp>) -> Option<Committed> {
+        let (done, committed) = oneshot::channel();
+        if self.inner.store.inline() {
+            let _ = done.send(self.inner.store.apply(&ops).map_err(Arc::new));
+            return Some(committed);
+        }
+        self.queue(WriteRequest { ops, done: Some(done) }).then_some(committed)
+    }
+
+    /// Hands a request to the writer, waiting for room off the caller's path when the
+    /// queue is full. False when the writer has stopped.
+    fn queue(&self, req: WriteRequest) -> bool {
+        match self.inner.writer.try_send(req) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(req)) => {
+                let writer = self.inner.writer.clone();
+                tokio::spawn(async move {
+                    let _ = writer.send(req).await;
+                });
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! What the embedded engine keeps, and the trait a store implements.
+//!
+//! The engine holds the working state in memory and sends every change to the store as
+//! [`StoreOp`]s, many at a time: [`Store::apply`] commits a batch atomically, so
+//! concurrent publishes share one commit (and one fsync). [`Store::load`] rebuilds the
+//! engine after a restart.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use eventbus_core::Event;
+use eventbus_core::durable::{BoxError, ConsumerConfig, DurableError, Failure, LogEntry, LogStatus};
+use serde::{Deserialize, Serialize};
+
+/// Why the store failed. Publishes and acks that hit it are refused, never faked; the
+/// wire layers answer it as an internal error and log its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the durable store at {path}")]
+    Open {
+        path: String,
+        #[source]
+        source: BoxError,
+    },
+    #[error("the durable store at {path} is refused: {reason}")]
+    Refused { path: String, reason: String },
+    #[error("durable store I/O failed")]
+    Io(#[source] redb::Error),
+    #[error("corrupt record in the durable store: {what}")]
+    Corrupt {
+        what: String,
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+impl StoreError {
+    /// A record that does not read back.
+    pub fn corrupt(what: impl Into<String>) -> Self {
+        Self::Corrupt { what: what.into(), source: None }
+    }
+}
+
+impl From<StoreError> for DurableError {
+    fn from(err: StoreError) -> Self {
+        DurableError::internal("durable store", err)
+    }
+}
+
+/// An unfinished event of one consumer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryRecord {
+    /// Deliveries so far.
+    pub attempts: u32,
+    pub first_delivered_ms: Option<u64>,
+    pub failures: Vec<Failure>,
+    /// When a failed event is due again (ms since the epoch); `None` = ready now.
+    pub due_ms: Option<u64>,
+}
+
+/// An idempotency key seen, and the event it named.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DedupRecord {
+    pub key: String,
+    pub event_id: String,
+    pub expires_ms: u64,
+}
+
+/// A change to durable state.
+#[derive(Debug, Clone)]
+pub enum StoreOp {
+    PutConsumer(ConsumerConfig),
+    /// Removes the consumer and everything it still holds.
+    DeleteConsumer(String),
+    /// A published event, kept for each consumer whose filter matched it.
+    Capture {
+        seq: u64,
+        event: Arc<Event>,
+        ordering_key: Option<Arc<str>>,
+        consumers: Vec<Arc<str>>,
+        dedup: Option<DedupRecord>,
+    },
+    /// An idempotency key of a publish no consumer captured.
+    Dedup(DedupRecord),
+    /// New attempt count, failures or due time of an unfinished event.
+    Update {
+        consumer: Arc<str>,
+        seq: u64,
+        entry: EntryRecord,
+    },
+    /// The event is done for this consumer: into the terminal log.
+    Finish {
+        consumer: Arc<str>,
+        seq: u64,
+        log: LogEntry,
+    },
+    /// A dead letter to publish, kept until its publication is answered (committed with
+    /// the `Finish` that dead-lettered it: a crash in between cannot lose it).
+    PutDeadLetter {
+        id: u64,
+        record: DeadLetterRecord,
+    },
+    /// A dead letter was published.
+    DeleteDeadLetter {
+        id: u64,
+    },
+}
+
+/// An encoded dead letter waiting in the outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterRecord {
+    pub channel: String,
+    pub payload: Bytes,
+    pub content_type: String,
+    /// For logs.
+    pub consumer: String,
+    pub event_id: String,
+}
+
+/// A captured event as stored.
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    pub seq: u64,
+    pub event: Event,
+    pub ordering_key: Option<String>,
+}
+
+/// Everything needed to rebuild the engine.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub consumers: Vec<ConsumerConfig>,
+    pub events: Vec<StoredEvent>,
+    /// (consumer, seq, state), in seq order per consumer.
+    pub entries: Vec<(String, u64, EntryRecord)>,
+    pub dedup: Vec<DedupRecord>,
+    pub next_seq: u64,
+    /// Consumer → (acked, dead-lettered) counted in the log, for stats after restart.
+    pub finished: HashMap<String, (u64, u64)>,
+    /// Dead letters committed but not yet published, by outbox id.
+    pub dead_letters: Vec<(u64, DeadLetterRecord)>,
+}
+
+/// A page of the terminal log.
+#[derive(Debug, Clone, Default)]
+pub struct LogPage {
+    pub entries: Vec<LogEntry>,
+    /// Pass back to continue after the last entry; `None` at the end.
+    pub next: Option<u64>,
+}
+
+/// Where the embedded engine keeps its state: [`crate::RedbStore`] (on disk or in memory).
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// Reads the whole durable state (at start-up).
+    fn load(&self) -> Result<Loaded, StoreError>;
+
+    /// Commits `ops` atomically; on return they survive a crash (per the fsync policy).
+    fn apply(&self, ops: &[StoreOp]) -> Result<(), StoreError>;
+
+    /// True when commits are cheap, in-process memory writes: the engine then applies
+    /// them inline instead of through the writer thread (deterministic under paused
+    /// time in tests).
+    fn inline(&self) -> bool {
+        false
+    }
+
+    /// The terminal log of `consumer`, oldest first, after position `after`.
+    fn log(
+        &self,
+        consumer: &str,
+        status: Option<LogStatus>,
+        limit: usize,
+        after: Option<u64>,
+    ) -> Result<LogPage, StoreError>;
+}
