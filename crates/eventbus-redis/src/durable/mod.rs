@@ -1,4 +1,4 @@
-//! Durable consumers on Redis Streams (SPEC §9, redis mode): one consumer shared by
+//! Durable consumers on Redis Streams (README "Durable consumers in redis mode"): one consumer shared by
 //! every instance, whichever instance a client or a publisher talks to.
 //!
 //! State lives in Redis, never only in an instance, and every change is one Lua script
@@ -25,7 +25,7 @@
 //!   stream and PUBLISHes for ephemeral subscribers: all in one step. Publishes are
 //!   group-committed: one script runs at a time and carries every publish that arrived
 //!   while the previous one ran, in arrival order.
-//! - Delivery: `consumer` runs one actor per consumer with local clients; it reads
+//! - Delivery: `runtime` starts one `actor` per consumer with local clients; it reads
 //!   with a blocking XREADGROUP (nothing runs while idle) and spreads events to its
 //!   clients.
 //! - A failed attempt takes the event off the stream into the retry set; it is
@@ -35,8 +35,17 @@
 //! - Dead letters: the script that dead-letters an event also puts its letter in the
 //!   outbox; the instance publishes it and then removes it, and a janitor publishes the
 //!   ones left behind (at least once, never zero times).
+//!
+//! Files: `capture` (group-committed capture), `follow` (the consumer set, kept in step
+//! with Redis), `runtime` (one consumer on this instance, its client handles), `actor`
+//! (delivery, acks and failures; its `janitor` and dead-letter `outbox`), `reply`
+//! (reading Redis replies), `scripts` (the Lua scripts).
 
-mod consumer;
+mod actor;
+mod capture;
+mod follow;
+mod reply;
+mod runtime;
 mod scripts;
 
 use std::collections::HashMap;
@@ -44,23 +53,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use eventbus_core::TaskHandle;
 use eventbus_core::durable::{
     Attachment, BoxFuture, CaptureRequest, Captured, ClientOptions, ConsumerConfig, ConsumerInfo, DeadLetterSink,
     DurableBackend, DurableError, DurableOptions, LogEntry, LogSlice, LogStatus, Retention,
 };
 use eventbus_core::trie::Trie;
-use eventbus_core::{Event, Fanout, TaskHandle};
-use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use redis::aio::ConnectionManager;
 use redis::{Client, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
 
 use crate::envelope;
 use crate::glob::redis_channel;
-use consumer::Runtime;
+use capture::{PendingCapture, run_captures};
+use follow::follow_changes;
+use runtime::Runtime;
 use scripts::Scripts;
 
 /// Consumer group every instance reads through.
@@ -210,113 +219,10 @@ impl RedisDurable {
     }
 }
 
-/// A publish waiting for the next capture script.
-struct PendingCapture {
-    event: Arc<Event>,
-    envelope: Vec<u8>,
-    /// "" = none.
-    ordering_key: String,
-    /// The full Redis key; "" = none.
-    idem: String,
-    reply: oneshot::Sender<Result<Captured, DurableError>>,
-}
-
-/// Group commit: one capture script at a time, carrying every publish that arrived
-/// while the previous one ran (bounded in count and bytes). One queue and one script
-/// in flight keep the capture order the publish order, and a busy broker pays one
-/// Redis round trip per batch instead of per event.
-async fn run_captures(shared: std::sync::Weak<Shared>, mut queue: mpsc::Receiver<PendingCapture>) {
-    let mut batch = Vec::with_capacity(MAX_CAPTURE_BATCH);
-    while let Some(first) = queue.recv().await {
-        let mut bytes = first.envelope.len();
-        batch.push(first);
-        while batch.len() < MAX_CAPTURE_BATCH && bytes < MAX_CAPTURE_BYTES {
-            match queue.try_recv() {
-                Ok(next) => {
-                    bytes += next.envelope.len();
-                    batch.push(next);
-                }
-                Err(_) => break,
-            }
-        }
-        let Some(s) = shared.upgrade() else { return owner_gone().await };
-        s.capture_batch(&mut batch).await;
-    }
-}
-
 /// The engine is being dropped, and its drop aborts the calling task: wait for that
 /// rather than end first (an end before it is reported as a failure).
 async fn owner_gone() {
     std::future::pending().await
-}
-
-/// Reloads the consumer set on every change notice, and after every reconnection
-/// (a notice may have been missed while away).
-async fn follow_changes(shared: std::sync::Weak<Shared>) {
-    let mut backoff = INITIAL_BACKOFF;
-    loop {
-        let Some(s) = shared.upgrade() else { return owner_gone().await };
-        let (client, channel, stop) = (s.client.clone(), s.keys.notify.clone(), s.shutdown.clone());
-        drop(s);
-        let subscribed = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
-        };
-        let pubsub = tokio::select! {
-            () = stop.cancelled() => return,
-            r = tokio::time::timeout(CONNECT_TIMEOUT, subscribed) => r,
-        };
-        match pubsub {
-            Ok(Ok(pubsub)) => {
-                let mut messages = pubsub.into_on_message();
-                let Some(s) = shared.upgrade() else { return owner_gone().await };
-                if let Err(err) = s.reload().await {
-                    warn!(%err, "cannot load durable consumer definitions");
-                }
-                drop(s);
-                backoff = INITIAL_BACKOFF;
-                loop {
-                    tokio::select! {
-                        () = stop.cancelled() => return,
-                        msg = messages.next() => match msg {
-                            Some(_) => {
-                                let Some(s) = shared.upgrade() else { return owner_gone().await };
-                                if let Err(err) = s.reload().await {
-                                    warn!(%err, "cannot reload durable consumer definitions");
-                                }
-                            }
-                            None => break,
-                        },
-                    }
-                }
-                warn!("lost the Redis connection that follows durable consumer changes; reconnecting");
-            }
-            Ok(Err(err)) => debug!(%err, retry_in = ?backoff, "cannot follow durable consumer changes yet"),
-            Err(_) => debug!(retry_in = ?backoff, "timed out following durable consumer changes"),
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
-    }
-}
-
-/// Writes the consumers declared in the configuration again (identical definitions are
-/// a no-op, so every instance may do it).
-/// (Boxed: `define` reloads, and a reload may start this.)
-fn redeclare(shared: std::sync::Weak<Shared>) -> BoxFuture<'static, ()> {
-    Box::pin(async move {
-        let Some(shared) = shared.upgrade() else { return };
-        let declared = shared.declared.lock().clone();
-        for config in declared {
-            match shared.define(&config, true).await {
-                Ok(_) => info!(consumer = %config.name, "durable consumer declared again"),
-                Err(err) => warn!(consumer = %config.name, %err, "cannot declare the durable consumer again"),
-            }
-        }
-    })
 }
 
 impl Shared {
@@ -332,74 +238,6 @@ impl Shared {
         self.registry.read().by_name.get(name).cloned()
     }
 
-    /// Reads every definition and the version in one transaction and brings the local
-    /// registry in line: new consumers appear, changed ones take their new definition,
-    /// deleted ones detach their local clients.
-    async fn reload(self: &Arc<Self>) -> Result<(), DurableError> {
-        let _one_at_a_time = self.reloading.lock().await;
-        let (version, defs): (Option<String>, HashMap<String, String>) = redis::pipe()
-            .atomic()
-            .get(&self.keys.version)
-            .hgetall(&self.keys.consumers)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        if version.is_none() && !matches!(&*self.registry.read().version, "" | "0") {
-            // The definitions this instance knew are gone with the version counter
-            // itself: not a delete (that bumps it) but a Redis that lost its data.
-            warn!(
-                "Redis has lost the durable consumer definitions (restarted without persistence?); declaring the configured consumers again"
-            );
-            tokio::spawn(redeclare(Arc::downgrade(self)));
-        }
-        let version = version.unwrap_or_else(|| "0".into());
-        let mut fresh = Registry { version: version.as_str().into(), ..Registry::default() };
-        let mut removed = Vec::new();
-        {
-            let mut registry = self.registry.write();
-            for (name, json) in defs {
-                let config: ConsumerConfig = match serde_json::from_str(&json) {
-                    Ok(c) => c,
-                    Err(err) => {
-                        warn!(consumer = %name, %err, "ignoring an unreadable durable consumer definition in Redis");
-                        continue;
-                    }
-                };
-                let filters = match config.validate() {
-                    Ok(f) => f,
-                    Err(err) => {
-                        warn!(consumer = %name, %err, "ignoring an invalid durable consumer definition in Redis");
-                        continue;
-                    }
-                };
-                let name: Arc<str> = name.into();
-                let runtime = match registry.by_name.get(&name) {
-                    Some(rt) => {
-                        rt.set_config(config);
-                        Arc::clone(rt)
-                    }
-                    None => Arc::new(Runtime::new(Arc::clone(&name), self.base(&name), config)),
-                };
-                for f in &filters {
-                    fresh.trie.insert(f, Arc::clone(&name));
-                }
-                fresh.by_name.insert(name, runtime);
-            }
-            for (name, rt) in registry.by_name.drain() {
-                if !fresh.by_name.contains_key(&name) {
-                    removed.push(rt);
-                }
-            }
-            *registry = fresh;
-        }
-        for rt in removed {
-            info!(consumer = %rt.name, "durable consumer deleted; detaching its local clients");
-            rt.stop(consumer::StopReason::Deleted);
-        }
-        debug!(%version, "durable consumer definitions loaded");
-        Ok(())
-    }
-
     /// The consumer, reloading once when this instance does not know it yet.
     async fn find(self: &Arc<Self>, name: &str) -> Result<Option<Arc<Runtime>>, DurableError> {
         if let Some(rt) = self.runtime(name) {
@@ -413,7 +251,7 @@ impl Shared {
     /// lost with a Redis that kept nothing) is reported unknown after a reload.
     async fn info(self: &Arc<Self>, rt: &Runtime) -> Result<ConsumerInfo, DurableError> {
         match self.try_info(rt).await {
-            Err(err) if consumer::is_missing_stream(&err) => {
+            Err(err) if reply::is_missing_stream(&err) => {
                 self.reload().await?;
                 Err(DurableError::UnknownConsumer(rt.name.to_string()))
             }
@@ -482,115 +320,6 @@ impl Shared {
         Ok((kind == "exists").then_some(value))
     }
 
-    /// Queues publishes for the next capture script, in order, then waits for their
-    /// outcomes. Answers stop at the first error.
-    async fn capture_many(&self, batch: &[CaptureRequest<'_>]) -> Vec<Result<Captured, DurableError>> {
-        let gone = || DurableError::unavailable("the durable engine is shutting down");
-        let mut outcomes = Vec::with_capacity(batch.len());
-        for r in batch {
-            let (reply, outcome) = oneshot::channel();
-            let capture = PendingCapture {
-                envelope: envelope::encode(r.event),
-                ordering_key: r.ordering_key.unwrap_or("").to_owned(),
-                idem: r.idempotency_key.map(|k| format!("{}{k}", self.keys.idem)).unwrap_or_default(),
-                event: Arc::clone(r.event),
-                reply,
-            };
-            if self.captures.send(capture).await.is_err() {
-                break;
-            }
-            outcomes.push(outcome);
-        }
-        let mut out = Vec::with_capacity(batch.len());
-        for outcome in outcomes {
-            let captured = outcome.await.unwrap_or_else(|_| Err(gone()));
-            let failed = captured.is_err();
-            out.push(captured);
-            if failed {
-                return out;
-            }
-        }
-        if out.len() < batch.len() {
-            out.push(Err(gone()));
-        }
-        out
-    }
-
-    /// Runs one capture script for `batch`, in order, and answers each publish. A
-    /// batch that finds the consumer set changed reloads it and runs again, before
-    /// any later batch, so publish order holds.
-    async fn capture_batch(self: &Arc<Self>, batch: &mut Vec<PendingCapture>) {
-        let window_ms = self.options.dedup_window.as_millis().max(1) as u64;
-        let mut names = Vec::new();
-        let mut consumers = Vec::with_capacity(batch.len());
-        let mut failure = "durable consumer definitions keep changing; try again".to_owned();
-        for _ in 0..STALE_RETRIES {
-            let mut call = self.scripts.publish.key(&self.keys.version);
-            consumers.clear();
-            {
-                let registry = self.registry.read();
-                call.arg(&*registry.version).arg(window_ms).arg(&self.keys.pubsub);
-                for p in batch.iter() {
-                    names.clear();
-                    registry.trie.collect(&p.event.channel, &mut names);
-                    names.sort_unstable();
-                    names.dedup();
-                    names.retain(|n| registry.by_name.contains_key(n));
-                    call.arg(&p.event.id)
-                        .arg(&p.envelope)
-                        .arg(&p.event.channel)
-                        .arg(&p.ordering_key)
-                        .arg(&p.idem)
-                        .arg(names.len());
-                    for rt in names.iter().filter_map(|n| registry.by_name.get(n)) {
-                        call.arg(&*rt.base);
-                    }
-                    consumers.push(names.len());
-                }
-            }
-            let reply: Vec<Value> = match call.invoke_async(&mut self.conn()).await {
-                Ok(reply) => reply,
-                Err(err) => {
-                    failure = format!("Redis: {err}");
-                    break;
-                }
-            };
-            let mut reply = reply.into_iter();
-            match reply.next() {
-                Some(Value::BulkString(kind)) if kind == b"ok" && reply.len() == batch.len() => {
-                    for ((p, value), consumers) in batch.drain(..).zip(reply).zip(&consumers) {
-                        let captured = match value {
-                            Value::Int(n) => Ok(Captured::Forwarded {
-                                consumers: *consumers,
-                                fanout: Fanout { delivered: u32::try_from(n).unwrap_or(u32::MAX), failed: 0 },
-                            }),
-                            other => redis::from_redis_value(other).map(Captured::Duplicate).map_err(corrupt),
-                        };
-                        let _ = p.reply.send(captured);
-                    }
-                    return;
-                }
-                Some(Value::BulkString(kind)) if kind == b"stale" => {
-                    if let Err(err) = self.reload().await {
-                        failure = err.to_string();
-                        break;
-                    }
-                }
-                other => {
-                    let what = format!("unexpected reply to the capture script: {other:?}");
-                    for p in batch.drain(..) {
-                        let _ = p.reply.send(Err(corrupt(&what)));
-                    }
-                    return;
-                }
-            }
-        }
-        warn!(events = batch.len(), reason = %failure, "durable capture failed; publishes answered UNAVAILABLE");
-        for p in batch.drain(..) {
-            let _ = p.reply.send(Err(DurableError::unavailable(failure.clone())));
-        }
-    }
-
     async fn log(
         &self,
         rt: &Runtime,
@@ -616,7 +345,7 @@ impl Shared {
                 .query_async(&mut self.conn())
                 .await
                 .map_err(unavailable)?;
-            let rows = consumer::entries_of(rows).map_err(corrupt)?;
+            let rows = reply::entries_of(rows).map_err(corrupt)?;
             if rows.is_empty() {
                 return Ok(page);
             }
@@ -657,7 +386,7 @@ fn is_stream_id(s: &str) -> bool {
         && seq.bytes().all(|b| b.is_ascii_digit())
 }
 
-fn log_entry(row: &consumer::Entry) -> Result<LogEntry, String> {
+fn log_entry(row: &reply::Entry) -> Result<LogEntry, String> {
     let line = row.get("j").ok_or("log line without its entry")?;
     serde_json::from_slice(line).map_err(|e| format!("log line: {e}"))
 }
@@ -780,7 +509,7 @@ impl DurableBackend for RedisDurable {
     fn detach_all(&self) {
         let runtimes: Vec<Arc<Runtime>> = self.shared.registry.read().by_name.values().cloned().collect();
         for rt in runtimes {
-            rt.stop(consumer::StopReason::Shutdown);
+            rt.stop(runtime::StopReason::Shutdown);
         }
     }
 

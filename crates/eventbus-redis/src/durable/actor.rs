@@ -1,219 +1,61 @@
-//! One consumer as seen from one instance: its local clients and the actor serving
-//! them.
+//! The actor serving one consumer's local clients.
 //!
 //! The actor owns everything local (clients, what each holds, timers), so it needs no
 //! lock: clients talk to it through a bounded channel. It reads the consumer's stream
 //! with a blocking XREADGROUP (as this instance, for as many events as its clients have
 //! room for), hands events out round-robin in batches, and turns acks, nacks, terms,
 //! expired deadlines and disconnects into batched scripts. While clients are attached it
-//! also runs the janitor: due retries back onto the stream, XAUTOCLAIM of events held
-//! past the ack deadline by instances that went away.
+//! also runs the janitor ([`janitor`]) and publishes dead letters from the consumer's
+//! outbox ([`outbox`]).
+
+mod janitor;
+mod outbox;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use eventbus_core::Event;
 use eventbus_core::durable::{
-    BoxFuture, ClientOptions, ConsumerClient, ConsumerConfig, Delivery, DurableError, Failure, LogEntry, LogStatus,
-    PublishedDeadLetter, REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM, next_with_room,
+    BoxFuture, ConsumerConfig, Delivery, Failure, LogEntry, LogStatus, REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM,
+    next_with_room,
 };
-use eventbus_core::{ErrorKind, Event, TaskHandle};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use parking_lot::{Mutex, RwLock};
-use redis::aio::{ConnectionManager, MultiplexedConnection};
-use redis::{AsyncCommands, AsyncConnectionConfig, RedisResult, Script, Value};
+use parking_lot::Mutex;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{debug, error, warn};
+use tracing::{debug, warn};
 
+use super::reply::{entries_of, is_missing_stream, outcome_of};
+use super::runtime::{Command, Runtime, StopReason};
 use super::scripts::Scripts;
 use super::{CONNECT_TIMEOUT, GROUP, Shared, now_ms};
 use crate::envelope;
 
-/// Commands queued per consumer actor before clients wait.
-const COMMAND_QUEUE: usize = 1024;
 /// Most events one read asks for.
 const READ_BATCH: usize = 1024;
+
 /// Scripts in flight per actor before it stops taking commands.
 const MAX_OPS: usize = 64;
-/// Entries one janitor run handles.
-const JANITOR_BATCH: usize = 256;
-/// How long a dead letter may wait in the outbox for its publication before a janitor
-/// hands it out again (its publisher died, or Redis failed under the publish).
-const OUTBOX_GRACE: Duration = Duration::from_secs(10);
-/// Orphaned entries listed per XPENDING page.
-const ORPHAN_PAGE: usize = 1000;
+
 /// How often an instance with clients attached renews its count of them in Redis.
 const PRESENCE_EVERY: Duration = Duration::from_secs(5);
+
 /// How long a count stands without renewal: an instance that died stops counting
 /// after this.
 const PRESENCE_TTL: Duration = Duration::from_secs(15);
 
-/// Why an actor stops.
-#[derive(Debug, Clone)]
-pub(crate) enum StopReason {
-    /// The consumer was deleted: client streams end normally.
-    Deleted,
-    /// The broker is stopping: held events count a failed attempt and are released.
-    Shutdown,
-    /// Redis failed under us: client streams end with UNAVAILABLE.
-    Lost(String),
-}
-
-pub(crate) enum Command {
-    Attach(Client),
-    Detach(u64),
-    Ack(u64, Vec<String>),
-    Nack(u64, String, String, Option<Duration>),
-    Extend(u64, Vec<String>, Duration),
-    Term(u64, String, String),
-    Stop(StopReason),
-}
-
-/// A consumer known to this instance.
-#[derive(Debug)]
-pub(crate) struct Runtime {
-    pub(crate) name: Arc<str>,
-    /// `{prefix}:durable:{name}`.
-    pub(crate) base: String,
-    config: RwLock<Arc<ConsumerConfig>>,
-    actor: Mutex<Option<ActorSlot>>,
-    clients: std::sync::atomic::AtomicU32,
-}
-
-impl Runtime {
-    pub(crate) fn new(name: Arc<str>, base: String, config: ConsumerConfig) -> Self {
-        Self {
-            name,
-            base,
-            config: RwLock::new(Arc::new(config)),
-            actor: Mutex::new(None),
-            clients: std::sync::atomic::AtomicU32::new(0),
-        }
-    }
-
-    pub(crate) fn config(&self) -> Arc<ConsumerConfig> {
-        Arc::clone(&self.config.read())
-    }
-
-    pub(crate) fn set_config(&self, config: ConsumerConfig) {
-        let mut current = self.config.write();
-        if **current != config {
-            *current = Arc::new(config);
-        }
-    }
-
-    pub(crate) fn local_clients(&self) -> u32 {
-        self.clients.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The running actor, started on first use.
-    fn actor(self: &Arc<Self>, shared: &Arc<Shared>) -> mpsc::Sender<Command> {
-        let mut slot = self.actor.lock();
-        if let Some(running) = slot.as_ref().filter(|a| !a.tx.is_closed()) {
-            return running.tx.clone();
-        }
-        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
-        let actor = Actor::new(Arc::clone(self), Arc::clone(shared), rx);
-        let task = shared.options.supervisor.spawn("durable consumer actor (redis)", actor.run()).without_abort();
-        *slot = Some(ActorSlot { task, tx: tx.clone() });
-        tx
-    }
-
-    pub(crate) async fn attach(
-        self: &Arc<Self>,
-        shared: &Arc<Shared>,
-        id: u64,
-        options: ClientOptions,
-    ) -> Result<(mpsc::Receiver<Vec<Delivery>>, RedisClient), DurableError> {
-        let (max_in_flight, max_batch) = options.resolve(self.config().max_in_flight);
-        // One message per batch; a batch holds at least one in-flight event.
-        let (tx, rx) = mpsc::channel(max_in_flight.max(1) as usize);
-        let closed = Arc::new(Mutex::new(None));
-        let client = Client { id, max_in_flight, max_batch, in_flight: 0, tx, closed: Arc::clone(&closed) };
-        let actor = self.actor(shared);
-        actor.send(Command::Attach(client)).await.map_err(|_| DurableError::unavailable("the consumer was stopped"))?;
-        Ok((rx, RedisClient { actor, id, closed }))
-    }
-
-    /// Stops the actor, if one runs; the next attach starts a new one.
-    pub(crate) fn stop(&self, reason: StopReason) {
-        let Some(ActorSlot { task: _retired, tx }) = self.actor.lock().take() else { return };
-        if let Err(mpsc::error::TrySendError::Full(cmd)) = tx.try_send(Command::Stop(reason)) {
-            tokio::spawn(async move {
-                let _ = tx.send(cmd).await;
-            });
-        }
-    }
-}
-
-/// A running actor: its queue, and its task, retired (not aborted: it drains what is
-/// queued) when the slot is emptied or dropped.
-#[derive(Debug)]
-struct ActorSlot {
-    task: TaskHandle,
-    tx: mpsc::Sender<Command>,
-}
-
-/// An attached client's handle.
-#[derive(Debug)]
-pub(crate) struct RedisClient {
-    actor: mpsc::Sender<Command>,
-    id: u64,
-    closed: Arc<Mutex<Option<String>>>,
-}
-
-impl RedisClient {
-    fn send(&self, cmd: Command) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            // A stopped actor has already ended this client's stream.
-            let _ = self.actor.send(cmd).await;
-        })
-    }
-}
-
-impl ConsumerClient for RedisClient {
-    fn ack(&self, event_ids: Vec<String>) -> BoxFuture<'_, ()> {
-        self.send(Command::Ack(self.id, event_ids))
-    }
-
-    fn nack(&self, event_id: String, reason: String, delay: Option<Duration>) -> BoxFuture<'_, ()> {
-        self.send(Command::Nack(self.id, event_id, reason, delay))
-    }
-
-    fn extend(&self, event_ids: Vec<String>, by: Duration) -> BoxFuture<'_, ()> {
-        self.send(Command::Extend(self.id, event_ids, by))
-    }
-
-    fn term(&self, event_id: String, reason: String) -> BoxFuture<'_, ()> {
-        self.send(Command::Term(self.id, event_id, reason))
-    }
-
-    fn closed_reason(&self) -> Option<DurableError> {
-        self.closed.lock().clone().map(DurableError::unavailable)
-    }
-}
-
-impl Drop for RedisClient {
-    fn drop(&mut self) {
-        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.actor.try_send(Command::Detach(self.id)) {
-            let actor = self.actor.clone();
-            tokio::spawn(async move {
-                let _ = actor.send(cmd).await;
-            });
-        }
-    }
-}
-
 pub(crate) struct Client {
-    id: u64,
-    max_in_flight: u32,
-    max_batch: u32,
-    in_flight: u32,
-    tx: mpsc::Sender<Vec<Delivery>>,
-    closed: Arc<Mutex<Option<String>>>,
+    pub(crate) id: u64,
+    pub(crate) max_in_flight: u32,
+    pub(crate) max_batch: u32,
+    pub(crate) in_flight: u32,
+    pub(crate) tx: mpsc::Sender<Vec<Delivery>>,
+    pub(crate) closed: Arc<Mutex<Option<String>>>,
 }
 
 impl Client {
@@ -308,30 +150,29 @@ impl FailItem {
     }
 }
 
-/// What a script run tells the actor.
-#[derive(Default)]
-struct Outcome {
-    /// Earliest retry due (ms since the epoch).
-    next_due: Option<u64>,
-    /// More work waits (run the janitor again now).
-    more: bool,
-    dead: Vec<DeadLetter>,
-    error: Option<String>,
-}
-
 /// A dead letter to publish, as a script hands it back; it stays in the consumer's
 /// outbox until its publication is answered.
-struct DeadLetter {
-    envelope: Bytes,
-    attempts: u32,
+pub(crate) struct DeadLetter {
+    pub(crate) envelope: Bytes,
+    pub(crate) attempts: u32,
     /// JSON `[{"at_ms":…,"reason":…}]`.
-    failures: String,
-    event_id: String,
+    pub(crate) failures: String,
+    pub(crate) event_id: String,
+}
+
+/// What a script run tells the actor.
+#[derive(Default)]
+pub(crate) struct Outcome {
+    /// Earliest retry due (ms since the epoch).
+    pub(crate) next_due: Option<u64>,
+    /// More work waits (run the janitor again now).
+    pub(crate) more: bool,
+    pub(crate) dead: Vec<DeadLetter>,
+    pub(crate) error: Option<String>,
 }
 
 type ReadFuture = BoxFuture<'static, (Option<MultiplexedConnection>, RedisResult<Value>)>;
-
-struct Actor {
+pub(crate) struct Actor {
     rt: Arc<Runtime>,
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Command>,
@@ -358,7 +199,7 @@ struct Actor {
 }
 
 impl Actor {
-    fn new(rt: Arc<Runtime>, shared: Arc<Shared>, rx: mpsc::Receiver<Command>) -> Self {
+    pub(crate) fn new(rt: Arc<Runtime>, shared: Arc<Shared>, rx: mpsc::Receiver<Command>) -> Self {
         let config = rt.config();
         let stream = format!("{}:s", rt.base);
         Self {
@@ -386,7 +227,7 @@ impl Actor {
         }
     }
 
-    async fn run(mut self) {
+    pub(crate) async fn run(mut self) {
         self.release_orphans().await;
         let stop = loop {
             self.config = self.rt.config();
@@ -442,63 +283,6 @@ impl Actor {
             }
         };
         self.finish(stop).await;
-    }
-
-    /// Releases the entries an earlier actor of this instance left in flight: it lost
-    /// Redis and its clients were told to reconnect, so nobody holds them any more.
-    /// Each counts a failed attempt ("consumer disconnected", as for any client that
-    /// leaves) and comes back after its backoff, instead of only once its ack
-    /// deadline has passed. Runs before the first read: everything this instance has
-    /// pending then is an orphan. When Redis does not answer, the janitors reclaim
-    /// them after the deadline as before.
-    async fn release_orphans(&mut self) {
-        let mut start = "-".to_owned();
-        loop {
-            let page: RedisResult<Vec<(String, String, u64, u64)>> = redis::cmd("XPENDING")
-                .arg(&self.stream)
-                .arg(GROUP)
-                .arg(&start)
-                .arg("+")
-                .arg(ORPHAN_PAGE)
-                .arg(&self.shared.instance)
-                .query_async(&mut self.shared.conn())
-                .await;
-            let page = match page {
-                Ok(page) => page,
-                Err(err) => {
-                    if !is_missing_stream(&err) {
-                        warn!(consumer = %self.rt.name, %err, "cannot list the events an earlier reader left in flight; they come back after their ack deadline");
-                    }
-                    return;
-                }
-            };
-            let now = now_ms();
-            for (sid, _, idle_ms, _) in &page {
-                let first_ms = now.saturating_sub(*idle_ms);
-                self.fails.push(FailItem {
-                    sid: sid.clone(),
-                    reason: REASON_DISCONNECT.to_owned(),
-                    delay_ms: -1,
-                    term: false,
-                    first_ms,
-                });
-            }
-            let Some((last, ..)) = page.last() else { break };
-            if page.len() < ORPHAN_PAGE {
-                break;
-            }
-            start = format!("({last}");
-        }
-        if self.fails.is_empty() {
-            return;
-        }
-        debug!(consumer = %self.rt.name, events = self.fails.len(), "releasing events an earlier reader left in flight");
-        self.flush();
-        while let Some(outcome) = self.ops.next().await {
-            if let Some(StopReason::Lost(err)) = self.take_outcome(outcome) {
-                warn!(consumer = %self.rt.name, %err, "releasing the events an earlier reader left in flight failed; they come back after their ack deadline");
-            }
-        }
     }
 
     /// Applies one command; returns a reason to stop.
@@ -607,20 +391,6 @@ impl Actor {
         self.timers.insert((at, self.timer_seq), timer);
     }
 
-    fn schedule_janitor(&mut self, at: Instant) {
-        let slack = Duration::from_millis(5);
-        if self.janitor_at.range(at.checked_sub(slack).unwrap_or(at)..=at + slack).next().is_some() {
-            return;
-        }
-        self.janitor_at.insert(at);
-        self.add_timer(at, Timer::Janitor);
-    }
-
-    /// How often the janitor runs while clients are attached.
-    fn janitor_every(&self) -> Duration {
-        (self.config.ack_deadline() / 2).clamp(Duration::from_millis(100), Duration::from_secs(15))
-    }
-
     fn fire_timers(&mut self) {
         let now = Instant::now();
         while let Some(entry) = self.timers.first_entry() {
@@ -682,49 +452,6 @@ impl Actor {
             self.publish_dead_letter(dead);
         }
         None
-    }
-
-    /// Publishes a dead letter, then takes it out of the outbox. Should the publish
-    /// fail for now (Redis away, shutting down), it stays there and a janitor hands it
-    /// out again after [`OUTBOX_GRACE`]; a dead letter that can never be published is
-    /// dropped from the outbox with an error.
-    fn publish_dead_letter(&self, dead: DeadLetter) {
-        let outbox = format!("{}:o", self.rt.base);
-        let Some(event) = envelope::decode_own(dead.envelope) else {
-            error!(consumer = %self.rt.name, event = %dead.event_id, "dead letter with an unreadable event; dropped");
-            tokio::spawn(leave_outbox(self.shared.conn(), outbox, dead.event_id));
-            return;
-        };
-        let failures: Vec<Failure> = serde_json::from_str(&dead.failures).unwrap_or_else(|err| {
-            warn!(consumer = %self.rt.name, %err, "unreadable failure list of a dead letter");
-            Vec::new()
-        });
-        let dl = PublishedDeadLetter {
-            channel: self.config.dead_letter_channel_for(&event.channel),
-            event: Arc::new(event),
-            consumer: self.rt.name.to_string(),
-            attempts: dead.attempts,
-            failures,
-        };
-        let (payload, content_type) = (self.shared.options.dead_letter_encoder)(&dl);
-        let Some(sink) = self.shared.sink.get() else {
-            warn!(consumer = %dl.consumer, event = %dl.event.id, "dead letter not published: no sink; kept in the outbox");
-            return;
-        };
-        let published = sink(dl.channel.clone(), payload, content_type);
-        let conn = self.shared.conn();
-        tokio::spawn(async move {
-            let (channel, consumer, event) = (&dl.channel, &dl.consumer, &dl.event.id);
-            match published.await {
-                Ok(()) => {}
-                Err(err) if err.kind() == ErrorKind::Unavailable => {
-                    warn!(%channel, %consumer, %event, %err, "dead letter not published yet; a janitor retries it");
-                    return;
-                }
-                Err(err) => error!(%channel, %consumer, %event, %err, "cannot publish a dead letter; dropped"),
-            }
-            leave_outbox(conn, outbox, dl.event.id.clone()).await;
-        });
     }
 
     /// Room the clients have for more events than already read.
@@ -906,25 +633,6 @@ impl Actor {
         }));
     }
 
-    fn run_janitor(&mut self) {
-        let now = now_ms();
-        let lock_ms = self.janitor_every().as_millis().max(50) as u64;
-        let oldest = now.saturating_sub(self.shared.retention.max_age_ms);
-        let mut args = Args::default();
-        args.push(&self.rt.base)
-            .push(GROUP)
-            .push(now)
-            .push(self.shared.retention.max_entries.max(1))
-            .push(&self.shared.instance)
-            .push(lock_ms)
-            .push(self.config.ack_deadline_ms)
-            .push(JANITOR_BATCH)
-            .push(format!("{oldest}-0"));
-        args.retry_config(&self.config);
-        args.push(OUTBOX_GRACE.as_millis() as u64);
-        self.script(|s| &s.tick, args, "janitor failed", |v| outcome_of(v, true));
-    }
-
     /// Ends the actor: clients detached (their streams end), held events released.
     async fn finish(mut self, reason: StopReason) {
         debug!(consumer = %self.rt.name, ?reason, "durable consumer actor stopping");
@@ -981,104 +689,9 @@ impl Args {
     }
 }
 
-/// NOGROUP, or a blocked read whose stream was deleted.
-pub(crate) fn is_missing_stream(err: &redis::RedisError) -> bool {
-    // Inside a pipeline the server's code is only in the text.
-    let text = err.to_string();
-    text.contains("NOGROUP") || (text.contains("UNBLOCKED") && text.contains("no longer exists"))
-}
-
-/// Takes a dead letter out of its consumer's outbox. Should that fail, a janitor will
-/// publish it once more (at least once, as documented).
-async fn leave_outbox(mut conn: ConnectionManager, outbox: String, event_id: String) {
-    let done: RedisResult<i64> = conn.hdel(&outbox, &event_id).await;
-    if let Err(err) = done {
-        warn!(%outbox, event = %event_id, %err, "a dead letter is done but still in the outbox: it may be published twice");
-    }
-}
-
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// FAIL: `{next due, dead...}`; TICK: `{next due, more, dead...}`.
-fn outcome_of(value: Value, with_more: bool) -> Outcome {
-    let mut out = Outcome::default();
-    let Value::Array(items) = value else { return out };
-    let mut items = items.into_iter();
-    out.next_due = items.next().and_then(|v| text(&v)).and_then(|s| s.parse::<f64>().ok()).map(|f| f as u64);
-    if with_more {
-        out.more = matches!(items.next(), Some(Value::Int(1)));
-    }
-    for dead in items {
-        let Value::Array(parts) = dead else { continue };
-        let mut parts = parts.into_iter();
-        let (Some(Value::BulkString(env)), Some(attempts), Some(failures), Some(id)) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        out.dead.push(DeadLetter {
-            envelope: Bytes::from(env),
-            attempts: text(&attempts).and_then(|a| a.parse().ok()).unwrap_or(0),
-            failures: text(&failures).unwrap_or_default(),
-            event_id: text(&id).unwrap_or_default(),
-        });
-    }
-    out
-}
-
-fn text(value: &Value) -> Option<String> {
-    match value {
-        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::Int(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
-/// A stream entry: its id and fields, moved out of the reply (no copies).
-pub(crate) struct Entry {
-    pub(crate) id: String,
-    fields: Vec<(Vec<u8>, Vec<u8>)>,
-}
-
-impl Entry {
-    pub(crate) fn get(&self, name: &str) -> Option<&[u8]> {
-        self.fields.iter().find(|(k, _)| k == name.as_bytes()).map(|(_, v)| v.as_slice())
-    }
-
-    fn take(&mut self, name: &str) -> Option<Vec<u8>> {
-        let at = self.fields.iter().position(|(k, _)| k == name.as_bytes())?;
-        Some(self.fields.swap_remove(at).1)
-    }
-
-    fn text(&self, name: &str) -> Option<&str> {
-        self.get(name).and_then(|v| std::str::from_utf8(v).ok())
-    }
-}
-
-/// Stream entries `[[id, [field, value, ...]], ...]`.
-pub(crate) fn entries_of(value: Value) -> Result<Vec<Entry>, String> {
-    let Value::Array(rows) = value else { return Ok(Vec::new()) };
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let Value::Array(row) = row else { return Err("stream entry is not an array".into()) };
-        let mut row = row.into_iter();
-        let (Some(Value::BulkString(id)), Some(Value::Array(kv))) = (row.next(), row.next()) else {
-            // A deleted entry still in the pending list comes back as [id, nil].
-            continue;
-        };
-        let id = String::from_utf8(id).map_err(|_| "stream entry id is not text")?;
-        let mut fields = Vec::with_capacity(kv.len() / 2);
-        let mut kv = kv.into_iter();
-        while let (Some(Value::BulkString(k)), Some(Value::BulkString(v))) = (kv.next(), kv.next()) {
-            fields.push((k, v));
-        }
-        out.push(Entry { id, fields });
-    }
-    Ok(out)
 }

@@ -1,0 +1,159 @@
+//! Capture in redis mode, group-committed: one capture script at a time, carrying every
+//! publish that arrived while the previous one ran (bounded in count and bytes), in
+//! arrival order. The script checks the consumer-set version, each idempotency key,
+//! appends to every matching stream and PUBLISHes for subscribers: all in one step.
+
+use std::sync::Arc;
+
+use eventbus_core::durable::{CaptureRequest, Captured, DurableError};
+use eventbus_core::{Event, Fanout};
+use redis::Value;
+use tokio::sync::{mpsc, oneshot};
+use tracing::warn;
+
+use super::*;
+
+/// A publish waiting for the next capture script.
+pub(super) struct PendingCapture {
+    pub(super) event: Arc<Event>,
+    pub(super) envelope: Vec<u8>,
+    /// "" = none.
+    pub(super) ordering_key: String,
+    /// The full Redis key; "" = none.
+    pub(super) idem: String,
+    pub(super) reply: oneshot::Sender<Result<Captured, DurableError>>,
+}
+
+/// Group commit: one capture script at a time, carrying every publish that arrived
+/// while the previous one ran (bounded in count and bytes). One queue and one script
+/// in flight keep the capture order the publish order, and a busy broker pays one
+/// Redis round trip per batch instead of per event.
+pub(super) async fn run_captures(shared: std::sync::Weak<Shared>, mut queue: mpsc::Receiver<PendingCapture>) {
+    let mut batch = Vec::with_capacity(MAX_CAPTURE_BATCH);
+    while let Some(first) = queue.recv().await {
+        let mut bytes = first.envelope.len();
+        batch.push(first);
+        while batch.len() < MAX_CAPTURE_BATCH && bytes < MAX_CAPTURE_BYTES {
+            match queue.try_recv() {
+                Ok(next) => {
+                    bytes += next.envelope.len();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let Some(s) = shared.upgrade() else { return owner_gone().await };
+        s.capture_batch(&mut batch).await;
+    }
+}
+
+impl Shared {
+    /// Queues publishes for the next capture script, in order, then waits for their
+    /// outcomes. Answers stop at the first error.
+    pub(super) async fn capture_many(&self, batch: &[CaptureRequest<'_>]) -> Vec<Result<Captured, DurableError>> {
+        let gone = || DurableError::unavailable("the durable engine is shutting down");
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for r in batch {
+            let (reply, outcome) = oneshot::channel();
+            let capture = PendingCapture {
+                envelope: envelope::encode(r.event),
+                ordering_key: r.ordering_key.unwrap_or("").to_owned(),
+                idem: r.idempotency_key.map(|k| format!("{}{k}", self.keys.idem)).unwrap_or_default(),
+                event: Arc::clone(r.event),
+                reply,
+            };
+            if self.captures.send(capture).await.is_err() {
+                break;
+            }
+            outcomes.push(outcome);
+        }
+        let mut out = Vec::with_capacity(batch.len());
+        for outcome in outcomes {
+            let captured = outcome.await.unwrap_or_else(|_| Err(gone()));
+            let failed = captured.is_err();
+            out.push(captured);
+            if failed {
+                return out;
+            }
+        }
+        if out.len() < batch.len() {
+            out.push(Err(gone()));
+        }
+        out
+    }
+
+    /// Runs one capture script for `batch`, in order, and answers each publish. A
+    /// batch that finds the consumer set changed reloads it and runs again, before
+    /// any later batch, so publish order holds.
+    pub(super) async fn capture_batch(self: &Arc<Self>, batch: &mut Vec<PendingCapture>) {
+        let window_ms = self.options.dedup_window.as_millis().max(1) as u64;
+        let mut names = Vec::new();
+        let mut consumers = Vec::with_capacity(batch.len());
+        let mut failure = "durable consumer definitions keep changing; try again".to_owned();
+        for _ in 0..STALE_RETRIES {
+            let mut call = self.scripts.publish.key(&self.keys.version);
+            consumers.clear();
+            {
+                let registry = self.registry.read();
+                call.arg(&*registry.version).arg(window_ms).arg(&self.keys.pubsub);
+                for p in batch.iter() {
+                    names.clear();
+                    registry.trie.collect(&p.event.channel, &mut names);
+                    names.sort_unstable();
+                    names.dedup();
+                    names.retain(|n| registry.by_name.contains_key(n));
+                    call.arg(&p.event.id)
+                        .arg(&p.envelope)
+                        .arg(&p.event.channel)
+                        .arg(&p.ordering_key)
+                        .arg(&p.idem)
+                        .arg(names.len());
+                    for rt in names.iter().filter_map(|n| registry.by_name.get(n)) {
+                        call.arg(&*rt.base);
+                    }
+                    consumers.push(names.len());
+                }
+            }
+            let reply: Vec<Value> = match call.invoke_async(&mut self.conn()).await {
+                Ok(reply) => reply,
+                Err(err) => {
+                    failure = format!("Redis: {err}");
+                    break;
+                }
+            };
+            let mut reply = reply.into_iter();
+            match reply.next() {
+                Some(Value::BulkString(kind)) if kind == b"ok" && reply.len() == batch.len() => {
+                    for ((p, value), consumers) in batch.drain(..).zip(reply).zip(&consumers) {
+                        let captured = match value {
+                            Value::Int(n) => Ok(Captured::Forwarded {
+                                consumers: *consumers,
+                                fanout: Fanout { delivered: u32::try_from(n).unwrap_or(u32::MAX), failed: 0 },
+                            }),
+                            other => redis::from_redis_value(other).map(Captured::Duplicate).map_err(corrupt),
+                        };
+                        let _ = p.reply.send(captured);
+                    }
+                    return;
+                }
+                Some(Value::BulkString(kind)) if kind == b"stale" => {
+                    if let Err(err) = self.reload().await {
+                        failure = err.to_string();
+                        break;
+                    }
+                }
+                other => {
+                    let what = format!("unexpected reply to the capture script: {other:?}");
+                    for p in batch.drain(..) {
+                        let _ = p.reply.send(Err(corrupt(&what)));
+                    }
+                    return;
+                }
+            }
+        }
+        warn!(events = batch.len(), reason = %failure, "durable capture failed; publishes answered UNAVAILABLE");
+        for p in batch.drain(..) {
+            let _ = p.reply.send(Err(DurableError::unavailable(failure.clone())));
+        }
+    }
+}
