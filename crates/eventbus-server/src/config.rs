@@ -2,9 +2,15 @@
 //!
 //! Layers, lowest first: the shipped `config/default.yaml` (compiled in, the single
 //! source of defaults), a file (`--config PATH`, else `./config/default.yaml` when
-//! present), the seed's environment aliases (`EVENTBUS_MODE`, `REDIS_HOST`, …),
+//! present), the seed's environment variables (`EVENTBUS_MODE`, `REDIS_HOST`, …),
 //! `EVENTBUS__SECTION__KEY` variables, then command-line flags. Unknown keys and bad
 //! values stop start-up with a message naming the key.
+//!
+//! The settings are built on the flat layout of `config/default.yaml`. The seed's
+//! layout is accepted too: each layer is rewritten to the flat one before the layers are
+//! merged, so `eventbus.common.max_batch` is another spelling of `eventbus.max_batch`
+//! and takes part in the precedence like it. One layer spelling a setting both ways is
+//! refused ([`ConfigError::DuplicateKey`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,6 +22,7 @@ use eventbus_core::durable::{Backoff, ConsumerConfig};
 use eventbus_core::{BusConfig, Overflow};
 use eventbus_redis::RedisOptions;
 use serde::Deserialize;
+use tracing_subscriber::filter::ParseError;
 
 /// The shipped defaults, embedded so the binary runs from any directory.
 pub const DEFAULT_YAML: &str = include_str!("../../../config/default.yaml");
@@ -25,6 +32,7 @@ pub const IMPLICIT_FILE: &str = "config/default.yaml";
 
 /// Seed variable names and the keys they stand for.
 const ALIASES: &[(&str, &str)] = &[
+    ("EVENTBUS_ENABLED", "eventbus.enabled"),
     ("EVENTBUS_MODE", "eventbus.mode"),
     ("EVENTBUS_QUEUE_CAPACITY", "eventbus.default_queue_capacity"),
     ("EVENTBUS_OFFER_TIMEOUT", "eventbus.offer_timeout_ms"),
@@ -33,25 +41,120 @@ const ALIASES: &[(&str, &str)] = &[
     ("REDIS_PASSWORD", "eventbus.redis.password"),
     ("REDIS_DATABASE", "eventbus.redis.database"),
     ("EVENTBUS_REDIS_PREFIX", "eventbus.redis.prefix"),
+    ("EVENTBUS_REDIS_POOL_MAX", "eventbus.redis.pool.max_total"),
+    ("EVENTBUS_REDIS_POOL_MAX_IDLE", "eventbus.redis.pool.max_idle"),
+    ("EVENTBUS_REDIS_POOL_MIN_IDLE", "eventbus.redis.pool.min_idle"),
     ("EVENTBUS_METRICS_ENABLED", "eventbus.metrics.enabled"),
 ];
+
+/// The keys of the seed's `eventbus.common` section; each is a spelling of the flat
+/// `eventbus.<key>`.
+const COMMON_KEYS: &[&str] =
+    &["default_queue_capacity", "max_queue_capacity", "offer_timeout_ms", "overflow", "max_batch", "max_payload_bytes"];
 
 /// Why the configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// A file could not be read or parsed, or a key is unknown or of the wrong type.
-    #[error("{0}")]
+    /// A layer could not be read or parsed, or a key is unknown or of the wrong type.
+    #[error(transparent)]
     Load(#[from] config::ConfigError),
-    /// A value parsed but is out of range.
-    #[error("invalid value for {key}: {message}")]
-    Invalid { key: &'static str, message: String },
     /// The file named by `--config` does not exist.
-    #[error("config file {0} does not exist")]
-    MissingFile(PathBuf),
+    #[error("config file {} does not exist", path.display())]
+    MissingFile { path: PathBuf },
+    /// One layer (a file, or the environment) sets a setting under both its flat key and
+    /// its seed-shaped key: which one was meant cannot be told.
+    #[error("`{flat}` and `{nested}` are the same setting, both set in {origin}: keep one")]
+    DuplicateKey { flat: String, nested: String, origin: String },
+    /// A seed-shaped section holds a key it does not have.
+    #[error("unknown field `{key}` in {origin}, expected {}", one_of(expected))]
+    UnknownSeedKey { key: String, origin: String, expected: &'static [&'static str] },
+    /// A seed-shaped section is not a mapping.
+    #[error("invalid type for key `{key}` in {origin}: expected a mapping of settings")]
+    NotASection { key: &'static str, origin: String },
+    /// `eventbus.enabled` is false. The seed's switch leaves the bus out of an
+    /// application that has other work; eventbusd has none, so it does not start rather
+    /// than run and serve nothing.
+    #[error(
+        "eventbus.enabled (EVENTBUS_ENABLED) is false: eventbusd is the event bus and has nothing \
+         to run without it; remove the setting, or do not run eventbusd where no bus is wanted"
+    )]
+    Disabled,
+    /// A number outside its range.
+    #[error("invalid value for {key}: {value} must be between {min} and {max}")]
+    OutOfRange { key: &'static str, value: u64, min: u64, max: u64 },
+    /// A number below its minimum.
+    #[error("invalid value for {key}: {value} must be at least {min}")]
+    TooSmall { key: &'static str, value: u64, min: u64 },
+    /// A number above another setting that bounds it.
+    #[error("invalid value for {key}: {value} must not be above {limit_key} ({limit})")]
+    AboveLimit { key: &'static str, value: u64, limit_key: &'static str, limit: u64 },
+    /// A text value that parsed but cannot be used.
+    #[error("invalid value for {key}: {value:?} {problem}")]
+    Invalid { key: &'static str, value: String, problem: &'static str },
+    /// `eventbus.redis.url` has another scheme. The URL is not repeated: it may hold a
+    /// password.
+    #[error("invalid value for eventbus.redis.url: must start with redis:// or rediss://")]
+    RedisUrlScheme { scheme: Option<String> },
+    /// The Redis settings do not make a client (redis mode).
+    #[error("invalid value for eventbus.redis: cannot use these Redis settings: {source}")]
+    Redis {
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A consumer declared in `durable.consumers` is not a valid definition.
+    #[error("invalid value for durable.consumers: {reason}")]
+    Consumer { name: String, reason: eventbus_core::durable::ConfigError },
+    /// `log.level` is neither a level nor filter directives.
+    #[error("invalid value for log.level: {value:?}: {source}")]
+    LogLevel {
+        value: String,
+        #[source]
+        source: ParseError,
+    },
+    /// An error about a setting whose value was written the seed's way: the message
+    /// names the flat key, this adds the key as written.
+    #[error("{source} (set as `{nested}` in {origin})")]
+    SeedSpelling {
+        nested: String,
+        origin: String,
+        #[source]
+        source: Box<ConfigError>,
+    },
+}
+
+fn one_of(keys: &[&str]) -> String {
+    if keys.is_empty() {
+        return "none (the section takes no settings)".into();
+    }
+    let quoted: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
+    format!("one of {}", quoted.join(", "))
+}
+
+impl ConfigError {
+    /// The key the error is about, when it names one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::Load(config::ConfigError::Type { key, .. } | config::ConfigError::At { key, .. }) => key.as_deref(),
+            Self::OutOfRange { key, .. }
+            | Self::TooSmall { key, .. }
+            | Self::AboveLimit { key, .. }
+            | Self::Invalid { key, .. } => Some(key),
+            Self::RedisUrlScheme { .. } => Some("eventbus.redis.url"),
+            Self::Redis { .. } => Some("eventbus.redis"),
+            Self::Consumer { .. } => Some("durable.consumers"),
+            Self::LogLevel { .. } => Some("log.level"),
+            Self::Disabled => Some("eventbus.enabled"),
+            Self::DuplicateKey { flat, .. } => Some(flat),
+            Self::UnknownSeedKey { key, .. } => Some(key),
+            Self::NotASection { key, .. } => Some(key),
+            Self::SeedSpelling { source, .. } => source.key(),
+            Self::Load(_) | Self::MissingFile { .. } => None,
+        }
+    }
 }
 
 /// Everything eventbusd can be configured with.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub server: ServerSettings,
@@ -61,7 +164,7 @@ pub struct Settings {
 }
 
 /// The `durable` section (SPEC §9).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DurableSettings {
     /// Store directory; empty = in memory.
@@ -74,7 +177,7 @@ pub struct DurableSettings {
 }
 
 /// A consumer declared in the configuration file; omitted keys take the defaults.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConsumerSetting {
     pub name: String,
@@ -91,7 +194,7 @@ pub struct ConsumerSetting {
     pub dead_letter_channel: String,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackoffSetting {
     pub initial_ms: u64,
@@ -137,7 +240,7 @@ impl ConsumerSetting {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     /// gRPC listener address.
@@ -158,15 +261,23 @@ macro_rules! choice {
         pub enum $name { $($variant),+ }
 
         impl TryFrom<String> for $name {
-            type Error = String;
-            fn try_from(s: String) -> Result<Self, String> {
-                match s.as_str() {
+            type Error = ChoiceError;
+            fn try_from(value: String) -> Result<Self, ChoiceError> {
+                match value.as_str() {
                     $($text => Ok(Self::$variant),)+
-                    _ => Err(format!("{s:?} is not one of: {}", [$($text),+].join(", "))),
+                    _ => Err(ChoiceError { value, expected: &[$($text),+] }),
                 }
             }
         }
     };
+}
+
+/// A value that is none of a configuration enum's spellings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?} is not one of: {}", expected.join(", "))]
+pub struct ChoiceError {
+    pub value: String,
+    pub expected: &'static [&'static str],
 }
 
 choice!(
@@ -189,9 +300,11 @@ impl From<OverflowSetting> for Overflow {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventBusSettings {
+    /// The seed's switch; false refuses to start ([`ConfigError::Disabled`]).
+    pub enabled: bool,
     pub mode: Mode,
     pub default_queue_capacity: usize,
     pub max_queue_capacity: usize,
@@ -204,7 +317,7 @@ pub struct EventBusSettings {
     pub metrics: MetricsSettings,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
     /// `redis://` or `rediss://` URL; empty means use host/port/password/database.
@@ -216,9 +329,36 @@ pub struct RedisSettings {
     pub prefix: String,
     /// PEM CA file for `rediss://` with a private CA; empty = system roots.
     pub tls_ca_file: String,
+    /// The seed's connection pool sizes: accepted so seed-shaped settings start, but
+    /// without effect (see [`Settings::without_effect`]).
+    #[serde(default)]
+    pub pool: RedisPoolSettings,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// The seed's `eventbus.redis.pool` (a Jedis pool). eventbusd keeps no pool: commands
+/// share multiplexed connections, and pub/sub and blocking stream reads each hold their
+/// own, so these numbers have nothing to size.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisPoolSettings {
+    pub max_total: Option<u32>,
+    pub max_idle: Option<u32>,
+    pub min_idle: Option<u32>,
+}
+
+/// A setting that was given but changes nothing here, reported at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WithoutEffect {
+    /// The flat key.
+    pub key: &'static str,
+    /// The seed's environment variable for it.
+    pub variable: &'static str,
+    pub value: String,
+    /// Why it has no effect.
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsSettings {
     pub enabled: bool,
@@ -236,7 +376,7 @@ choice!(
     LogFormat { Text = "text", Json = "json" }
 );
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSettings {
     /// Level (`info`) or filter directives (`info,eventbus_core=debug`).
@@ -270,12 +410,15 @@ impl Default for Settings {
 impl Settings {
     /// Loads every layer. `env` is the process environment (a map, for tests).
     pub fn load(overrides: &Overrides, env: &HashMap<String, String>) -> Result<Self, ConfigError> {
-        let mut builder = Config::builder().add_source(File::from_str(DEFAULT_YAML, FileFormat::Yaml));
+        let mut layers = Layers::default();
+        layers.add(&File::from_str(DEFAULT_YAML, FileFormat::Yaml), "the built-in defaults")?;
         match &overrides.config_file {
-            Some(path) if !path.exists() => return Err(ConfigError::MissingFile(path.clone())),
-            Some(path) => builder = builder.add_source(File::from(path.as_path()).format(FileFormat::Yaml)),
+            Some(path) if !path.exists() => return Err(ConfigError::MissingFile { path: path.clone() }),
+            Some(path) => {
+                layers.add(&File::from(path.as_path()).format(FileFormat::Yaml), &path.display().to_string())?;
+            }
             None if Path::new(IMPLICIT_FILE).exists() => {
-                builder = builder.add_source(File::new(IMPLICIT_FILE, FileFormat::Yaml));
+                layers.add(&File::new(IMPLICIT_FILE, FileFormat::Yaml), IMPLICIT_FILE)?;
             }
             None => {}
         }
@@ -285,13 +428,14 @@ impl Settings {
                 env.get(*var).map(|v| (key.to_string(), Value::new(Some(&var.to_string()), v.clone())))
             })
             .collect();
-        builder = builder.add_source(Aliases(aliases)).add_source(
-            Environment::with_prefix("EVENTBUS")
-                .prefix_separator("__")
-                .separator("__")
-                .try_parsing(true)
-                .source(Some(env.clone().into_iter().collect())),
-        );
+        layers.add(&Aliases(aliases), "the seed's environment variables")?;
+        let environment = Environment::with_prefix("EVENTBUS")
+            .prefix_separator("__")
+            .separator("__")
+            .try_parsing(true)
+            .source(Some(env.clone().into_iter().collect()));
+        layers.add(&environment, "the EVENTBUS__ environment variables")?;
+        let mut builder = layers.builder;
         let flags = [
             ("server.grpc_addr", &overrides.grpc_addr),
             ("server.http_addr", &overrides.http_addr),
@@ -304,78 +448,92 @@ impl Settings {
                 builder = builder.set_override(key, value.as_str())?;
             }
         }
-        let settings: Settings = builder.build()?.try_deserialize()?;
-        settings.validate()?;
-        Ok(settings)
+        let spellings = layers.seed_spelled;
+        let settings = builder
+            .build()
+            .and_then(Config::try_deserialize::<Settings>)
+            .map_err(ConfigError::from)
+            .and_then(|settings| settings.validate().map(|()| settings));
+        settings.map_err(|err| match err.key().and_then(|key| spellings.get(key)) {
+            Some((nested, origin)) => {
+                ConfigError::SeedSpelling { nested: nested.clone(), origin: origin.clone(), source: Box::new(err) }
+            }
+            None => err,
+        })
     }
 
     /// Range checks serde cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let e = &self.eventbus;
-        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
-        if e.max_queue_capacity == 0 {
-            return invalid("eventbus.max_queue_capacity", "must be at least 1".into());
+        if !e.enabled {
+            return Err(ConfigError::Disabled);
         }
-        if e.default_queue_capacity == 0 || e.default_queue_capacity > e.max_queue_capacity {
-            return invalid(
-                "eventbus.default_queue_capacity",
-                format!(
-                    "{} must be between 1 and max_queue_capacity ({})",
-                    e.default_queue_capacity, e.max_queue_capacity
-                ),
-            );
+        at_least("eventbus.max_queue_capacity", e.max_queue_capacity, 1)?;
+        at_least("eventbus.default_queue_capacity", e.default_queue_capacity, 1)?;
+        if e.default_queue_capacity > e.max_queue_capacity {
+            return Err(ConfigError::AboveLimit {
+                key: "eventbus.default_queue_capacity",
+                value: widen(e.default_queue_capacity),
+                limit_key: "eventbus.max_queue_capacity",
+                limit: widen(e.max_queue_capacity),
+            });
         }
-        if !(1..=eventbus_core::bus::MAX_BATCH_LIMIT).contains(&e.max_batch) {
-            return invalid(
-                "eventbus.max_batch",
-                format!("{} must be between 1 and {}", e.max_batch, eventbus_core::bus::MAX_BATCH_LIMIT),
-            );
-        }
-        if !(1..=MAX_PAYLOAD_LIMIT).contains(&e.max_payload_bytes) {
-            return invalid(
-                "eventbus.max_payload_bytes",
-                format!("{} must be between 1 and {MAX_PAYLOAD_LIMIT}", e.max_payload_bytes),
-            );
-        }
-        if e.max_tracked_channels == 0 {
-            return invalid("eventbus.max_tracked_channels", "must be at least 1".into());
-        }
-        if e.offer_timeout_ms > 60_000 {
-            return invalid("eventbus.offer_timeout_ms", format!("{} is above 60000", e.offer_timeout_ms));
-        }
+        within("eventbus.max_batch", e.max_batch, 1, eventbus_core::bus::MAX_BATCH_LIMIT)?;
+        within("eventbus.max_payload_bytes", e.max_payload_bytes, 1, MAX_PAYLOAD_LIMIT)?;
+        at_least("eventbus.max_tracked_channels", e.max_tracked_channels, 1)?;
+        within("eventbus.offer_timeout_ms", e.offer_timeout_ms, 0, 60_000)?;
         let url = &e.redis.url;
         if !(url.is_empty() || url.starts_with("redis://") || url.starts_with("rediss://")) {
-            return invalid("eventbus.redis.url", "must start with redis:// or rediss://".into());
+            let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_owned());
+            return Err(ConfigError::RedisUrlScheme { scheme });
         }
+        let invalid = |key, value: &str, problem| Err(ConfigError::Invalid { key, value: value.to_owned(), problem });
         if !e.redis.tls_ca_file.is_empty() && !url.starts_with("rediss://") {
-            return invalid("eventbus.redis.tls_ca_file", "only applies to a rediss:// url".into());
+            return invalid("eventbus.redis.tls_ca_file", &e.redis.tls_ca_file, "only applies to a rediss:// url");
         }
         if e.redis.prefix.is_empty() {
-            return invalid("eventbus.redis.prefix", "must not be empty".into());
+            return invalid("eventbus.redis.prefix", &e.redis.prefix, "must not be empty");
         }
         if !is_metric_name(&e.metrics.prefix) {
             return invalid(
                 "eventbus.metrics.prefix",
-                format!("{:?} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)", e.metrics.prefix),
+                &e.metrics.prefix,
+                "is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)",
             );
         }
         if e.mode == Mode::Redis
             && let Err(err) = self.redis_settings().client()
         {
-            return invalid("eventbus.redis", format!("cannot use these Redis settings: {err}"));
+            return Err(ConfigError::Redis { source: Box::new(err) });
         }
         for consumer in &self.durable.consumers {
-            if let Err(message) = consumer.to_config().validate() {
-                return invalid("durable.consumers", message.to_string());
+            if let Err(reason) = consumer.to_config().validate() {
+                return Err(ConfigError::Consumer { name: consumer.name.clone(), reason });
             }
         }
-        if self.durable.log_max_entries == 0 {
-            return invalid("durable.log_max_entries", "must be at least 1".into());
-        }
-        if let Err(err) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
-            return invalid("log.level", format!("{:?}: {err}", self.log.level));
+        at_least("durable.log_max_entries", self.durable.log_max_entries, 1)?;
+        if let Err(source) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return Err(ConfigError::LogLevel { value: self.log.level.clone(), source });
         }
         Ok(())
+    }
+
+    /// Settings accepted for the seed's sake that change nothing here. eventbusd logs
+    /// each at start-up, so that nobody tunes them believing they act.
+    pub fn without_effect(&self) -> Vec<WithoutEffect> {
+        const NO_POOL: &str = "eventbusd keeps no Redis connection pool: commands share multiplexed \
+                               connections, pub/sub and blocking reads hold their own";
+        let pool = &self.eventbus.redis.pool;
+        [
+            ("eventbus.redis.pool.max_total", "EVENTBUS_REDIS_POOL_MAX", pool.max_total),
+            ("eventbus.redis.pool.max_idle", "EVENTBUS_REDIS_POOL_MAX_IDLE", pool.max_idle),
+            ("eventbus.redis.pool.min_idle", "EVENTBUS_REDIS_POOL_MIN_IDLE", pool.min_idle),
+        ]
+        .into_iter()
+        .filter_map(|(key, variable, value)| {
+            value.map(|value| WithoutEffect { key, variable, value: value.to_string(), reason: NO_POOL })
+        })
+        .collect()
     }
 
     /// The engine's settings.
@@ -429,6 +587,113 @@ fn is_metric_name(s: &str) -> bool {
     let mut chars = s.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+fn at_least<N: Copy + PartialOrd + TryInto<u64>>(key: &'static str, value: N, min: N) -> Result<(), ConfigError> {
+    if value < min {
+        return Err(ConfigError::TooSmall { key, value: widen(value), min: widen(min) });
+    }
+    Ok(())
+}
+
+fn within<N: Copy + PartialOrd + TryInto<u64>>(key: &'static str, value: N, min: N, max: N) -> Result<(), ConfigError> {
+    if value < min || value > max {
+        return Err(ConfigError::OutOfRange { key, value: widen(value), min: widen(min), max: widen(max) });
+    }
+    Ok(())
+}
+
+/// A count for an error message (`usize` is at most 64 bits where eventbusd runs).
+fn widen<N: TryInto<u64>>(n: N) -> u64 {
+    n.try_into().unwrap_or(u64::MAX)
+}
+
+/// The layers merged so far, each rewritten to the flat layout.
+#[derive(Debug, Default)]
+struct Layers {
+    builder: config::ConfigBuilder<config::builder::DefaultState>,
+    /// Flat key → (seed-shaped key, layer) for the settings whose current value was
+    /// written the seed's way, so that an error about one can say how it was written.
+    seed_spelled: HashMap<String, (String, String)>,
+}
+
+impl Layers {
+    /// Adds `source` above the layers before it. `origin` names it in errors.
+    fn add(&mut self, source: &dyn Source, origin: &str) -> Result<(), ConfigError> {
+        let mut cache = Value::new(None, Map::<String, Value>::new());
+        source.collect_to(&mut cache)?;
+        let ValueKind::Table(mut tree) = cache.kind else {
+            return Ok(());
+        };
+        let moved = flatten_seed_layout(&mut tree, origin)?;
+        if let Some(ValueKind::Table(eventbus)) = tree.get("eventbus").map(|v| &v.kind) {
+            for key in COMMON_KEYS.iter().filter(|key| eventbus.contains_key(**key)) {
+                let flat = format!("eventbus.{key}");
+                if moved.contains(key) {
+                    self.seed_spelled.insert(flat, (format!("eventbus.common.{key}"), origin.to_owned()));
+                } else {
+                    self.seed_spelled.remove(&flat);
+                }
+            }
+        }
+        self.builder = std::mem::take(&mut self.builder).add_source(Layer(tree));
+        Ok(())
+    }
+}
+
+/// Rewrites one layer's seed-shaped keys to the flat layout: `eventbus.common.<key>`
+/// becomes `eventbus.<key>`, and the seed's empty `eventbus.in_memory` section goes.
+/// Returns the keys moved.
+fn flatten_seed_layout(tree: &mut Map<String, Value>, origin: &str) -> Result<Vec<&'static str>, ConfigError> {
+    let Some(ValueKind::Table(eventbus)) = tree.get_mut("eventbus").map(|v| &mut v.kind) else {
+        // Absent, or not a mapping: deserialization names the problem.
+        return Ok(Vec::new());
+    };
+    let section = |key: &'static str, value: Value| match value.kind {
+        ValueKind::Nil => Ok(Map::new()),
+        ValueKind::Table(table) => Ok(table),
+        _ => Err(ConfigError::NotASection { key, origin: origin.to_owned() }),
+    };
+    if let Some(in_memory) = eventbus.remove("in_memory")
+        && let Some(key) = section("eventbus.in_memory", in_memory)?.keys().next()
+    {
+        let key = format!("eventbus.in_memory.{key}");
+        return Err(ConfigError::UnknownSeedKey { key, origin: origin.to_owned(), expected: &[] });
+    }
+    let Some(common) = eventbus.remove("common") else {
+        return Ok(Vec::new());
+    };
+    let mut moved = Vec::new();
+    for (key, value) in section("eventbus.common", common)? {
+        let Some(known) = COMMON_KEYS.iter().copied().find(|k| *k == key) else {
+            let key = format!("eventbus.common.{key}");
+            return Err(ConfigError::UnknownSeedKey { key, origin: origin.to_owned(), expected: COMMON_KEYS });
+        };
+        if eventbus.contains_key(known) {
+            return Err(ConfigError::DuplicateKey {
+                flat: format!("eventbus.{known}"),
+                nested: format!("eventbus.common.{known}"),
+                origin: origin.to_owned(),
+            });
+        }
+        eventbus.insert(key, value);
+        moved.push(known);
+    }
+    Ok(moved)
+}
+
+/// One layer, already collected and flattened.
+#[derive(Debug, Clone)]
+struct Layer(Map<String, Value>);
+
+impl Source for Layer {
+    fn clone_into_box(&self) -> Box<dyn Source + Send + Sync> {
+        Box::new(self.clone())
+    }
+
+    fn collect(&self) -> Result<Map<String, Value>, config::ConfigError> {
+        Ok(self.0.clone())
+    }
 }
 
 /// The seed's environment variables, already mapped to their keys.
@@ -568,6 +833,212 @@ mod tests {
         std::fs::write(&file, "durable:\n  consumers:\n    - name: bad name\n      channels: ['a']\n").unwrap();
         let msg = error(&[], Overrides { config_file: Some(file), ..Default::default() });
         assert!(msg.contains("durable.consumers") && msg.contains("bad name"), "{msg}");
+    }
+
+    /// The seed's `application.yml` (000 §7.1) with its defaults written in, minus the
+    /// Spring `socle:` root, and in redis mode so that every section matters.
+    const SEED_SHAPED: &str = "\
+eventbus:
+  enabled: true
+  mode: redis
+  common:
+    default_queue_capacity: 5000
+    max_queue_capacity: 20000
+    offer_timeout_ms: 250
+    overflow: drop_oldest
+    max_batch: 64
+    max_payload_bytes: 65536
+  in_memory:
+  redis:
+    host: cache
+    port: 6380
+    password: secret
+    database: 2
+    prefix: app:bus
+    pool:
+      max_total: 16
+      max_idle: 8
+      min_idle: 2
+  metrics:
+    enabled: false
+    prefix: app_bus
+";
+
+    /// The same settings in the built (flat) layout.
+    const FLAT: &str = "\
+eventbus:
+  mode: redis
+  default_queue_capacity: 5000
+  max_queue_capacity: 20000
+  offer_timeout_ms: 250
+  overflow: drop_oldest
+  max_batch: 64
+  max_payload_bytes: 65536
+  redis:
+    host: cache
+    port: 6380
+    password: secret
+    database: 2
+    prefix: app:bus
+  metrics:
+    enabled: false
+    prefix: app_bus
+";
+
+    fn load_file(text: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("eventbus.yaml");
+        std::fs::write(&file, text).unwrap();
+        load(env, Overrides { config_file: Some(file), ..Default::default() })
+    }
+
+    #[test]
+    fn seed_shaped_file_gives_the_same_settings_as_the_flat_one() {
+        let mut seed = load_file(SEED_SHAPED, &[]).unwrap();
+        let flat = load_file(FLAT, &[]).unwrap();
+        assert_ne!(flat, Settings::default(), "the files change something");
+        assert_eq!(
+            seed.eventbus.redis.pool,
+            RedisPoolSettings { max_total: Some(16), max_idle: Some(8), min_idle: Some(2) }
+        );
+        seed.eventbus.redis.pool = RedisPoolSettings::default();
+        assert_eq!(seed, flat);
+        assert!(flat.without_effect().is_empty());
+    }
+
+    #[test]
+    fn seed_layout_takes_part_in_the_precedence() {
+        // A nested key in the file is overridden by the flat variable, and by the seed's.
+        let s = load_file(SEED_SHAPED, &[("EVENTBUS__EVENTBUS__MAX_BATCH", "9"), ("EVENTBUS_QUEUE_CAPACITY", "7")])
+            .unwrap();
+        assert_eq!((s.eventbus.max_batch, s.eventbus.default_queue_capacity), (9, 7));
+        // The nested spelling works in EVENTBUS__ variables too, over a flat file.
+        let s = load_file(FLAT, &[("EVENTBUS__EVENTBUS__COMMON__MAX_BATCH", "10")]).unwrap();
+        assert_eq!(s.eventbus.max_batch, 10);
+        // An empty common section, or in_memory: {}, is harmless.
+        let s = load_file("eventbus:\n  common:\n  in_memory: {}\n", &[]).unwrap();
+        assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn seed_variables_are_aliases() {
+        let env = [
+            ("EVENTBUS_ENABLED", "true"),
+            ("EVENTBUS_REDIS_POOL_MAX", "32"),
+            ("EVENTBUS_REDIS_POOL_MIN_IDLE", "4"),
+            ("EVENTBUS_OFFER_TIMEOUT", "50"),
+        ];
+        let s = load(&env, Overrides::default()).unwrap();
+        assert_eq!(s.eventbus.offer_timeout_ms, 50);
+        assert_eq!(s.eventbus.redis.pool, RedisPoolSettings { max_total: Some(32), max_idle: None, min_idle: Some(4) });
+        let ignored = s.without_effect();
+        let names: Vec<_> = ignored.iter().map(|i| (i.key, i.variable, i.value.as_str())).collect();
+        assert_eq!(
+            names,
+            [
+                ("eventbus.redis.pool.max_total", "EVENTBUS_REDIS_POOL_MAX", "32"),
+                ("eventbus.redis.pool.min_idle", "EVENTBUS_REDIS_POOL_MIN_IDLE", "4"),
+            ]
+        );
+        assert!(ignored[0].reason.contains("no Redis connection pool"));
+
+        let msg = error(&[("EVENTBUS_REDIS_POOL_MAX_IDLE", "-1")], Overrides::default());
+        assert!(msg.contains("eventbus.redis.pool.max_idle"), "{msg}");
+    }
+
+    #[test]
+    fn eventbus_enabled_false_refuses_to_start() {
+        for (env, file) in [(&[("EVENTBUS_ENABLED", "false")][..], ""), (&[][..], "eventbus:\n  enabled: off\n")] {
+            let err = load_file(file, env).unwrap_err();
+            assert!(matches!(err, ConfigError::Disabled), "{err:?}");
+            let msg = err.to_string();
+            assert!(msg.contains("eventbus.enabled") && msg.contains("EVENTBUS_ENABLED"), "{msg}");
+        }
+        // The canonical variable wins over the seed's, as for every alias.
+        let env = [("EVENTBUS_ENABLED", "false"), ("EVENTBUS__EVENTBUS__ENABLED", "true")];
+        assert!(load(&env, Overrides::default()).unwrap().eventbus.enabled);
+    }
+
+    #[test]
+    fn a_setting_given_both_ways_in_one_layer_is_refused() {
+        let err = load_file("eventbus:\n  max_batch: 5\n  common:\n    max_batch: 6\n", &[]).unwrap_err();
+        let ConfigError::DuplicateKey { flat, nested, origin } = &err else { panic!("{err:?}") };
+        assert_eq!((flat.as_str(), nested.as_str()), ("eventbus.max_batch", "eventbus.common.max_batch"));
+        assert!(origin.ends_with("eventbus.yaml"), "{origin}");
+        let msg = err.to_string();
+        assert!(msg.contains("`eventbus.max_batch`") && msg.contains("`eventbus.common.max_batch`"), "{msg}");
+
+        let env =
+            [("EVENTBUS__EVENTBUS__OVERFLOW", "disconnect"), ("EVENTBUS__EVENTBUS__COMMON__OVERFLOW", "drop_oldest")];
+        let msg = error(&env, Overrides::default());
+        assert!(msg.contains("eventbus.overflow") && msg.contains("eventbus.common.overflow"), "{msg}");
+        assert!(msg.contains("EVENTBUS__"), "names the layer: {msg}");
+    }
+
+    #[test]
+    fn seed_sections_are_checked() {
+        let msg = load_file("eventbus:\n  common:\n    queue_size: 3\n", &[]).unwrap_err().to_string();
+        assert!(msg.contains("eventbus.common.queue_size") && msg.contains("`max_batch`"), "{msg}");
+        // Keys that only exist flat are not in common.
+        let msg = load_file("eventbus:\n  common:\n    max_tracked_channels: 3\n", &[]).unwrap_err().to_string();
+        assert!(msg.contains("eventbus.common.max_tracked_channels"), "{msg}");
+        let msg = load_file("eventbus:\n  in_memory:\n    shards: 3\n", &[]).unwrap_err().to_string();
+        assert!(msg.contains("eventbus.in_memory.shards") && msg.contains("takes no settings"), "{msg}");
+        let msg = load_file("eventbus:\n  common: 3\n", &[]).unwrap_err().to_string();
+        assert!(msg.contains("eventbus.common") && msg.contains("mapping"), "{msg}");
+        let msg = load_file("eventbus:\n  redis:\n    pool:\n      max_wait: 3\n", &[]).unwrap_err().to_string();
+        assert!(msg.contains("max_wait"), "{msg}");
+    }
+
+    #[test]
+    fn errors_about_a_seed_shaped_key_name_it_as_written() {
+        // Refused by validate(): the winning value came from the file's common section.
+        let err = load_file("eventbus:\n  common:\n    max_batch: 0\n", &[]).unwrap_err();
+        assert_eq!(err.key(), Some("eventbus.max_batch"));
+        let msg = err.to_string();
+        assert!(msg.contains("eventbus.max_batch") && msg.contains("set as `eventbus.common.max_batch`"), "{msg}");
+        // Refused by deserialization.
+        let msg = load_file("eventbus:\n  common:\n    max_batch: lots\n", &[]).unwrap_err().to_string();
+        assert!(msg.contains("max_batch") && msg.contains("eventbus.common.max_batch"), "{msg}");
+        // A flat variable over the nested file value: the error is the variable's.
+        let msg = load_file("eventbus:\n  common:\n    max_batch: 5\n", &[("EVENTBUS__EVENTBUS__MAX_BATCH", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("eventbus.max_batch") && !msg.contains("common"), "{msg}");
+    }
+
+    #[test]
+    fn errors_carry_the_key_and_the_value() {
+        let err = load(&[("EVENTBUS__EVENTBUS__MAX_BATCH", "0")], Overrides::default()).unwrap_err();
+        assert!(
+            matches!(err, ConfigError::OutOfRange { key: "eventbus.max_batch", value: 0, min: 1, max: 10_000 }),
+            "{err:?}"
+        );
+        let err = load(
+            &[("EVENTBUS__EVENTBUS__DEFAULT_QUEUE_CAPACITY", "11")],
+            Overrides { config_file: None, ..Default::default() },
+        )
+        .and_then(|mut s| {
+            s.eventbus.max_queue_capacity = 10;
+            s.validate().map(|()| s)
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, ConfigError::AboveLimit { key: "eventbus.default_queue_capacity", value: 11, limit: 10, .. }),
+            "{err:?}"
+        );
+        let err = load(&[("EVENTBUS__LOG__LEVEL", "info,=[")], Overrides::default()).unwrap_err();
+        let ConfigError::LogLevel { value, .. } = &err else { panic!("{err:?}") };
+        assert_eq!(value, "info,=[");
+        assert!(std::error::Error::source(&err).is_some(), "the parse error is the source");
+        let err =
+            load(&[("EVENTBUS__EVENTBUS__REDIS__URL", "http://:secret@cache")], Overrides::default()).unwrap_err();
+        assert!(matches!(&err, ConfigError::RedisUrlScheme { scheme: Some(s) } if s == "http"), "{err:?}");
+        assert!(!err.to_string().contains("secret"), "{err}");
+        assert_eq!(
+            Mode::try_from("clustered".to_owned()),
+            Err(ChoiceError { value: "clustered".into(), expected: &["in_memory", "redis"] })
+        );
     }
 
     #[test]

@@ -62,6 +62,15 @@ fn main() -> ExitCode {
         eprintln!("eventbusd: {err}");
         return ExitCode::from(2);
     }
+    for ignored in settings.without_effect() {
+        tracing::warn!(
+            key = ignored.key,
+            variable = ignored.variable,
+            value = ignored.value,
+            "setting has no effect: {}",
+            ignored.reason
+        );
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(err) => {

@@ -117,12 +117,80 @@ async fn file_then_environment_then_flags() {
 }
 
 #[tokio::test]
+async fn a_seed_shaped_file_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("application.yml");
+    // The seed's layout (000 §7.1, under `eventbus:` rather than Spring's `socle.eventbus:`).
+    std::fs::write(
+        &file,
+        "\
+server:
+  grpc_addr: \"127.0.0.1:0\"
+  http_addr: \"127.0.0.1:0\"
+eventbus:
+  enabled: true
+  mode: in_memory
+  common:
+    default_queue_capacity: 10000
+    offer_timeout_ms: 100
+    max_payload_bytes: 10
+  in_memory:
+  redis:
+    host: localhost
+    port: 6379
+    password: \"\"
+    database: 0
+    prefix: socle:eventbus
+    pool:
+      max_total: 16
+      max_idle: 8
+      min_idle: 2
+  metrics:
+    enabled: true
+    prefix: socle_eventbus
+",
+    )
+    .unwrap();
+    let mut cmd = command(dir.path(), &["--config", file.to_str().unwrap()]);
+    cmd.env("EVENTBUS_REDIS_POOL_MAX", "32");
+    let mut child = cmd.spawn().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (notices, started) = within(async {
+        let mut notices = Vec::new();
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if line.contains("eventbusd started") {
+                return (notices, line);
+            }
+            if line.contains("setting has no effect") {
+                notices.push(line);
+            }
+        }
+        panic!("eventbusd exited before starting");
+    })
+    .await;
+    // The pool sizes are accepted, each with a notice; the variable wins over the file.
+    assert_eq!(notices.len(), 3, "{notices:?}");
+    assert!(notices[0].contains("eventbus.redis.pool.max_total") && notices[0].contains("32"), "{notices:?}");
+    assert!(notices.iter().all(|l| l.contains("WARN")), "{notices:?}");
+    // The common section's limit is the one in force.
+    let err = client(&field(&started, "grpc_addr")).await.publish(event("cfg", vec![0u8; 11])).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(err.message().contains("= 10"), "{}", err.message());
+}
+
+#[tokio::test]
 async fn configuration_errors_stop_startup_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     // (environment, arguments, what the error must name)
     type Case = (&'static [(&'static str, &'static str)], &'static [&'static str], &'static str);
-    let cases: [Case; 4] = [
+    let cases: [Case; 6] = [
         (&[("EVENTBUS__SERVER__GRPC_PORT", "1")], &[], "grpc_port"),
+        (&[("EVENTBUS_ENABLED", "false")], &[], "eventbus.enabled"),
+        (
+            &[("EVENTBUS__EVENTBUS__MAX_BATCH", "5"), ("EVENTBUS__EVENTBUS__COMMON__MAX_BATCH", "6")],
+            &[],
+            "eventbus.common.max_batch",
+        ),
         (&[("EVENTBUS__EVENTBUS__MAX_BATCH", "0")], &[], "eventbus.max_batch"),
         (&[("EVENTBUS_MODE", "clustered")], &[], "eventbus.mode"),
         (&[], &["--config", "missing.yaml"], "missing.yaml"),
