@@ -7,7 +7,8 @@
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz` and the admin REST routes.
 //! - [`metrics`]: Prometheus registry; reads the bus's own counters at scrape time.
 //! - `grpc`: the `EventBus` and `Admin` services, thin adapters over the bus.
-//! - `convert`: core ↔ wire conversions and the single error → status mapping.
+//! - `convert`: the wire edge: every core ↔ protobuf and core → JSON conversion, and
+//!   the one table from a refusal to its gRPC status and HTTP code.
 //! - [`telemetry`]: logging setup.
 //! - [`shutdown`]: SIGINT/SIGTERM handling.
 

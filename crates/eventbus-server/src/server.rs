@@ -20,7 +20,7 @@ use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
 use crate::config::{FsyncSetting, Mode, Settings};
-use crate::consume;
+use crate::convert;
 use crate::grpc::{AdminService, EventBusService};
 use crate::http::{self, HttpState, Readiness};
 use crate::metrics::Metrics;
@@ -242,7 +242,7 @@ fn durable_options(settings: &Settings, metrics: Option<Arc<Metrics>>, superviso
     DurableOptions {
         supervisor: supervisor.clone(),
         dedup_window: Duration::from_millis(settings.durable.dedup_window_ms),
-        dead_letter_encoder: Arc::new(consume::encode_dead_letter),
+        dead_letter_encoder: Arc::new(convert::encode_dead_letter),
         on_ack: metrics.map(|m| -> AckObserver { Arc::new(move |consumer, latency| m.observe_ack(consumer, latency)) }),
     }
 }
