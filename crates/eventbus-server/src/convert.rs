@@ -38,6 +38,13 @@ pub(crate) enum EdgeError {
     /// A durable-consumer call on a broker without a durable engine.
     #[error("durable consumers are not enabled on this broker")]
     DurableDisabled,
+    /// A publish request too large to be read at all (over the gRPC decode limit or the
+    /// REST body limit), refused before its payload is buffered.
+    #[error(
+        "request is over {request_limit} bytes, too large to read; the payload limit is \
+         max_payload_bytes = {max_payload_bytes}"
+    )]
+    RequestTooLarge { request_limit: usize, max_payload_bytes: usize },
     /// A request the edge cannot turn into a core call (missing field, unknown enum
     /// value, malformed JSON).
     #[error("{0}")]
@@ -65,6 +72,7 @@ impl EdgeError {
                 ErrorKind::AlreadyExists => (Code::AlreadyExists, StatusCode::CONFLICT),
             },
             Self::DurableDisabled => (Code::FailedPrecondition, StatusCode::CONFLICT),
+            Self::RequestTooLarge { .. } => (Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE),
             Self::BadRequest(_) => (Code::InvalidArgument, StatusCode::BAD_REQUEST),
         }
     }
@@ -673,13 +681,15 @@ mod tests {
 
     #[test]
     fn both_protocols_take_their_codes_from_one_table() {
-        let cases: [(EdgeError, Code, StatusCode); 7] = [
+        let too_large = EdgeError::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
+        let cases: [(EdgeError, Code, StatusCode); 8] = [
             (Error::NoChannels.into(), Code::InvalidArgument, StatusCode::BAD_REQUEST),
             (
                 Error::PayloadTooLarge { size: 2, limit: 1 }.into(),
                 Code::ResourceExhausted,
                 StatusCode::PAYLOAD_TOO_LARGE,
             ),
+            (too_large, Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE),
             (Error::UnknownSubscription("s".into()).into(), Code::NotFound, StatusCode::NOT_FOUND),
             (Error::ShuttingDown.into(), Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
             (DurableError::AlreadyExists("c".into()).into(), Code::AlreadyExists, StatusCode::CONFLICT),
@@ -692,6 +702,12 @@ mod tests {
             let status = status(err);
             assert_eq!((status.code(), status.message()), (code, message.as_str()));
         }
+    }
+
+    #[test]
+    fn an_oversized_request_names_the_payload_limit() {
+        let err = EdgeError::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
+        assert!(err.to_string().contains("max_payload_bytes = 1048576"), "{err}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::consume;
 use crate::convert::{self, EdgeError, status};
 use crate::metrics::Metrics;
+use crate::request_limit::PayloadLimit;
 
 /// Most `PublishStream` requests published together.
 const PUBLISH_CHUNK: usize = 256;
@@ -27,11 +28,13 @@ fn peer<T>(req: &Request<T>) -> String {
 pub(crate) struct EventBusService {
     bus: Bus,
     metrics: Option<Arc<Metrics>>,
+    /// Turns the decode-limit status of an oversized `PublishStream` request into ours.
+    limit: PayloadLimit,
 }
 
 impl EventBusService {
-    pub(crate) fn new(bus: Bus, metrics: Option<Arc<Metrics>>) -> Self {
-        Self { bus, metrics }
+    pub(crate) fn new(bus: Bus, metrics: Option<Arc<Metrics>>, limit: PayloadLimit) -> Self {
+        Self { bus, metrics, limit }
     }
 }
 
@@ -82,7 +85,7 @@ impl pb::event_bus_server::EventBus for EventBusService {
                 match req {
                     Ok(req) => inputs.push(convert::publish_input(req, peer.clone())),
                     Err(status) => {
-                        broken = Some(status);
+                        broken = Some(svc.limit.translate(status));
                         break;
                     }
                 }

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::extract::{Path, State};
+use axum::extract::rejection::{BytesRejection, FailedToBufferBody};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -21,6 +22,7 @@ use tokio::sync::watch;
 use crate::config::ConsumerSetting;
 use crate::convert::{self, EdgeError};
 use crate::metrics::Metrics;
+use crate::request_limit::PayloadLimit;
 
 /// Whether the instance should receive traffic: every background task running, not
 /// shutting down, and (redis mode) connected to Redis.
@@ -73,9 +75,13 @@ pub(crate) struct HttpState {
     pub(crate) bus: Bus,
     pub(crate) metrics: Option<Arc<Metrics>>,
     pub(crate) readiness: Readiness,
+    pub(crate) limit: PayloadLimit,
 }
 
 pub(crate) fn router(state: HttpState) -> Router {
+    // Bodies are read up to this size at most; a publish over it is refused naming
+    // `max_payload_bytes` (see `publish`).
+    let body_limit = DefaultBodyLimit::max(state.limit.http_body_limit());
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -92,6 +98,7 @@ pub(crate) fn router(state: HttpState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
         })
+        .layer(body_limit)
         .with_state(state)
 }
 
@@ -191,15 +198,27 @@ async fn unsubscribe(State(state): State<HttpState>, Path(id): Path<String>) -> 
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// A request body, or why it could not be read: over the body limit is an oversized
+/// publish (413 naming `max_payload_bytes`), anything else a bad request.
+fn body(state: &HttpState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    match body {
+        Ok(body) => Ok(body),
+        Err(BytesRejection::FailedToBufferBody(FailedToBufferBody::LengthLimitError(_))) => {
+            Err(state.limit.exceeded(state.limit.http_body_limit()).into())
+        }
+        Err(rejection) => Err(EdgeError::BadRequest(rejection.body_text()).into()),
+    }
+}
+
 /// `POST /admin/eventbus/publish`. The body is parsed by hand rather than with
 /// `Json<T>`, so any content type (curl's `-d` sends a form type) is accepted and every
 /// parse failure is a 400 naming it.
 async fn publish(
     State(state): State<HttpState>,
     peer: axum::extract::ConnectInfo<std::net::SocketAddr>,
-    body: Bytes,
+    raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<convert::PublishedJson>, ApiError> {
-    let input = convert::publish_input_json(&body, peer.0.to_string())?;
+    let input = convert::publish_input_json(&body(&state, raw)?, peer.0.to_string())?;
     let published = state.bus.publish(input).await?;
     if let Some(metrics) = &state.metrics {
         metrics.observe_publish(published.duration);
@@ -216,9 +235,12 @@ async fn list_consumers(State(state): State<HttpState>) -> Result<Json<serde_jso
 }
 
 /// Body: a consumer definition; omitted fields take the defaults (as in the config file).
-async fn create_consumer(State(state): State<HttpState>, body: Bytes) -> Result<Response, ApiError> {
-    let setting: ConsumerSetting =
-        serde_json::from_slice(&body).map_err(|e| EdgeError::BadRequest(format!("invalid JSON body: {e}")))?;
+async fn create_consumer(
+    State(state): State<HttpState>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let setting: ConsumerSetting = serde_json::from_slice(&body(&state, raw)?)
+        .map_err(|e| EdgeError::BadRequest(format!("invalid JSON body: {e}")))?;
     let info = convert::durable(&state.bus)?.create_consumer(setting.to_config()).await?;
     Ok((StatusCode::CREATED, Json(convert::consumer_info_json(&info))).into_response())
 }

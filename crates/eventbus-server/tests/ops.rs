@@ -364,6 +364,26 @@ async fn a_stopped_background_task_turns_health_and_readiness_off() {
     server.stop().await;
 }
 
+/// REST publishes over the default `max_payload_bytes` (1 MiB), just over and far over
+/// (past the body limit): 413, a JSON error naming the limit, nothing published.
+#[tokio::test]
+async fn oversized_rest_publish_is_413_naming_the_limit_at_every_size() {
+    let server = start().await;
+    let http = reqwest::Client::new();
+    // A JSON string of n - 2 characters is stored as n bytes (its quotes included).
+    for size in [(1 << 20) + 1, 2 << 20, 8 << 20] {
+        let body = json!({"channel": "big.rest", "payload": "a".repeat(size - 2)});
+        let resp = within(http.post(server.url("/admin/eventbus/publish")).json(&body).send()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "{size} bytes");
+        let error: Json = resp.json().await.expect("a JSON body");
+        let error = error["error"].as_str().unwrap_or_default();
+        assert!(error.contains("max_payload_bytes = 1048576"), "{size} bytes: {error}");
+    }
+    let stats: Json = http.get(server.url("/admin/eventbus/stats")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(stats["total_published"], 0);
+    server.stop().await;
+}
+
 /// One wire edge (issue 14): stats, channels, subscriptions and a publish's answer read
 /// the same over gRPC and REST.
 #[tokio::test]
