@@ -7,6 +7,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
     let proto = root.join("eventbus/v1/eventbus.proto");
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    // The proto lives outside this package, where cargo does not look for changes.
+    println!("cargo:rerun-if-changed={}", proto.display());
 
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc);

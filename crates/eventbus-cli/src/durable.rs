@@ -22,7 +22,7 @@ fn info_json(i: &pb::ConsumerInfo) -> serde_json::Value {
         "backoff": {"initial_ms": b.initial_ms, "multiplier": b.multiplier, "max_ms": b.max_ms},
         "dead_letter_channel": c.dead_letter_channel,
         "pending": i.pending, "in_flight": i.in_flight, "clients": i.clients,
-        "acked": i.acked, "dead_lettered": i.dead_lettered,
+        "acked": i.acked, "dead_lettered": i.dead_lettered, "redelivered": i.redelivered,
     })
 }
 

@@ -1,31 +1,103 @@
-//! The edge between core types and wire types: conversions, and the one place core
-//! errors become gRPC statuses.
+//! The wire edge: every conversion between core types and what gRPC (`eventbus.v1`) and
+//! the admin REST routes (JSON) carry, and the one table from a refusal to its gRPC
+//! status and HTTP code.
+//!
+//! Each domain object has its protobuf form and its JSON form side by side, and both
+//! take the domain struct apart field by field (no `..`): a field added to a core type
+//! does not compile until both wire forms say what they do with it, so the two
+//! protocols cannot drift apart again.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use axum::http::StatusCode;
+use bytes::Bytes;
+use eventbus_core::durable::from_epoch_ms;
+use eventbus_core::durable::{
+    Backoff, ConsumerConfig, ConsumerInfo, Delivery, DurableBackend, DurableError, Failure, LogEntry, LogSlice,
+    LogStatus, PublishedDeadLetter,
+};
 use eventbus_core::{
-    BusStats, ChannelStats, CloseReason, Error, ErrorKind, Event, Overflow, PublishInput, Published, SubscribeOptions,
-    SubscriptionInfo,
+    Bus, BusStats, ChannelStats, CloseReason, Error, ErrorKind, Event, Overflow, PublishInput, Published,
+    SubscribeOptions, SubscriptionInfo,
 };
 use eventbus_proto::pb;
-use tonic::Status;
+use prost::Message;
+use serde::Serialize;
+use tonic::{Code, Status};
 
-/// Maps a core error to its gRPC status (README "Errors"). Messages name the problem;
-/// an internal error is logged with its causes and answered without them.
-pub(crate) fn status(err: Error) -> Status {
-    let message = err.to_string();
-    match err.kind() {
-        ErrorKind::Internal => {
-            tracing::error!(error = %eventbus_core::error_chain(&err), "internal error");
-            Status::internal(message)
-        }
-        ErrorKind::InvalidArgument => Status::invalid_argument(message),
-        ErrorKind::TooLarge => Status::resource_exhausted(message),
-        ErrorKind::NotFound => Status::not_found(message),
-        ErrorKind::Unavailable => Status::unavailable(message),
-        ErrorKind::AlreadyExists => Status::already_exists(message),
+// --- refusals ---
+
+/// Why a request is refused, as the edge sees it: a core error, or a refusal decided
+/// before the bus is reached. Both protocols render it through [`EdgeError::codes`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EdgeError {
+    /// Refused by the core (names, limits, unknown ids, durable engine, shutdown).
+    #[error(transparent)]
+    Core(#[from] Error),
+    /// A durable-consumer call on a broker without a durable engine.
+    #[error("durable consumers are not enabled on this broker")]
+    DurableDisabled,
+    /// A publish request too large to be read at all (over the gRPC decode limit or the
+    /// REST body limit), refused before its payload is buffered.
+    #[error(
+        "request is over {request_limit} bytes, too large to read; the payload limit is \
+         max_payload_bytes = {max_payload_bytes}"
+    )]
+    RequestTooLarge { request_limit: usize, max_payload_bytes: usize },
+    /// A request the edge cannot turn into a core call (missing field, unknown enum
+    /// value, malformed JSON).
+    #[error("{0}")]
+    BadRequest(String),
+}
+
+impl From<DurableError> for EdgeError {
+    fn from(err: DurableError) -> Self {
+        Self::Core(err.into())
     }
+}
+
+impl EdgeError {
+    /// The one table from a refusal to its wire codes, so a gRPC client and a REST
+    /// client always get the same answer. `FAILED_PRECONDITION` (the broker is not set
+    /// up for the call; retrying will not help) is 409 Conflict: the request conflicts
+    /// with the broker's state, and 503 would invite retries.
+    pub(crate) fn codes(&self) -> (Code, StatusCode) {
+        match self {
+            Self::Core(err) => match err.kind() {
+                ErrorKind::InvalidArgument => (Code::InvalidArgument, StatusCode::BAD_REQUEST),
+                ErrorKind::TooLarge => (Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE),
+                ErrorKind::NotFound => (Code::NotFound, StatusCode::NOT_FOUND),
+                ErrorKind::Unavailable => (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
+                ErrorKind::AlreadyExists => (Code::AlreadyExists, StatusCode::CONFLICT),
+                ErrorKind::Internal => {
+                    // The client reads no internals; the log keeps the causes.
+                    tracing::error!(error = %eventbus_core::error_chain(err), "internal error");
+                    (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR)
+                }
+            },
+            Self::DurableDisabled => (Code::FailedPrecondition, StatusCode::CONFLICT),
+            Self::RequestTooLarge { .. } => (Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE),
+            Self::BadRequest(_) => (Code::InvalidArgument, StatusCode::BAD_REQUEST),
+        }
+    }
+}
+
+impl From<EdgeError> for Status {
+    fn from(err: EdgeError) -> Self {
+        let (code, _) = err.codes();
+        Status::new(code, err.to_string())
+    }
+}
+
+/// The gRPC status of a refusal (README "Errors"). Messages name the problem.
+pub(crate) fn status(err: impl Into<EdgeError>) -> Status {
+    err.into().into()
+}
+
+/// The durable engine, or why there is none.
+pub(crate) fn durable(bus: &Bus) -> Result<&Arc<dyn DurableBackend>, EdgeError> {
+    bus.durable().ok_or(EdgeError::DurableDisabled)
 }
 
 /// The status a subscription stream ends with, or `None` for a normal end.
@@ -39,52 +111,112 @@ pub(crate) fn close_status(reason: CloseReason) -> Option<Status> {
     }
 }
 
+// --- scalars ---
+
 pub(crate) fn timestamp(t: SystemTime) -> prost_types::Timestamp {
     t.into()
+}
+
+/// A time in JSON: RFC 3339, UTC.
+fn rfc3339(t: SystemTime) -> String {
+    timestamp(t).to_string()
 }
 
 fn duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
 }
 
+// --- publish ---
+
 pub(crate) fn publish_input(req: pb::PublishRequest, peer: String) -> PublishInput {
-    PublishInput {
-        channel: req.channel,
-        payload: req.payload,
-        metadata: req.metadata,
-        content_type: req.content_type,
-        source: req.source,
+    let pb::PublishRequest { channel, payload, metadata, content_type, source, ordering_key, idempotency_key } = req;
+    PublishInput { channel, payload, metadata, content_type, source, peer, ordering_key, idempotency_key }
+}
+
+/// `POST /admin/eventbus/publish` body. The payload is any JSON value, stored as its
+/// compact JSON text with content type `application/json`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PublishJson {
+    channel: String,
+    #[serde(default)]
+    payload: Option<serde_json::Value>,
+    #[serde(default)]
+    metadata: std::collections::HashMap<String, String>,
+    #[serde(default)]
+    source: String,
+}
+
+pub(crate) fn publish_input_json(body: &[u8], peer: String) -> Result<PublishInput, EdgeError> {
+    let PublishJson { channel, payload, metadata, source } =
+        serde_json::from_slice(body).map_err(|e| EdgeError::BadRequest(format!("invalid JSON body: {e}")))?;
+    let payload = match payload {
+        Some(value) => {
+            serde_json::to_vec(&value).map_err(|e| EdgeError::BadRequest(format!("invalid payload: {e}")))?
+        }
+        None => Vec::new(),
+    };
+    Ok(PublishInput {
+        channel,
+        payload: payload.into(),
+        metadata,
+        content_type: "application/json".to_owned(),
+        source,
         peer,
-        ordering_key: req.ordering_key,
-        idempotency_key: req.idempotency_key,
-    }
+        ..PublishInput::default()
+    })
 }
 
 pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
+    let Published { event_id, delivered, failed, duration: took, duplicate } = p;
     pb::PublishResponse {
-        event_id: p.event_id,
-        delivered_count: p.delivered,
-        failed_count: p.failed,
-        duration: Some(duration(p.duration)),
-        duplicate: p.duplicate,
+        event_id,
+        delivered_count: delivered,
+        failed_count: failed,
+        duration: Some(duration(took)),
+        duplicate,
     }
 }
 
-pub(crate) fn subscribe_options(req: pb::SubscribeRequest, peer: String) -> Result<SubscribeOptions, Status> {
-    let overflow = match pb::OverflowPolicy::try_from(req.overflow) {
+/// The REST answer to a publish (`PublishResponse`, the duration in microseconds).
+#[derive(Debug, Serialize)]
+pub(crate) struct PublishedJson {
+    event_id: String,
+    delivered_count: u32,
+    failed_count: u32,
+    duration_us: u64,
+    duplicate: bool,
+}
+
+pub(crate) fn publish_response_json(p: Published) -> PublishedJson {
+    let Published { event_id, delivered, failed, duration, duplicate } = p;
+    PublishedJson {
+        event_id,
+        delivered_count: delivered,
+        failed_count: failed,
+        duration_us: duration.as_micros() as u64,
+        duplicate,
+    }
+}
+
+// --- subscriptions and events ---
+
+pub(crate) fn subscribe_options(req: pb::SubscribeRequest, peer: String) -> Result<SubscribeOptions, EdgeError> {
+    let pb::SubscribeRequest { channels, group, queue_capacity, overflow, max_batch, name } = req;
+    let overflow = match pb::OverflowPolicy::try_from(overflow) {
         Ok(pb::OverflowPolicy::Unspecified) => None,
         Ok(pb::OverflowPolicy::DropNewest) => Some(Overflow::DropNewest),
         Ok(pb::OverflowPolicy::DropOldest) => Some(Overflow::DropOldest),
         Ok(pb::OverflowPolicy::Disconnect) => Some(Overflow::Disconnect),
-        Err(_) => return Err(Status::invalid_argument(format!("invalid overflow: unknown policy {}", req.overflow))),
+        Err(_) => return Err(EdgeError::BadRequest(format!("invalid overflow: unknown policy {overflow}"))),
     };
     Ok(SubscribeOptions {
-        channels: req.channels,
-        group: req.group,
-        queue_capacity: req.queue_capacity as usize,
+        channels,
+        group,
+        queue_capacity: queue_capacity as usize,
         overflow,
-        max_batch: req.max_batch as usize,
-        name: req.name,
+        max_batch: max_batch as usize,
+        name,
         peer,
     })
 }
@@ -109,42 +241,487 @@ pub(crate) fn event(e: &Arc<Event>) -> pb::Event {
     }
 }
 
-pub(crate) fn stats(s: BusStats) -> pb::GetStatsResponse {
-    pb::GetStatsResponse {
-        total_published: s.total_published,
-        total_delivered: s.total_delivered,
-        total_failed: s.total_failed,
-        total_dropped: s.total_dropped,
-        active_subscriptions: s.active_subscriptions,
-        active_channels: s.active_channels,
-        started_at: Some(timestamp(s.started_at)),
-        mode: s.mode.to_owned(),
-        instance_id: s.instance_id,
-    }
-}
-
-pub(crate) fn channel(c: ChannelStats) -> pb::ChannelStats {
-    pb::ChannelStats {
-        channel: c.channel,
-        published_count: c.published_count,
-        delivered_count: c.delivered_count,
-        subscriber_count: c.subscriber_count,
-        last_published_at: c.last_published_at.map(timestamp),
-    }
-}
-
 pub(crate) fn subscription(s: SubscriptionInfo) -> pb::SubscriptionInfo {
+    let SubscriptionInfo {
+        id,
+        channels,
+        group,
+        name,
+        pending,
+        capacity,
+        delivered,
+        dropped,
+        overflow,
+        peer,
+        created_at,
+    } = s;
     pb::SubscriptionInfo {
-        id: s.id,
-        channels: s.channels,
-        group: s.group.unwrap_or_default(),
-        name: s.name,
-        pending: s.pending,
-        capacity: s.capacity,
-        delivered: s.delivered,
-        dropped: s.dropped,
-        overflow: overflow_policy(s.overflow).into(),
-        peer: s.peer,
-        created_at: Some(timestamp(s.created_at)),
+        id,
+        channels,
+        group: group.unwrap_or_default(),
+        name,
+        pending,
+        capacity,
+        delivered,
+        dropped,
+        overflow: overflow_policy(overflow).into(),
+        peer,
+        created_at: Some(timestamp(created_at)),
+    }
+}
+
+/// `SubscriptionInfo` in JSON: no group is `null`, the policy its configuration spelling.
+#[derive(Debug, Serialize)]
+pub(crate) struct SubscriptionJson {
+    id: String,
+    channels: Vec<String>,
+    group: Option<String>,
+    name: String,
+    pending: u64,
+    capacity: u64,
+    delivered: u64,
+    dropped: u64,
+    overflow: &'static str,
+    peer: String,
+    created_at: String,
+}
+
+pub(crate) fn subscription_json(s: SubscriptionInfo) -> SubscriptionJson {
+    let SubscriptionInfo {
+        id,
+        channels,
+        group,
+        name,
+        pending,
+        capacity,
+        delivered,
+        dropped,
+        overflow,
+        peer,
+        created_at,
+    } = s;
+    SubscriptionJson {
+        id,
+        channels,
+        group,
+        name,
+        pending,
+        capacity,
+        delivered,
+        dropped,
+        overflow: overflow.as_str(),
+        peer,
+        created_at: rfc3339(created_at),
+    }
+}
+
+// --- stats ---
+
+pub(crate) fn stats(s: BusStats) -> pb::GetStatsResponse {
+    let BusStats {
+        total_published,
+        total_delivered,
+        total_failed,
+        total_dropped,
+        active_subscriptions,
+        active_channels,
+        started_at,
+        mode,
+        instance_id,
+    } = s;
+    pb::GetStatsResponse {
+        total_published,
+        total_delivered,
+        total_failed,
+        total_dropped,
+        active_subscriptions,
+        active_channels,
+        started_at: Some(timestamp(started_at)),
+        mode: mode.to_owned(),
+        instance_id,
+    }
+}
+
+/// `GetStatsResponse` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct StatsJson {
+    total_published: u64,
+    total_delivered: u64,
+    total_failed: u64,
+    total_dropped: u64,
+    active_subscriptions: u64,
+    active_channels: u64,
+    started_at: String,
+    mode: &'static str,
+    instance_id: String,
+}
+
+pub(crate) fn stats_json(s: BusStats) -> StatsJson {
+    let BusStats {
+        total_published,
+        total_delivered,
+        total_failed,
+        total_dropped,
+        active_subscriptions,
+        active_channels,
+        started_at,
+        mode,
+        instance_id,
+    } = s;
+    StatsJson {
+        total_published,
+        total_delivered,
+        total_failed,
+        total_dropped,
+        active_subscriptions,
+        active_channels,
+        started_at: rfc3339(started_at),
+        mode,
+        instance_id,
+    }
+}
+
+// `failed_count` and `dropped_count` feed the per-channel metrics; neither wire form
+// carries them (yet), and both say so here.
+pub(crate) fn channel(c: ChannelStats) -> pb::ChannelStats {
+    let ChannelStats {
+        channel,
+        published_count,
+        delivered_count,
+        failed_count: _,
+        dropped_count: _,
+        subscriber_count,
+        last_published_at,
+    } = c;
+    pb::ChannelStats {
+        channel,
+        published_count,
+        delivered_count,
+        subscriber_count,
+        last_published_at: last_published_at.map(timestamp),
+    }
+}
+
+/// `ChannelStats` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChannelJson {
+    channel: String,
+    published_count: u64,
+    delivered_count: u64,
+    subscriber_count: u64,
+    last_published_at: Option<String>,
+}
+
+pub(crate) fn channel_json(c: ChannelStats) -> ChannelJson {
+    let ChannelStats {
+        channel,
+        published_count,
+        delivered_count,
+        failed_count: _,
+        dropped_count: _,
+        subscriber_count,
+        last_published_at,
+    } = c;
+    ChannelJson {
+        channel,
+        published_count,
+        delivered_count,
+        subscriber_count,
+        last_published_at: last_published_at.map(rfc3339),
+    }
+}
+
+// --- durable consumers ---
+
+/// A consumer definition from the wire; zero values take the defaults.
+pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig) -> ConsumerConfig {
+    let pb::ConsumerConfig {
+        name,
+        channels,
+        ack_deadline_ms,
+        max_attempts,
+        backoff,
+        max_in_flight,
+        dead_letter_channel,
+    } = c;
+    let defaults = ConsumerConfig::new(name.clone(), Vec::new());
+    let b = backoff.unwrap_or_default();
+    let db = Backoff::default();
+    ConsumerConfig {
+        name,
+        channels,
+        ack_deadline_ms: if ack_deadline_ms == 0 { defaults.ack_deadline_ms } else { ack_deadline_ms },
+        max_attempts: max_attempts.unwrap_or(defaults.max_attempts),
+        backoff: Backoff {
+            initial_ms: if b.initial_ms == 0 { db.initial_ms } else { b.initial_ms },
+            multiplier: if b.multiplier == 0.0 { db.multiplier } else { b.multiplier },
+            max_ms: if b.max_ms == 0 { db.max_ms } else { b.max_ms },
+        },
+        max_in_flight: if max_in_flight == 0 { defaults.max_in_flight } else { max_in_flight },
+        dead_letter_channel: (!dead_letter_channel.is_empty()).then_some(dead_letter_channel),
+    }
+}
+
+fn consumer_config(c: &ConsumerConfig) -> pb::ConsumerConfig {
+    let ConsumerConfig { name, channels, ack_deadline_ms, max_attempts, backoff, max_in_flight, dead_letter_channel } =
+        c;
+    let Backoff { initial_ms, multiplier, max_ms } = *backoff;
+    pb::ConsumerConfig {
+        name: name.clone(),
+        channels: channels.clone(),
+        ack_deadline_ms: *ack_deadline_ms,
+        max_attempts: Some(*max_attempts),
+        backoff: Some(pb::Backoff { initial_ms, multiplier, max_ms }),
+        max_in_flight: *max_in_flight,
+        dead_letter_channel: dead_letter_channel.clone().unwrap_or_default(),
+    }
+}
+
+pub(crate) fn consumer_info(i: &ConsumerInfo) -> pb::ConsumerInfo {
+    let ConsumerInfo { config, pending, in_flight, clients, acked, dead_lettered, redelivered } = i;
+    pb::ConsumerInfo {
+        config: Some(consumer_config(config)),
+        pending: *pending,
+        in_flight: *in_flight,
+        clients: *clients,
+        acked: *acked,
+        dead_lettered: *dead_lettered,
+        redelivered: *redelivered,
+    }
+}
+
+/// `Backoff` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct BackoffJson {
+    initial_ms: u64,
+    multiplier: f64,
+    max_ms: u64,
+}
+
+/// `ConsumerInfo` in JSON: the definition's fields and the counters side by side; no
+/// dead-letter channel (the `dlq.` default) is `null`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ConsumerJson {
+    name: String,
+    channels: Vec<String>,
+    ack_deadline_ms: u64,
+    max_attempts: u32,
+    backoff: BackoffJson,
+    max_in_flight: u32,
+    dead_letter_channel: Option<String>,
+    pending: u64,
+    in_flight: u64,
+    clients: u32,
+    acked: u64,
+    dead_lettered: u64,
+    redelivered: u64,
+}
+
+pub(crate) fn consumer_info_json(i: &ConsumerInfo) -> ConsumerJson {
+    let ConsumerInfo { config, pending, in_flight, clients, acked, dead_lettered, redelivered } = i;
+    let ConsumerConfig { name, channels, ack_deadline_ms, max_attempts, backoff, max_in_flight, dead_letter_channel } =
+        config;
+    let Backoff { initial_ms, multiplier, max_ms } = *backoff;
+    ConsumerJson {
+        name: name.clone(),
+        channels: channels.clone(),
+        ack_deadline_ms: *ack_deadline_ms,
+        max_attempts: *max_attempts,
+        backoff: BackoffJson { initial_ms, multiplier, max_ms },
+        max_in_flight: *max_in_flight,
+        dead_letter_channel: dead_letter_channel.clone(),
+        pending: *pending,
+        in_flight: *in_flight,
+        clients: *clients,
+        acked: *acked,
+        dead_lettered: *dead_lettered,
+        redelivered: *redelivered,
+    }
+}
+
+pub(crate) fn delivery(d: &Delivery) -> pb::Delivery {
+    let Delivery { event: e, attempt, deadline } = d;
+    pb::Delivery { event: Some(event(e)), attempt: *attempt, deadline: Some(timestamp(*deadline)) }
+}
+
+/// Content type of published dead letters.
+pub const DEAD_LETTER_CONTENT_TYPE: &str = "application/x-protobuf; type=eventbus.v1.DeadLetter";
+
+/// The wire form of a dead letter, for `DurableOptions::dead_letter_encoder`.
+pub fn encode_dead_letter(dl: &PublishedDeadLetter) -> (Bytes, String) {
+    let PublishedDeadLetter { channel: _, event: e, consumer, attempts, failures } = dl;
+    let msg = pb::DeadLetter {
+        event: Some(event(e)),
+        consumer: consumer.clone(),
+        attempts: *attempts,
+        failures: failures.iter().map(failure).collect(),
+    };
+    (Bytes::from(msg.encode_to_vec()), DEAD_LETTER_CONTENT_TYPE.to_owned())
+}
+
+// --- the terminal log ---
+
+/// Entries a log page holds when the request says 0 (gRPC) or nothing (REST).
+const DEFAULT_LOG_LIMIT: usize = 100;
+
+/// The page size asked for; 0 takes the default.
+pub(crate) fn log_limit(limit: usize) -> usize {
+    if limit == 0 { DEFAULT_LOG_LIMIT } else { limit }
+}
+
+/// The `status` filter of `ListEventLog`: unspecified is every entry.
+pub(crate) fn log_status_filter(status: i32) -> Result<Option<LogStatus>, EdgeError> {
+    match pb::EventStatus::try_from(status) {
+        Ok(pb::EventStatus::Unspecified) => Ok(None),
+        Ok(pb::EventStatus::Completed) => Ok(Some(LogStatus::Completed)),
+        Ok(pb::EventStatus::DeadLettered) => Ok(Some(LogStatus::DeadLettered)),
+        Err(_) => Err(EdgeError::BadRequest(format!("invalid status: unknown event status {status}"))),
+    }
+}
+
+/// The `?status=` filter of the REST log: a [`log_status_name`], or `all` (or nothing).
+pub(crate) fn log_status_filter_json(status: Option<&str>) -> Result<Option<LogStatus>, EdgeError> {
+    match status {
+        None | Some("" | "all") => Ok(None),
+        Some(name) => [LogStatus::Completed, LogStatus::DeadLettered]
+            .into_iter()
+            .find(|s| log_status_name(*s) == name)
+            .map(Some)
+            .ok_or_else(|| {
+                EdgeError::BadRequest(format!("invalid status {name:?}: expected completed, dead_lettered or all"))
+            }),
+    }
+}
+
+fn log_status(s: LogStatus) -> pb::EventStatus {
+    match s {
+        LogStatus::Completed => pb::EventStatus::Completed,
+        LogStatus::DeadLettered => pb::EventStatus::DeadLettered,
+    }
+}
+
+/// A log status in JSON and in the REST filter.
+fn log_status_name(s: LogStatus) -> &'static str {
+    match s {
+        LogStatus::Completed => "completed",
+        LogStatus::DeadLettered => "dead_lettered",
+    }
+}
+
+fn failure(f: &Failure) -> pb::Failure {
+    let Failure { at_ms, reason } = f;
+    pb::Failure { at: Some(timestamp(from_epoch_ms(*at_ms))), reason: reason.clone() }
+}
+
+/// `Failure` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct FailureJson {
+    at: String,
+    reason: String,
+}
+
+fn failure_json(f: &Failure) -> FailureJson {
+    let Failure { at_ms, reason } = f;
+    FailureJson { at: rfc3339(from_epoch_ms(*at_ms)), reason: reason.clone() }
+}
+
+fn log_entry(e: &LogEntry) -> pb::EventLogEntry {
+    let LogEntry { event_id, channel, status, attempts, first_delivered_ms, finished_ms, failures } = e;
+    pb::EventLogEntry {
+        event_id: event_id.clone(),
+        channel: channel.clone(),
+        status: log_status(*status).into(),
+        attempts: *attempts,
+        first_delivered_at: first_delivered_ms.map(|ms| timestamp(from_epoch_ms(ms))),
+        finished_at: Some(timestamp(from_epoch_ms(*finished_ms))),
+        failures: failures.iter().map(failure).collect(),
+    }
+}
+
+/// `EventLogEntry` in JSON: the status as its [`log_status_name`].
+#[derive(Debug, Serialize)]
+pub(crate) struct LogEntryJson {
+    event_id: String,
+    channel: String,
+    status: &'static str,
+    attempts: u32,
+    first_delivered_at: Option<String>,
+    finished_at: String,
+    failures: Vec<FailureJson>,
+}
+
+fn log_entry_json(e: &LogEntry) -> LogEntryJson {
+    let LogEntry { event_id, channel, status, attempts, first_delivered_ms, finished_ms, failures } = e;
+    LogEntryJson {
+        event_id: event_id.clone(),
+        channel: channel.clone(),
+        status: log_status_name(*status),
+        attempts: *attempts,
+        first_delivered_at: first_delivered_ms.map(|ms| rfc3339(from_epoch_ms(ms))),
+        finished_at: rfc3339(from_epoch_ms(*finished_ms)),
+        failures: failures.iter().map(failure_json).collect(),
+    }
+}
+
+pub(crate) fn log_page(page: LogSlice) -> pb::ListEventLogResponse {
+    let LogSlice { entries, next_page_token } = page;
+    pb::ListEventLogResponse { entries: entries.iter().map(log_entry).collect(), next_page_token }
+}
+
+/// `ListEventLogResponse` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct LogPageJson {
+    entries: Vec<LogEntryJson>,
+    next_page_token: String,
+}
+
+pub(crate) fn log_page_json(page: LogSlice) -> LogPageJson {
+    let LogSlice { entries, next_page_token } = page;
+    LogPageJson { entries: entries.iter().map(log_entry_json).collect(), next_page_token }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_protocols_take_their_codes_from_one_table() {
+        let too_large = EdgeError::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
+        let cases: [(EdgeError, Code, StatusCode); 8] = [
+            (Error::NoChannels.into(), Code::InvalidArgument, StatusCode::BAD_REQUEST),
+            (
+                Error::PayloadTooLarge { size: 2, limit: 1 }.into(),
+                Code::ResourceExhausted,
+                StatusCode::PAYLOAD_TOO_LARGE,
+            ),
+            (too_large, Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE),
+            (Error::UnknownSubscription("s".into()).into(), Code::NotFound, StatusCode::NOT_FOUND),
+            (Error::ShuttingDown.into(), Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
+            (DurableError::AlreadyExists("c".into()).into(), Code::AlreadyExists, StatusCode::CONFLICT),
+            (EdgeError::DurableDisabled, Code::FailedPrecondition, StatusCode::CONFLICT),
+            (EdgeError::BadRequest("config is required".into()), Code::InvalidArgument, StatusCode::BAD_REQUEST),
+        ];
+        for (err, code, http) in cases {
+            assert_eq!(err.codes(), (code, http), "{err}");
+            let message = err.to_string();
+            let status = status(err);
+            assert_eq!((status.code(), status.message()), (code, message.as_str()));
+        }
+    }
+
+    #[test]
+    fn an_oversized_request_names_the_payload_limit() {
+        let err = EdgeError::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
+        assert!(err.to_string().contains("max_payload_bytes = 1048576"), "{err}");
+    }
+
+    #[test]
+    fn log_status_names_round_trip_through_the_rest_filter() {
+        for s in [LogStatus::Completed, LogStatus::DeadLettered] {
+            assert_eq!(log_status_filter_json(Some(log_status_name(s))).ok(), Some(Some(s)));
+        }
+        assert_eq!(log_status_filter_json(Some("all")).ok(), Some(None));
+        assert!(log_status_filter_json(Some("lost")).is_err());
+        assert_eq!((log_limit(0), log_limit(7)), (DEFAULT_LOG_LIMIT, 7));
     }
 }

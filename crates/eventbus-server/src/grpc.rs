@@ -9,8 +9,9 @@ use futures::{Stream, StreamExt, stream};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::consume;
-use crate::convert::{self, status};
+use crate::convert::{self, EdgeError, status};
 use crate::metrics::Metrics;
+use crate::request_limit::PayloadLimit;
 
 /// Most `PublishStream` requests published together.
 const PUBLISH_CHUNK: usize = 256;
@@ -27,11 +28,13 @@ fn peer<T>(req: &Request<T>) -> String {
 pub(crate) struct EventBusService {
     bus: Bus,
     metrics: Option<Arc<Metrics>>,
+    /// Turns the decode-limit status of an oversized `PublishStream` request into ours.
+    limit: PayloadLimit,
 }
 
 impl EventBusService {
-    pub(crate) fn new(bus: Bus, metrics: Option<Arc<Metrics>>) -> Self {
-        Self { bus, metrics }
+    pub(crate) fn new(bus: Bus, metrics: Option<Arc<Metrics>>, limit: PayloadLimit) -> Self {
+        Self { bus, metrics, limit }
     }
 }
 
@@ -82,7 +85,7 @@ impl pb::event_bus_server::EventBus for EventBusService {
                 match req {
                     Ok(req) => inputs.push(convert::publish_input(req, peer.clone())),
                     Err(status) => {
-                        broken = Some(status);
+                        broken = Some(svc.limit.translate(status));
                         break;
                     }
                 }
@@ -200,23 +203,24 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: Request<pb::CreateConsumerRequest>,
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
-        let config = req.into_inner().config.ok_or_else(|| Status::invalid_argument("config is required"))?;
-        let durable = consume::durable(&self.bus)?;
-        let info = durable.create_consumer(consume::config_from_pb(config)).await.map_err(durable_status)?;
-        Ok(Response::new(consume::info_to_pb(&info)))
+        let config = req.into_inner().config.ok_or_else(|| EdgeError::BadRequest("config is required".into()))?;
+        let durable = convert::durable(&self.bus)?;
+        let info = durable.create_consumer(convert::consumer_config_from_pb(config)).await.map_err(status)?;
+        Ok(Response::new(convert::consumer_info(&info)))
     }
 
     async fn get_consumer(&self, req: Request<pb::GetConsumerRequest>) -> Result<Response<pb::ConsumerInfo>, Status> {
-        let info = consume::durable(&self.bus)?.get_consumer(&req.into_inner().name).await.map_err(durable_status)?;
-        Ok(Response::new(consume::info_to_pb(&info)))
+        let durable = convert::durable(&self.bus)?;
+        let info = durable.get_consumer(&req.into_inner().name).await.map_err(status)?;
+        Ok(Response::new(convert::consumer_info(&info)))
     }
 
     async fn list_consumers(
         &self,
         _: Request<pb::ListConsumersRequest>,
     ) -> Result<Response<pb::ListConsumersResponse>, Status> {
-        let consumers = consume::durable(&self.bus)?.list_consumers().await.map_err(durable_status)?;
-        let consumers = consumers.iter().map(consume::info_to_pb).collect();
+        let consumers = convert::durable(&self.bus)?.list_consumers().await.map_err(status)?;
+        let consumers = consumers.iter().map(convert::consumer_info).collect();
         Ok(Response::new(pb::ListConsumersResponse { consumers }))
     }
 
@@ -224,7 +228,8 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: Request<pb::DeleteConsumerRequest>,
     ) -> Result<Response<pb::DeleteConsumerResponse>, Status> {
-        consume::durable(&self.bus)?.delete_consumer(&req.into_inner().name).await.map_err(durable_status)?;
+        let durable = convert::durable(&self.bus)?;
+        durable.delete_consumer(&req.into_inner().name).await.map_err(status)?;
         Ok(Response::new(pb::DeleteConsumerResponse {}))
     }
 
@@ -233,19 +238,12 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::ListEventLogRequest>,
     ) -> Result<Response<pb::ListEventLogResponse>, Status> {
         let req = req.into_inner();
-        let status_filter = consume::status_filter(req.status)?;
-        let limit = if req.limit == 0 { 100 } else { req.limit as usize };
-        let page = consume::durable(&self.bus)?
+        let status_filter = convert::log_status_filter(req.status)?;
+        let limit = convert::log_limit(req.limit as usize);
+        let page = convert::durable(&self.bus)?
             .log(&req.consumer, status_filter, limit, &req.page_token)
             .await
-            .map_err(durable_status)?;
-        Ok(Response::new(pb::ListEventLogResponse {
-            entries: page.entries.iter().map(consume::log_entry_to_pb).collect(),
-            next_page_token: page.next_page_token,
-        }))
+            .map_err(status)?;
+        Ok(Response::new(convert::log_page(page)))
     }
-}
-
-fn durable_status(err: eventbus_core::durable::DurableError) -> Status {
-    status(eventbus_core::Error::from(err))
 }

@@ -1,27 +1,28 @@
 //! The HTTP listener (SPEC §6): `/metrics`, `/healthz`, `/readyz` and the admin REST
-//! routes. Publishing goes through the same [`Bus::publish`] validation as gRPC; core
-//! errors become HTTP codes in [`ApiError::from`] only.
+//! routes. Publishing goes through the same [`Bus::publish`] validation as gRPC; bodies
+//! are rendered, and refusals given their HTTP code, by `convert`, the same edge gRPC
+//! uses.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::SystemTime;
 
-use axum::extract::{Path, State};
+use axum::extract::rejection::{BytesRejection, FailedToBufferBody};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use eventbus_core::durable::{ConsumerInfo, DurableBackend};
-use eventbus_core::durable::{LogStatus, from_epoch_ms};
-use eventbus_core::{Bus, Error, ErrorKind, PublishInput, Supervisor, TaskFailure, TransportStatus};
-use serde::{Deserialize, Serialize};
+use eventbus_core::durable::DurableError;
+use eventbus_core::{Bus, Error, Supervisor, TaskFailure, TransportStatus};
+use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;
 
 use crate::config::ConsumerSetting;
+use crate::convert::{self, EdgeError};
 use crate::metrics::Metrics;
+use crate::request_limit::PayloadLimit;
 
 /// Whether the instance should receive traffic: every background task running, not
 /// shutting down, and (redis mode) connected to Redis.
@@ -74,9 +75,13 @@ pub(crate) struct HttpState {
     pub(crate) bus: Bus,
     pub(crate) metrics: Option<Arc<Metrics>>,
     pub(crate) readiness: Readiness,
+    pub(crate) limit: PayloadLimit,
 }
 
 pub(crate) fn router(state: HttpState) -> Router {
+    // Bodies are read up to this size at most; a publish over it is refused naming
+    // `max_payload_bytes` (see `publish`).
+    let body_limit = DefaultBodyLimit::max(state.limit.http_body_limit());
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -93,6 +98,7 @@ pub(crate) fn router(state: HttpState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
         })
+        .layer(body_limit)
         .with_state(state)
 }
 
@@ -109,20 +115,22 @@ impl ApiError {
     }
 }
 
+impl From<EdgeError> for ApiError {
+    fn from(err: EdgeError) -> Self {
+        let (_, status) = err.codes();
+        Self::new(status, err.to_string())
+    }
+}
+
 impl From<Error> for ApiError {
     fn from(err: Error) -> Self {
-        let status = match err.kind() {
-            ErrorKind::InvalidArgument => StatusCode::BAD_REQUEST,
-            ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorKind::NotFound => StatusCode::NOT_FOUND,
-            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorKind::AlreadyExists => StatusCode::CONFLICT,
-            ErrorKind::Internal => {
-                tracing::error!(error = %eventbus_core::error_chain(&err), "internal error");
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
-        };
-        Self::new(status, err.to_string())
+        EdgeError::from(err).into()
+    }
+}
+
+impl From<DurableError> for ApiError {
+    fn from(err: DurableError) -> Self {
+        EdgeError::from(err).into()
     }
 }
 
@@ -171,97 +179,17 @@ async fn readyz(State(state): State<HttpState>) -> Response {
     }
 }
 
-fn rfc3339(t: SystemTime) -> String {
-    prost_types::Timestamp::from(t).to_string()
-}
-
-#[derive(Debug, Serialize)]
-struct StatsBody {
-    total_published: u64,
-    total_delivered: u64,
-    total_failed: u64,
-    total_dropped: u64,
-    active_subscriptions: u64,
-    active_channels: u64,
-    started_at: String,
-    mode: &'static str,
-    instance_id: String,
-}
-
-async fn stats(State(state): State<HttpState>) -> Json<StatsBody> {
-    let s = state.bus.stats();
-    Json(StatsBody {
-        total_published: s.total_published,
-        total_delivered: s.total_delivered,
-        total_failed: s.total_failed,
-        total_dropped: s.total_dropped,
-        active_subscriptions: s.active_subscriptions,
-        active_channels: s.active_channels,
-        started_at: rfc3339(s.started_at),
-        mode: s.mode,
-        instance_id: s.instance_id,
-    })
-}
-
-#[derive(Debug, Serialize)]
-struct ChannelBody {
-    channel: String,
-    published_count: u64,
-    delivered_count: u64,
-    subscriber_count: u64,
-    last_published_at: Option<String>,
+async fn stats(State(state): State<HttpState>) -> Json<convert::StatsJson> {
+    Json(convert::stats_json(state.bus.stats()))
 }
 
 async fn channels(State(state): State<HttpState>) -> Json<serde_json::Value> {
-    let channels: Vec<ChannelBody> = state
-        .bus
-        .channels()
-        .into_iter()
-        .map(|c| ChannelBody {
-            channel: c.channel,
-            published_count: c.published_count,
-            delivered_count: c.delivered_count,
-            subscriber_count: c.subscriber_count,
-            last_published_at: c.last_published_at.map(rfc3339),
-        })
-        .collect();
+    let channels: Vec<_> = state.bus.channels().into_iter().map(convert::channel_json).collect();
     Json(json!({ "channels": channels }))
 }
 
-#[derive(Debug, Serialize)]
-struct SubscriptionBody {
-    id: String,
-    channels: Vec<String>,
-    group: Option<String>,
-    name: String,
-    pending: u64,
-    capacity: u64,
-    delivered: u64,
-    dropped: u64,
-    overflow: &'static str,
-    peer: String,
-    created_at: String,
-}
-
 async fn subscriptions(State(state): State<HttpState>) -> Json<serde_json::Value> {
-    let subscriptions: Vec<SubscriptionBody> = state
-        .bus
-        .subscriptions()
-        .into_iter()
-        .map(|s| SubscriptionBody {
-            id: s.id,
-            channels: s.channels,
-            group: s.group,
-            name: s.name,
-            pending: s.pending,
-            capacity: s.capacity,
-            delivered: s.delivered,
-            dropped: s.dropped,
-            overflow: s.overflow.as_str(),
-            peer: s.peer,
-            created_at: rfc3339(s.created_at),
-        })
-        .collect();
+    let subscriptions: Vec<_> = state.bus.subscriptions().into_iter().map(convert::subscription_json).collect();
     Json(json!({ "subscriptions": subscriptions }))
 }
 
@@ -270,115 +198,63 @@ async fn unsubscribe(State(state): State<HttpState>, Path(id): Path<String>) -> 
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `POST /admin/eventbus/publish` body. The payload is any JSON value, stored as its
-/// JSON text with content type `application/json`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PublishBody {
-    channel: String,
-    #[serde(default)]
-    payload: Option<serde_json::Value>,
-    #[serde(default)]
-    metadata: HashMap<String, String>,
-    #[serde(default)]
-    source: String,
+/// A request body, or why it could not be read: over the body limit is an oversized
+/// publish (413 naming `max_payload_bytes`), anything else a bad request.
+fn body(state: &HttpState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    match body {
+        Ok(body) => Ok(body),
+        Err(BytesRejection::FailedToBufferBody(FailedToBufferBody::LengthLimitError(_))) => {
+            Err(state.limit.exceeded(state.limit.http_body_limit()).into())
+        }
+        Err(rejection) => Err(EdgeError::BadRequest(rejection.body_text()).into()),
+    }
 }
 
-#[derive(Debug, Serialize)]
-struct PublishedBody {
-    event_id: String,
-    delivered_count: u32,
-    failed_count: u32,
-    duration_us: u64,
-}
-
-/// The body is parsed by hand rather than with `Json<T>`, so any content type (curl's
-/// `-d` sends a form type) is accepted and every parse failure is a 400 naming it.
+/// `POST /admin/eventbus/publish`. The body is parsed by hand rather than with
+/// `Json<T>`, so any content type (curl's `-d` sends a form type) is accepted and every
+/// parse failure is a 400 naming it.
 async fn publish(
     State(state): State<HttpState>,
     peer: axum::extract::ConnectInfo<std::net::SocketAddr>,
-    body: Bytes,
-) -> Result<Json<PublishedBody>, ApiError> {
-    let body: PublishBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))?;
-    let payload = match &body.payload {
-        Some(value) => serde_json::to_vec(value)
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid payload: {e}")))?,
-        None => Vec::new(),
-    };
-    let input = PublishInput {
-        channel: body.channel,
-        payload: payload.into(),
-        metadata: body.metadata,
-        content_type: "application/json".to_owned(),
-        source: body.source,
-        peer: peer.0.to_string(),
-        ..PublishInput::default()
-    };
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<convert::PublishedJson>, ApiError> {
+    let input = convert::publish_input_json(&body(&state, raw)?, peer.0.to_string())?;
     let published = state.bus.publish(input).await?;
     if let Some(metrics) = &state.metrics {
         metrics.observe_publish(published.duration);
     }
-    Ok(Json(PublishedBody {
-        event_id: published.event_id,
-        delivered_count: published.delivered,
-        failed_count: published.failed,
-        duration_us: published.duration.as_micros() as u64,
-    }))
+    Ok(Json(convert::publish_response_json(published)))
 }
 
 // --- durable consumers ---
 
-fn engine(state: &HttpState) -> Result<&Arc<dyn DurableBackend>, ApiError> {
-    state
-        .bus
-        .durable()
-        .ok_or_else(|| ApiError::new(StatusCode::CONFLICT, "durable consumers are not enabled on this broker"))
-}
-
-fn consumer_json(i: &ConsumerInfo) -> serde_json::Value {
-    let c = &i.config;
-    json!({
-        "name": c.name,
-        "channels": c.channels,
-        "ack_deadline_ms": c.ack_deadline_ms,
-        "max_attempts": c.max_attempts,
-        "backoff": {"initial_ms": c.backoff.initial_ms, "multiplier": c.backoff.multiplier, "max_ms": c.backoff.max_ms},
-        "max_in_flight": c.max_in_flight,
-        "dead_letter_channel": c.dead_letter_channel,
-        "pending": i.pending,
-        "in_flight": i.in_flight,
-        "clients": i.clients,
-        "acked": i.acked,
-        "dead_lettered": i.dead_lettered,
-        "redelivered": i.redelivered,
-    })
-}
-
 async fn list_consumers(State(state): State<HttpState>) -> Result<Json<serde_json::Value>, ApiError> {
-    let consumers = engine(&state)?.list_consumers().await.map_err(Error::from)?;
-    let consumers: Vec<_> = consumers.iter().map(consumer_json).collect();
+    let consumers = convert::durable(&state.bus)?.list_consumers().await?;
+    let consumers: Vec<_> = consumers.iter().map(convert::consumer_info_json).collect();
     Ok(Json(json!({ "consumers": consumers })))
 }
 
 /// Body: a consumer definition; omitted fields take the defaults (as in the config file).
-async fn create_consumer(State(state): State<HttpState>, body: Bytes) -> Result<Response, ApiError> {
-    let setting: ConsumerSetting = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))?;
-    let info = engine(&state)?.create_consumer(setting.to_config()).await.map_err(Error::from)?;
-    Ok((StatusCode::CREATED, Json(consumer_json(&info))).into_response())
+async fn create_consumer(
+    State(state): State<HttpState>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let setting: ConsumerSetting = serde_json::from_slice(&body(&state, raw)?)
+        .map_err(|e| EdgeError::BadRequest(format!("invalid JSON body: {e}")))?;
+    let info = convert::durable(&state.bus)?.create_consumer(setting.to_config()).await?;
+    Ok((StatusCode::CREATED, Json(convert::consumer_info_json(&info))).into_response())
 }
 
 async fn get_consumer(
     State(state): State<HttpState>,
     Path(name): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let info = engine(&state)?.get_consumer(&name).await.map_err(Error::from)?;
-    Ok(Json(consumer_json(&info)))
+) -> Result<Json<convert::ConsumerJson>, ApiError> {
+    let info = convert::durable(&state.bus)?.get_consumer(&name).await?;
+    Ok(Json(convert::consumer_info_json(&info)))
 }
 
 async fn delete_consumer(State(state): State<HttpState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
-    engine(&state)?.delete_consumer(&name).await.map_err(Error::from)?;
+    convert::durable(&state.bus)?.delete_consumer(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -394,34 +270,11 @@ async fn consumer_log(
     State(state): State<HttpState>,
     Path(name): Path<String>,
     query: Result<axum::extract::Query<LogQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let axum::extract::Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
-    let status = match q.status.as_deref() {
-        None | Some("") | Some("all") => None,
-        Some("completed") => Some(LogStatus::Completed),
-        Some("dead_lettered") => Some(LogStatus::DeadLettered),
-        Some(other) => {
-            let message = format!("invalid status {other:?}: expected completed, dead_lettered or all");
-            return Err(ApiError::new(StatusCode::BAD_REQUEST, message));
-        }
-    };
+) -> Result<Json<convert::LogPageJson>, ApiError> {
+    let axum::extract::Query(q) = query.map_err(|e| EdgeError::BadRequest(e.body_text()))?;
+    let status = convert::log_status_filter_json(q.status.as_deref())?;
+    let limit = convert::log_limit(q.limit.unwrap_or(0));
     let token = q.page_token.unwrap_or_default();
-    let page = engine(&state)?.log(&name, status, q.limit.unwrap_or(100), &token).await.map_err(Error::from)?;
-    let ms = |ms: u64| rfc3339(from_epoch_ms(ms));
-    let entries: Vec<_> = page
-        .entries
-        .iter()
-        .map(|e| {
-            json!({
-                "event_id": e.event_id,
-                "channel": e.channel,
-                "status": match e.status { LogStatus::Completed => "completed", LogStatus::DeadLettered => "dead_lettered" },
-                "attempts": e.attempts,
-                "first_delivered_at": e.first_delivered_ms.map(ms),
-                "finished_at": ms(e.finished_ms),
-                "failures": e.failures.iter().map(|f| json!({"at": ms(f.at_ms), "reason": f.reason})).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    Ok(Json(json!({ "entries": entries, "next_page_token": page.next_page_token })))
+    let page = convert::durable(&state.bus)?.log(&name, status, limit, &token).await?;
+    Ok(Json(convert::log_page_json(page)))
 }

@@ -7,7 +7,10 @@
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz` and the admin REST routes.
 //! - [`metrics`]: Prometheus registry; reads the bus's own counters at scrape time.
 //! - `grpc`: the `EventBus` and `Admin` services, thin adapters over the bus.
-//! - `convert`: core ↔ wire conversions and the single error → status mapping.
+//! - `convert`: the wire edge: every core ↔ protobuf and core → JSON conversion, and
+//!   the one table from a refusal to its gRPC status and HTTP code.
+//! - `request_limit`: publish requests too large to read, refused like any oversized
+//!   payload (the gRPC decode limit and the REST body limit).
 //! - [`telemetry`]: logging setup.
 //! - [`shutdown`]: SIGINT/SIGTERM handling.
 
@@ -21,6 +24,7 @@ pub mod telemetry;
 pub mod consume;
 mod convert;
 mod grpc;
+mod request_limit;
 
 pub use config::Settings;
 pub use server::{Server, ServerError};

@@ -19,18 +19,15 @@ use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
 use crate::config::{FsyncSetting, Mode, Settings};
-use crate::consume;
+use crate::convert;
 use crate::grpc::{AdminService, EventBusService};
 use crate::http::{self, HttpState, Readiness};
 use crate::metrics::Metrics;
+use crate::request_limit::{PayloadLimit, PublishLimit};
 
 /// After the drain, how long open connections get to close before the server stops
 /// regardless (a client holding a publish stream open must not block exit forever).
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
-
-/// Room above `max_payload_bytes` for the rest of a publish request (metadata is up
-/// to 64 × 4 KiB), so an oversized payload gets our error naming the limit.
-const REQUEST_OVERHEAD: usize = 1 << 20;
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -153,9 +150,12 @@ impl Server {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
 
-        let max_request = settings.eventbus.max_payload_bytes + REQUEST_OVERHEAD;
-        let event_bus = EventBusServer::new(EventBusService::new(bus.clone(), metrics.clone()))
-            .max_decoding_message_size(max_request);
+        // A decode limit bounds what one message can make us buffer; a publish over it
+        // is answered like any oversized payload (request_limit).
+        let limit = PayloadLimit::new(settings.eventbus.max_payload_bytes);
+        let event_bus = EventBusServer::new(EventBusService::new(bus.clone(), metrics.clone(), limit))
+            .max_decoding_message_size(limit.grpc_message_limit());
+        let event_bus = PublishLimit::new(event_bus, limit);
         let admin = AdminServer::new(AdminService::new(bus.clone()));
 
         // Small stream messages must not wait for more: latency over coalescing.
@@ -185,7 +185,7 @@ impl Server {
             .add_service(admin)
             .serve_with_incoming_shutdown(incoming, drain);
 
-        let app = http::router(HttpState { bus: bus.clone(), metrics, readiness });
+        let app = http::router(HttpState { bus: bus.clone(), metrics, readiness, limit });
         let http_server = axum::serve(http, app.into_make_service_with_connect_info::<SocketAddr>())
             .with_graceful_shutdown(stopped.clone().cancelled_owned());
 
@@ -242,7 +242,7 @@ fn durable_options(settings: &Settings, metrics: Option<Arc<Metrics>>, superviso
     DurableOptions {
         supervisor: supervisor.clone(),
         dedup_window: Duration::from_millis(settings.durable.dedup_window_ms),
-        dead_letter_encoder: Arc::new(consume::encode_dead_letter),
+        dead_letter_encoder: Arc::new(convert::encode_dead_letter),
         on_ack: metrics.map(|m| -> AckObserver { Arc::new(move |consumer, latency| m.observe_ack(consumer, latency)) }),
     }
 }

@@ -308,3 +308,45 @@ async fn bad_input_gets_the_spec_status_and_names_the_problem() {
     assert_eq!(err.code(), Code::InvalidArgument);
     server.stop().await;
 }
+
+/// Payload sizes over the default `max_payload_bytes` (1 MiB): just over, and far over
+/// (past the gRPC decode limit and the REST body limit).
+const OVERSIZED: [usize; 3] = [(1 << 20) + 1, 2 << 20, 8 << 20];
+
+fn assert_names_the_limit(err: &tonic::Status, size: usize) {
+    assert_eq!(err.code(), Code::ResourceExhausted, "{size} bytes: {}", err.message());
+    assert!(err.message().contains("max_payload_bytes = 1048576"), "{size} bytes: {}", err.message());
+}
+
+#[tokio::test]
+async fn oversized_unary_publish_is_resource_exhausted_naming_the_limit_at_every_size() {
+    let server = start().await;
+    let mut s = server.subscribe(sub(&["big.>"])).await;
+    let mut client = server.client().await;
+    for size in OVERSIZED {
+        let err = within(client.publish(event("big.unary", vec![7u8; size]))).await.unwrap_err();
+        assert_names_the_limit(&err, size);
+    }
+    // Nothing got through, and the connection still serves.
+    client.publish(event("big.after", &b"ok"[..])).await.unwrap();
+    assert_eq!(s.take(1).await[0].channel, "big.after");
+    assert_eq!(server.admin().await.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner().total_published, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn oversized_publish_stream_request_ends_the_stream_resource_exhausted_naming_the_limit() {
+    let server = start().await;
+    let mut s = server.subscribe(sub(&["big.>"])).await;
+    let mut client = server.client().await;
+    for size in OVERSIZED {
+        let reqs = vec![event("big.before", &b"ok"[..]), event("big.stream", vec![7u8; size])];
+        let mut responses = within(client.publish_stream(tokio_stream::iter(reqs))).await.unwrap().into_inner();
+        let first = within(responses.message()).await.unwrap().expect("the request before is answered");
+        assert_eq!(first.delivered_count, 1);
+        let err = within(responses.message()).await.unwrap_err();
+        assert_names_the_limit(&err, size);
+        assert_eq!(s.take(1).await[0].channel, "big.before", "{size} bytes");
+    }
+    server.stop().await;
+}

@@ -345,3 +345,96 @@ async fn every_fresh_daemon_redelivers_after_the_ack_deadline() {
         assert_eq!((first, again, same), (1, 2, true), "daemon {i}");
     }
 }
+
+/// A `ConsumerInfo` as the REST routes must render it.
+fn consumer_as_rest(i: &pb::ConsumerInfo) -> serde_json::Value {
+    let c = i.config.as_ref().unwrap();
+    let b = c.backoff.unwrap();
+    serde_json::json!({
+        "name": c.name, "channels": c.channels, "ack_deadline_ms": c.ack_deadline_ms,
+        "max_attempts": c.max_attempts.unwrap(), "max_in_flight": c.max_in_flight,
+        "backoff": {"initial_ms": b.initial_ms, "multiplier": b.multiplier, "max_ms": b.max_ms},
+        "dead_letter_channel": (!c.dead_letter_channel.is_empty()).then_some(&c.dead_letter_channel),
+        "pending": i.pending, "in_flight": i.in_flight, "clients": i.clients,
+        "acked": i.acked, "dead_lettered": i.dead_lettered, "redelivered": i.redelivered,
+    })
+}
+
+/// An `EventLogEntry` as the REST routes must render it.
+fn log_entry_as_rest(e: &pb::EventLogEntry) -> serde_json::Value {
+    let status = if e.status == pb::EventStatus::Completed as i32 { "completed" } else { "dead_lettered" };
+    let failures: Vec<_> =
+        e.failures.iter().map(|f| serde_json::json!({"at": f.at.unwrap().to_string(), "reason": f.reason})).collect();
+    serde_json::json!({
+        "event_id": e.event_id, "channel": e.channel, "status": status, "attempts": e.attempts,
+        "first_delivered_at": e.first_delivered_at.map(|t| t.to_string()),
+        "finished_at": e.finished_at.unwrap().to_string(), "failures": failures,
+    })
+}
+
+/// One wire edge (issue 14): a consumer, its log and its refusals read the same over
+/// gRPC and REST; `redelivered` shows on both after a nack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_and_rest_agree_on_consumers_logs_and_errors() {
+    let server = start().await;
+    let http = reqwest::Client::new();
+    let get = |path: String| {
+        let http = http.clone();
+        async move {
+            let resp = http.get(path).send().await.unwrap();
+            (resp.status(), resp.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let mut admin = server.admin().await;
+    admin.create_consumer(pb::CreateConsumerRequest { config: Some(consumer("agree", &["agree.>"])) }).await.unwrap();
+    server.client().await.publish(event("agree.one", "1")).await.unwrap();
+    let mut c = attach(server.endpoint(), "agree", 0).await.unwrap();
+    let first = c.deliveries(1).await;
+    let nack = pb::Nack { event_id: ids(&first)[0].clone(), reason: "not yet".into(), delay_ms: 1 };
+    c.send(consume_request::Kind::Nack(nack)).await;
+    let again = c.deliveries(1).await;
+    assert_eq!((ids(&again), again[0].attempt), (ids(&first), 2));
+    c.send(consume_request::Kind::Ack(pb::Ack { event_ids: ids(&again) })).await;
+    let info = || {
+        let mut admin = admin.clone();
+        async move { admin.get_consumer(pb::GetConsumerRequest { name: "agree".into() }).await.unwrap().into_inner() }
+    };
+    eventually("the ack", || async { info().await.acked == 1 }).await;
+
+    let grpc = info().await;
+    assert_eq!((grpc.redelivered, grpc.clients), (1, 1));
+    let (status, rest) = get(server.url("/admin/eventbus/consumers/agree")).await;
+    assert_eq!(status, reqwest::StatusCode::OK);
+    assert_eq!(rest, consumer_as_rest(&grpc));
+    let grpc_list = admin.list_consumers(pb::ListConsumersRequest {}).await.unwrap().into_inner();
+    let (_, rest_list) = get(server.url("/admin/eventbus/consumers")).await;
+    assert_eq!(rest_list["consumers"], serde_json::json!([consumer_as_rest(&grpc_list.consumers[0])]));
+
+    let grpc_log = admin
+        .list_event_log(pb::ListEventLogRequest { consumer: "agree".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grpc_log.entries[0].failures[0].reason, "not yet");
+    let (_, rest_log) = get(server.url("/admin/eventbus/consumers/agree/log")).await;
+    let entries: Vec<_> = grpc_log.entries.iter().map(log_entry_as_rest).collect();
+    assert_eq!(rest_log, serde_json::json!({"entries": entries, "next_page_token": grpc_log.next_page_token}));
+
+    // Refusals: the same code class and the same message on both.
+    let grpc_err = admin.get_consumer(pb::GetConsumerRequest { name: "ghost".into() }).await.unwrap_err();
+    let (status, rest_err) = get(server.url("/admin/eventbus/consumers/ghost")).await;
+    assert_eq!((grpc_err.code(), status), (Code::NotFound, reqwest::StatusCode::NOT_FOUND));
+    assert_eq!(rest_err["error"], grpc_err.message());
+    let conflicting = consumer("agree", &["other"]);
+    let grpc_err = admin.create_consumer(pb::CreateConsumerRequest { config: Some(conflicting) }).await.unwrap_err();
+    let resp = http
+        .post(server.url("/admin/eventbus/consumers"))
+        .body(r#"{"name":"agree","channels":["other"]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!((grpc_err.code(), resp.status()), (Code::AlreadyExists, reqwest::StatusCode::CONFLICT));
+    assert_eq!(resp.json::<serde_json::Value>().await.unwrap()["error"], grpc_err.message());
+    drop(c);
+    server.stop().await;
+}

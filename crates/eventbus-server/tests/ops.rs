@@ -363,3 +363,116 @@ async fn a_stopped_background_task_turns_health_and_readiness_off() {
     server.client().await.publish(event("still.up", &b"x"[..])).await.unwrap();
     server.stop().await;
 }
+
+/// REST publishes over the default `max_payload_bytes` (1 MiB), just over and far over
+/// (past the body limit): 413, a JSON error naming the limit, nothing published.
+#[tokio::test]
+async fn oversized_rest_publish_is_413_naming_the_limit_at_every_size() {
+    let server = start().await;
+    let http = reqwest::Client::new();
+    // A JSON string of n - 2 characters is stored as n bytes (its quotes included).
+    for size in [(1 << 20) + 1, 2 << 20, 8 << 20] {
+        let body = json!({"channel": "big.rest", "payload": "a".repeat(size - 2)});
+        let resp = within(http.post(server.url("/admin/eventbus/publish")).json(&body).send()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "{size} bytes");
+        let error: Json = resp.json().await.expect("a JSON body");
+        let error = error["error"].as_str().unwrap_or_default();
+        assert!(error.contains("max_payload_bytes = 1048576"), "{size} bytes: {error}");
+    }
+    let stats: Json = http.get(server.url("/admin/eventbus/stats")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(stats["total_published"], 0);
+    server.stop().await;
+}
+
+/// One wire edge (issue 14): stats, channels, subscriptions and a publish's answer read
+/// the same over gRPC and REST.
+#[tokio::test]
+async fn grpc_and_rest_agree_on_stats_channels_subscriptions_and_publish() {
+    let server = start().await;
+    let http = reqwest::Client::new();
+    let get = |path: &str| {
+        let req = http.get(server.url(path));
+        async move { req.send().await.unwrap().json::<Json>().await.unwrap() }
+    };
+    let mut grouped = server.subscribe(pb::SubscribeRequest { group: "g".into(), ..sub(&["agree.>"]) }).await;
+    let _plain = server
+        .subscribe(pb::SubscribeRequest {
+            name: "plain".into(),
+            overflow: pb::OverflowPolicy::DropOldest as i32,
+            ..sub(&["agree.*"])
+        })
+        .await;
+    let published: Json = http
+        .post(server.url("/admin/eventbus/publish"))
+        .json(&json!({"channel": "agree.rest", "payload": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let answer = server.client().await.publish(event("agree.grpc", "2")).await.unwrap().into_inner();
+    let keys = |v: &Json| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&published), ["delivered_count", "duplicate", "duration_us", "event_id", "failed_count"]);
+    assert_eq!(
+        (&published["delivered_count"], &published["failed_count"], &published["duplicate"]),
+        (&json!(answer.delivered_count), &json!(answer.failed_count), &json!(answer.duplicate))
+    );
+    grouped.take(2).await;
+    // Both subscriptions' queues drained to their streams: nothing moves between reads.
+    let mut admin = server.admin().await;
+    eventually("queues to drain", || {
+        let mut admin = admin.clone();
+        async move {
+            let subs = admin.list_subscriptions(pb::ListSubscriptionsRequest {}).await.unwrap().into_inner();
+            subs.subscriptions.iter().all(|s| s.pending == 0 && s.delivered == 2)
+        }
+    })
+    .await;
+    let s = admin.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
+    let expected = json!({
+        "total_published": s.total_published, "total_delivered": s.total_delivered,
+        "total_failed": s.total_failed, "total_dropped": s.total_dropped,
+        "active_subscriptions": s.active_subscriptions, "active_channels": s.active_channels,
+        "started_at": s.started_at.unwrap().to_string(), "mode": s.mode, "instance_id": s.instance_id,
+    });
+    assert_eq!(get("/admin/eventbus/stats").await, expected);
+
+    let mut channels = admin.list_channels(pb::ListChannelsRequest {}).await.unwrap().into_inner().channels;
+    channels.sort_by(|a, b| a.channel.cmp(&b.channel));
+    let expected: Vec<Json> = channels
+        .iter()
+        .map(|c| {
+            json!({
+                "channel": c.channel, "published_count": c.published_count, "delivered_count": c.delivered_count,
+                "subscriber_count": c.subscriber_count, "last_published_at": c.last_published_at.map(|t| t.to_string()),
+            })
+        })
+        .collect();
+    let mut rest = get("/admin/eventbus/channels").await["channels"].as_array().unwrap().clone();
+    rest.sort_by_key(|c| c["channel"].as_str().unwrap().to_owned());
+    assert_eq!(rest, expected);
+
+    let mut subs = admin.list_subscriptions(pb::ListSubscriptionsRequest {}).await.unwrap().into_inner().subscriptions;
+    subs.sort_by(|a, b| a.id.cmp(&b.id));
+    let expected: Vec<Json> = subs
+        .iter()
+        .map(|s| {
+            let overflow = match pb::OverflowPolicy::try_from(s.overflow).unwrap() {
+                pb::OverflowPolicy::DropOldest => "drop_oldest",
+                pb::OverflowPolicy::Disconnect => "disconnect",
+                _ => "drop_newest",
+            };
+            json!({
+                "id": s.id, "channels": s.channels, "group": (!s.group.is_empty()).then_some(&s.group),
+                "name": s.name, "pending": s.pending, "capacity": s.capacity, "delivered": s.delivered,
+                "dropped": s.dropped, "overflow": overflow, "peer": s.peer,
+                "created_at": s.created_at.unwrap().to_string(),
+            })
+        })
+        .collect();
+    let mut rest = get("/admin/eventbus/subscriptions").await["subscriptions"].as_array().unwrap().clone();
+    rest.sort_by_key(|s| s["id"].as_str().unwrap().to_owned());
+    assert_eq!(rest, expected);
+    server.stop().await;
+}

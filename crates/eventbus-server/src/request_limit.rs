@@ -1,0 +1,171 @@
+//! Publish requests too large to read (SPEC §2): every oversized payload is refused with
+//! `RESOURCE_EXHAUSTED` / 413 naming `max_payload_bytes`, whatever its size.
+//!
+//! A payload a little over the limit reaches the bus, which refuses it. A request far
+//! over it must not be buffered at all, so gRPC keeps a decode limit and REST a body
+//! limit; what those limits answer on their own (tonic's `OUT_OF_RANGE` "decoded message
+//! length too large", axum's plain-text 413) is translated here into our refusal.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::http::{Request, Response};
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::{Code, Status};
+use tower_service::Service;
+
+use crate::convert::EdgeError;
+
+/// Room above `max_payload_bytes` for the rest of a publish request: metadata is up to
+/// 64 × (128 + 4 KiB), plus the channel, keys and framing.
+const REQUEST_OVERHEAD: usize = 1 << 20;
+
+/// The request limits that follow from `max_payload_bytes`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PayloadLimit {
+    max_payload_bytes: usize,
+}
+
+impl PayloadLimit {
+    pub(crate) fn new(max_payload_bytes: usize) -> Self {
+        Self { max_payload_bytes }
+    }
+
+    /// Largest gRPC message decoded (`max_decoding_message_size`): what a client can
+    /// make us buffer per message.
+    pub(crate) fn grpc_message_limit(self) -> usize {
+        self.max_payload_bytes.saturating_add(REQUEST_OVERHEAD)
+    }
+
+    /// Largest REST body read. The payload is stored as compact JSON; the body may spell
+    /// it longer (indentation, `\u` escapes), hence twice the payload limit.
+    pub(crate) fn http_body_limit(self) -> usize {
+        self.max_payload_bytes.saturating_mul(2).saturating_add(REQUEST_OVERHEAD)
+    }
+
+    /// The refusal of a request over `request_limit` bytes.
+    pub(crate) fn exceeded(self, request_limit: usize) -> EdgeError {
+        EdgeError::RequestTooLarge { request_limit, max_payload_bytes: self.max_payload_bytes }
+    }
+
+    /// Our refusal in place of tonic's decode-limit status; any other status unchanged.
+    pub(crate) fn translate(self, status: Status) -> Status {
+        if is_decode_limit(&status) { self.exceeded(self.grpc_message_limit()).into() } else { status }
+    }
+}
+
+/// Whether tonic refused a message over `max_decoding_message_size`. The services never
+/// answer `OUT_OF_RANGE` themselves; the message check guards against tonic using the
+/// code for something else one day.
+fn is_decode_limit(status: &Status) -> bool {
+    status.code() == Code::OutOfRange && status.message().contains("message length too large")
+}
+
+/// Wraps a gRPC service (the `EventBus` server) so that a unary `Publish` over the
+/// decode limit gets our refusal. tonic answers such a request itself, before the
+/// handler runs, with a trailers-only `OUT_OF_RANGE` response; this rewrites that one
+/// response. (`PublishStream` sees the status in its request stream and translates it
+/// there.)
+#[derive(Debug, Clone)]
+pub(crate) struct PublishLimit<S> {
+    inner: S,
+    limit: PayloadLimit,
+}
+
+impl<S> PublishLimit<S> {
+    pub(crate) fn new(inner: S, limit: PayloadLimit) -> Self {
+        Self { inner, limit }
+    }
+}
+
+impl<S: NamedService> NamedService for PublishLimit<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+/// Whether `path` is `/{service}/Publish`, the unary publish.
+fn is_unary_publish<S: NamedService>(path: &str) -> bool {
+    path.strip_prefix('/').and_then(|p| p.strip_prefix(S::NAME)) == Some("/Publish")
+}
+
+impl<S> Service<Request<Body>> for PublishLimit<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>> + NamedService,
+    S::Future: Unpin,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = PublishLimitFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let limit = is_unary_publish::<S>(req.uri().path()).then_some(self.limit);
+        PublishLimitFuture { inner: self.inner.call(req), limit }
+    }
+}
+
+/// The inner service's response, rewritten when it is the decode-limit refusal.
+#[derive(Debug)]
+pub(crate) struct PublishLimitFuture<F> {
+    inner: F,
+    /// Set for a unary `Publish`: the only call rewritten.
+    limit: Option<PayloadLimit>,
+}
+
+impl<F, E> Future for PublishLimitFuture<F>
+where
+    F: Future<Output = Result<Response<Body>, E>> + Unpin,
+{
+    type Output = Result<Response<Body>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let response = match Pin::new(&mut this.inner).poll(cx) {
+            Poll::Ready(Ok(response)) => response,
+            other => return other,
+        };
+        let Some(limit) = this.limit else { return Poll::Ready(Ok(response)) };
+        // A trailers-only response carries its status in the headers; a normal one
+        // (status in the trailers) has none there and passes untouched.
+        match Status::from_header_map(response.headers()) {
+            Some(status) if is_decode_limit(&status) => Poll::Ready(Ok(limit.translate(status).into_http())),
+            _ => Poll::Ready(Ok(response)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Named;
+    impl NamedService for Named {
+        const NAME: &'static str = "eventbus.v1.EventBus";
+    }
+
+    #[test]
+    fn only_the_unary_publish_is_rewritten() {
+        assert!(is_unary_publish::<Named>("/eventbus.v1.EventBus/Publish"));
+        assert!(!is_unary_publish::<Named>("/eventbus.v1.EventBus/PublishStream"));
+        assert!(!is_unary_publish::<Named>("/eventbus.v1.EventBus/Subscribe"));
+        assert!(!is_unary_publish::<Named>("/eventbus.v1.Admin/Publish"));
+    }
+
+    #[test]
+    fn the_decode_limit_status_becomes_ours_naming_the_limit() {
+        let limit = PayloadLimit::new(1024);
+        let tonic_says = Status::out_of_range(format!(
+            "Error, decoded message length too large: found 9999999 bytes, the limit is: {} bytes",
+            limit.grpc_message_limit()
+        ));
+        let ours = limit.translate(tonic_says);
+        assert_eq!(ours.code(), Code::ResourceExhausted);
+        assert!(ours.message().contains("max_payload_bytes = 1024"), "{}", ours.message());
+        let other = limit.translate(Status::invalid_argument("bad channel"));
+        assert_eq!((other.code(), other.message()), (Code::InvalidArgument, "bad channel"));
+    }
+}
