@@ -527,3 +527,54 @@ fn a_dead_store_writer_is_reported_and_a_dropped_engine_is_not() {
         assert_eq!(quiet.failure(), None);
     });
 }
+
+/// Issue 14: a dead letter whose publication never happened (here: every publish fails,
+/// then the engine stops, as a crash would stop it) is still in the store's outbox and
+/// is published by the next engine on the same data directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpublished_dead_letter_survives_a_restart_and_is_published() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention = Retention { max_entries: 100, max_age_ms: 86_400_000 };
+    let open = || RedbStore::open(dir.path(), Fsync::Always, retention);
+    {
+        let durable = Durable::start(Arc::new(open().unwrap()), options(Duration::from_secs(1))).unwrap();
+        let refused: DeadLetterSink = Arc::new(|_, _, _| Box::pin(async { Err(eventbus_core::Error::ShuttingDown) }));
+        durable.set_dead_letter_sink(refused);
+        let config = ConsumerConfig { max_attempts: 1, ..consumer("inbox", &["orders.>"]) };
+        durable.create_consumer(config).await.unwrap();
+        let event = Arc::new(eventbus_core::Event::from_parts(
+            "e-1".into(),
+            "orders.created".into(),
+            std::time::SystemTime::now(),
+            String::new(),
+            Bytes::from_static(b"x"),
+            Default::default(),
+            String::new(),
+        ));
+        let captured =
+            durable.capture_many(&[CaptureRequest { event: &event, ordering_key: None, idempotency_key: None }]).await;
+        assert!(matches!(captured[0], Ok(Captured::Stored(1))));
+        let mut a = durable.attach("inbox", ClientOptions::default(), None).await.unwrap();
+        let id = next(&mut a.deliveries).await[0].event.id.clone();
+        a.client.term(&id, "poison");
+        durable.flush().await.unwrap();
+        assert_eq!(durable.get_consumer("inbox").unwrap().dead_lettered, 1);
+    }
+    // The old engine's writer thread releases the file once it has drained.
+    let store = loop {
+        match open() {
+            Ok(store) => break store,
+            Err(_) => tokio::task::yield_now().await,
+        }
+    };
+    let durable = Durable::start(Arc::new(store), options(Duration::from_secs(1))).unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let sink: DeadLetterSink = Arc::new(move |channel, payload, _| {
+        let _ = tx.send((channel, payload));
+        Box::pin(async { Ok(()) })
+    });
+    durable.set_dead_letter_sink(sink);
+    let (channel, payload) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap();
+    assert_eq!(channel, "dlq.orders.created");
+    assert_eq!(&payload[..], b"inbox|1|poison");
+}
