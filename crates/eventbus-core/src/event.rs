@@ -81,7 +81,7 @@ pub struct PublishInput {
     pub source: String,
     /// The publisher's address, the fallback source.
     pub peer: String,
-    /// Durable consumers deliver events of one key one at a time, in order (SPEC §9).
+    /// Durable consumers deliver events of one key one at a time, in order (README "Durable consumers (at-least-once)").
     pub ordering_key: String,
     /// A key seen within the dedup window makes this publish a no-op duplicate.
     pub idempotency_key: String,
@@ -99,7 +99,7 @@ pub enum MetadataError {
 }
 
 impl PublishInput {
-    /// Checks the SPEC §2 limits and turns the input into an event with a fresh id.
+    /// Checks the README "How it behaves" limits and turns the input into an event with a fresh id.
     pub(crate) fn into_event(self, max_payload_bytes: usize) -> Result<Event, Error> {
         validate_channel(&self.channel)?;
         if self.payload.len() > max_payload_bytes {

@@ -1,4 +1,4 @@
-//! A subscription: its filters, its bounded queue, and the overflow policies (SPEC §4).
+//! A subscription: its filters, its bounded queue, and the overflow policies (README "How it behaves").
 //!
 //! The queue is a `VecDeque` behind a short mutex: it starts empty and grows with the
 //! events actually queued, so an idle subscription of capacity 10,000 costs a few

@@ -1,4 +1,4 @@
-//! Idempotency keys seen within the dedup window (README "Idempotent publish").
+//! Idempotency keys seen within the dedup window (README "Durable consumers (at-least-once)").
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,4 +1,4 @@
-//! Configuration (SPEC §7).
+//! Configuration (README "Configuration").
 //!
 //! Layers, lowest first: the shipped `config/default.yaml` (compiled in, the single
 //! source of defaults), a file (`--config PATH`, else `./config/default.yaml` when
@@ -163,7 +163,7 @@ pub struct Settings {
     pub log: LogSettings,
 }
 
-/// The `durable` section (SPEC §9).
+/// The `durable` section (README "Durable consumers (at-least-once)").
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DurableSettings {

@@ -1,4 +1,4 @@
-//! The HTTP listener (SPEC §6): `/metrics`, `/healthz`, `/readyz` and the admin REST
+//! The HTTP listener (README "Operations"): `/metrics`, `/healthz`, `/readyz` and the admin REST
 //! routes. Publishing goes through the same [`Bus::publish`] validation as gRPC; bodies
 //! are rendered, and refusals given their HTTP code, by `convert`, the same edge gRPC
 //! uses.
@@ -159,7 +159,7 @@ async fn metrics(State(state): State<HttpState>) -> Result<Response, ApiError> {
 }
 
 /// Liveness: fails once a background task has stopped (the process no longer does all
-/// its work and must be restarted; README "Health").
+/// its work and must be restarted; README "Operations").
 async fn healthz(State(state): State<HttpState>) -> Response {
     match state.readiness.failed_task() {
         None => Json(json!({ "status": "ok" })).into_response(),

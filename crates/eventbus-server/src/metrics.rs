@@ -1,4 +1,4 @@
-//! Prometheus metrics (SPEC §6).
+//! Prometheus metrics (README "Operations").
 //!
 //! Counters are not kept twice: the bus already counts per channel (with a capped label
 //! table) on its hot path, and a collector reads those atomics at scrape time. Only the

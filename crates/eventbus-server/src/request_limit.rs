@@ -1,4 +1,4 @@
-//! Publish requests too large to read (SPEC §2): every oversized payload is refused with
+//! Publish requests too large to read (README "How it behaves"): every oversized payload is refused with
 //! `RESOURCE_EXHAUSTED` / 413 naming `max_payload_bytes`, whatever its size.
 //!
 //! A payload a little over the limit reaches the bus, which refuses it. A request far

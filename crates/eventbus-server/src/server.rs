@@ -1,4 +1,4 @@
-//! Binding listeners, serving, and the shutdown drain (SPEC §4).
+//! Binding listeners, serving, and the shutdown drain (README "How it behaves").
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! Publish/subscribe semantics of SPEC §2–§4 against the real server and a real client.
+//! Publish/subscribe semantics of README "How it behaves" against the real server and a real client.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
 

@@ -1,4 +1,4 @@
-//! The operations surface (SPEC §3, §6): Prometheus metrics, admin REST, probes, gRPC
+//! The operations surface (README "Operations"): Prometheus metrics, admin REST, probes, gRPC
 //! health and reflection — real server, real HTTP and gRPC clients.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.

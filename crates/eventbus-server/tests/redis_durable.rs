@@ -1,4 +1,4 @@
-//! Durable consumers in redis mode (SPEC §9 on Redis Streams): several instances on one
+//! Durable consumers in redis mode (README "Durable consumers (at-least-once)" on Redis Streams): several instances on one
 //! real `redis-server` share each consumer. See `common::redis_server` for what happens
 //! without `redis-server`.
 

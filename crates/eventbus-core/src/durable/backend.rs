@@ -89,7 +89,7 @@ pub struct CaptureRequest<'a> {
     pub idempotency_key: Option<&'a str>,
 }
 
-/// Durable consumers (README "Durable consumers"), whatever keeps them.
+/// Durable consumers (README "Durable consumers (at-least-once)"), whatever keeps them.
 pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
     /// Where dead letters are published (the bus, set once it exists).
     fn set_dead_letter_sink(&self, sink: DeadLetterSink);

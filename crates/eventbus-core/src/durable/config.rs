@@ -47,7 +47,7 @@ pub struct ConsumerConfig {
 }
 
 impl ConsumerConfig {
-    /// A consumer with the SPEC defaults.
+    /// A consumer with the documented defaults (README "Durable consumers (at-least-once)").
     pub fn new(name: impl Into<String>, channels: Vec<String>) -> Self {
         Self {
             name: name.into(),
