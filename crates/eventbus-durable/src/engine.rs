@@ -3,7 +3,7 @@
 //!
 //! Working state lives in memory, per consumer, behind that consumer's own mutex; every
 //! change is also sent to the [`Store`]. Locked sections only mutate and collect
-//! [`Effects`] (store ops, deliveries, timers, dead letters), which run after the lock
+//! `Effects` (store ops, deliveries, timers, dead letters), which run after the lock
 //! is released, so no lock is held across I/O or `.await` (docs/ARCHITECTURE.md
 //! "A durable delivery").
 

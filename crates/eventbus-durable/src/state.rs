@@ -1,5 +1,5 @@
 //! A consumer's working state and its transitions. Everything here runs under that
-//! consumer's lock and only collects [`Effects`]; the engine carries them out after.
+//! consumer's lock and only collects `Effects`; the engine carries them out after.
 //!
 //! Ordering keys: per key, only the oldest unfinished event is eligible; the next
 //! becomes eligible when it is acked or dead-lettered.
