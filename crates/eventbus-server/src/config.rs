@@ -428,7 +428,7 @@ impl Settings {
                 env.get(*var).map(|v| (key.to_string(), Value::new(Some(&var.to_string()), v.clone())))
             })
             .collect();
-        layers.add(&Aliases(aliases), "the seed's environment variables")?;
+        layers.add(&Layer(typed_like_env(aliases)), "the seed's environment variables")?;
         let environment = Environment::with_prefix("EVENTBUS")
             .prefix_separator("__")
             .separator("__")
@@ -696,33 +696,24 @@ impl Source for Layer {
     }
 }
 
-/// The seed's environment variables, already mapped to their keys.
-#[derive(Debug, Clone)]
-struct Aliases(Map<String, Value>);
-
-impl Source for Aliases {
-    fn clone_into_box(&self) -> Box<dyn Source + Send + Sync> {
-        Box::new(self.clone())
-    }
-
-    fn collect(&self) -> Result<Map<String, Value>, config::ConfigError> {
-        // Parse like the EVENTBUS__ variables do, so numbers and booleans deserialize.
-        Ok(self
-            .0
-            .iter()
-            .map(|(k, v)| {
-                let raw = v.clone().into_string().unwrap_or_default();
-                let kind = if let Ok(b) = raw.to_ascii_lowercase().parse::<bool>() {
-                    ValueKind::Boolean(b)
-                } else if let Ok(i) = raw.parse::<i64>() {
-                    ValueKind::I64(i)
-                } else {
-                    ValueKind::String(raw)
-                };
-                (k.clone(), Value::new(v.origin().map(str::to_owned).as_ref(), kind))
-            })
-            .collect())
-    }
+/// The seed's environment variables, already mapped to their keys, typed the way the
+/// EVENTBUS__ variables are parsed, so numbers and booleans deserialize.
+fn typed_like_env(aliases: Map<String, Value>) -> Map<String, Value> {
+    aliases
+        .into_iter()
+        .map(|(k, v)| {
+            let origin = v.origin().map(str::to_owned);
+            let raw = v.into_string().unwrap_or_default();
+            let kind = if let Ok(b) = raw.to_ascii_lowercase().parse::<bool>() {
+                ValueKind::Boolean(b)
+            } else if let Ok(i) = raw.parse::<i64>() {
+                ValueKind::I64(i)
+            } else {
+                ValueKind::String(raw)
+            };
+            (k, Value::new(origin.as_ref(), kind))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -60,9 +60,4 @@ impl DurableError {
             message: format!("{token:?} is not a page token this broker issued"),
         }
     }
-
-    /// This error and its causes, `: `-separated.
-    pub fn chain(&self) -> String {
-        crate::error::chain(self)
-    }
 }
