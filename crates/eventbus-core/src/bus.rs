@@ -82,6 +82,8 @@ pub struct SubscribeOptions {
     pub name: String,
     /// Client address.
     pub peer: String,
+    /// Principal that opened it ("" with authentication off).
+    pub owner: String,
 }
 
 /// Outcome of an accepted publish.
@@ -438,6 +440,13 @@ impl Bus {
         out
     }
 
+    /// The principal that opened subscription `id` ("" with authentication off), if it
+    /// is open.
+    pub fn subscription_owner(&self, id: &str) -> Option<String> {
+        let router = self.inner.router.read();
+        router.all().find(|s| &*s.id == id).map(|s| s.spec.owner.clone())
+    }
+
     /// True once shutdown has begun.
     pub fn is_shutting_down(&self) -> bool {
         self.inner.shutting_down.load(Ordering::Acquire)
@@ -485,6 +494,7 @@ fn info(s: &Subscription) -> SubscriptionInfo {
         dropped: s.dropped(),
         overflow: s.spec.overflow,
         peer: s.spec.peer.clone(),
+        owner: s.spec.owner.clone(),
         created_at: s.created_at,
     }
 }
@@ -558,6 +568,7 @@ impl Inner {
             group: (!opts.group.is_empty()).then(|| opts.group.into()),
             name: opts.name,
             peer: opts.peer,
+            owner: opts.owner,
             capacity,
             overflow: opts.overflow.unwrap_or(self.config.overflow),
             max_batch,

@@ -306,6 +306,8 @@ pub struct SubscriptionInfo {
     pub dropped: u64,
     pub overflow: Overflow,
     pub peer: String,
+    /// Principal that opened it ("" with authentication off).
+    pub owner: String,
     pub created_at: SystemTime,
 }
 

@@ -119,6 +119,8 @@ pub struct SubscriptionSpec {
     pub name: String,
     /// Client address.
     pub peer: String,
+    /// Principal that opened it ("" with authentication off).
+    pub owner: String,
     /// Queue capacity in events.
     pub capacity: usize,
     /// Full-queue policy.
@@ -364,6 +366,7 @@ mod tests {
             group: None,
             name: String::new(),
             peer: String::new(),
+            owner: String::new(),
             capacity,
             overflow,
             max_batch: 2,

@@ -18,11 +18,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
+use eventbus_auth::AuthSettings;
 use eventbus_core::durable::{Backoff, ConsumerConfig};
 use eventbus_core::{BusConfig, Overflow};
 use eventbus_redis::RedisOptions;
 use serde::Deserialize;
 use tracing_subscriber::filter::ParseError;
+
+pub use crate::tls::TlsSettings;
 
 /// The shipped defaults, embedded so the binary runs from any directory.
 pub const DEFAULT_YAML: &str = include_str!("../../../config/default.yaml");
@@ -160,6 +163,7 @@ pub struct Settings {
     pub server: ServerSettings,
     pub eventbus: EventBusSettings,
     pub durable: DurableSettings,
+    pub auth: AuthSettings,
     pub log: LogSettings,
 }
 
@@ -236,6 +240,7 @@ impl ConsumerSetting {
             },
             max_in_flight: self.max_in_flight,
             dead_letter_channel: (!self.dead_letter_channel.is_empty()).then(|| self.dead_letter_channel.clone()),
+            owner: String::new(),
         }
     }
 }
@@ -249,6 +254,8 @@ pub struct ServerSettings {
     pub http_addr: SocketAddr,
     /// Bound on the shutdown flush.
     pub shutdown_timeout_ms: u64,
+    /// TLS on both listeners (README "Security").
+    pub tls: TlsSettings,
 }
 
 /// Declares a configuration enum spelled in snake_case, whose parse error lists the
@@ -512,6 +519,31 @@ impl Settings {
             }
         }
         at_least("durable.log_max_entries", self.durable.log_max_entries, 1)?;
+        let tls = &self.server.tls;
+        if tls.cert_file.is_empty() != tls.key_file.is_empty() {
+            let (key, value) = if tls.key_file.is_empty() {
+                ("server.tls.key_file", &tls.key_file)
+            } else {
+                ("server.tls.cert_file", &tls.cert_file)
+            };
+            return invalid(key, value, "must be set too: server.tls.cert_file and key_file go together");
+        }
+        if tls.mutual() && !tls.enabled() {
+            return invalid(
+                "server.tls.client_ca_file",
+                &tls.client_ca_file,
+                "needs server.tls.cert_file and key_file (mTLS is part of TLS)",
+            );
+        }
+        let auth = &self.auth;
+        if auth.enabled && auth.principals_file.is_empty() && !auth.jwt.configured() {
+            return invalid(
+                "auth.enabled",
+                "true",
+                "but no credential can be checked: set auth.principals_file, auth.jwt.hs256_secret_file or \
+                 auth.jwt.public_key_file",
+            );
+        }
         if let Err(source) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(ConfigError::LogLevel { value: self.log.level.clone(), source });
         }

@@ -5,12 +5,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use eventbus_core::Bus;
-use eventbus_core::durable::{ClientOptions, ConsumerClient};
+use eventbus_core::durable::{ClientOptions, ConsumerClient, DurableError};
 use eventbus_proto::pb::{self, consume_request, consume_response};
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
+use crate::access::{Access, Caller, StreamUse};
 use crate::convert::{self, EdgeError, status};
 
 pub use crate::convert::{DEAD_LETTER_CONTENT_TYPE, encode_dead_letter};
@@ -18,15 +19,31 @@ pub use crate::convert::{DEAD_LETTER_CONTENT_TYPE, encode_dead_letter};
 pub(crate) type ConsumeStream = Pin<Box<dyn Stream<Item = Result<pb::ConsumeResponse, Status>> + Send + 'static>>;
 
 /// `EventBus.Consume`: attach, then serve requests and push deliveries until either
-/// side goes away.
-pub(crate) async fn consume(bus: &Bus, mut inbound: Streaming<pb::ConsumeRequest>) -> Result<ConsumeStream, Status> {
+/// side goes away (or a reload withdraws the caller's right to attach).
+pub(crate) async fn consume(
+    bus: &Bus,
+    access: &Access,
+    caller: Caller,
+    mut inbound: Streaming<pb::ConsumeRequest>,
+) -> Result<ConsumeStream, Status> {
     let durable = convert::durable(bus)?.clone();
     let first = inbound.message().await?.and_then(|r| r.kind);
     let Some(consume_request::Kind::Attach(attach)) = first else {
         return Err(EdgeError::BadRequest("the first Consume request must be `attach`".into()).into());
     };
     let options = ClientOptions { max_in_flight: attach.max_in_flight, max_batch: attach.max_batch };
-    let create = attach.create_if_missing.map(convert::consumer_config_from_pb);
+    access.check_attach(&caller, &attach.consumer)?;
+    let create = attach.create_if_missing.map(|c| convert::consumer_config_from_pb(c, caller.name()));
+    // Creating on attach needs the rights of CreateConsumer, asked only when the
+    // consumer is missing: a worker that always sends its definition needs no more
+    // than the right to attach once the consumer exists.
+    if let Some(config) = &create
+        && access.enabled()
+        && matches!(durable.get_consumer(&attach.consumer).await, Err(DurableError::UnknownConsumer(_)))
+    {
+        access.check_create_consumer(&caller, config)?;
+    }
+    let guard = access.open_stream(&caller, StreamUse::Consume(attach.consumer.clone()))?;
     let attached = durable.attach(&attach.consumer, options, create).await.map_err(status)?;
     let client: Arc<dyn ConsumerClient> = Arc::from(attached.client);
     let watcher = Arc::clone(&client);
@@ -79,5 +96,5 @@ pub(crate) async fn consume(bus: &Bus, mut inbound: Streaming<pb::ConsumeRequest
         bus.is_shutting_down().then(|| Err(Status::unavailable("shutting down")))
     })
     .filter_map(|end| async move { end });
-    Ok(Box::pin(futures::stream::once(async { Ok(attached_msg) }).chain(deliveries).chain(end)))
+    Ok(Box::pin(guard.guard(futures::stream::once(async { Ok(attached_msg) }).chain(deliveries).chain(end))))
 }

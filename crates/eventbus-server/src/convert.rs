@@ -49,6 +49,17 @@ pub(crate) enum EdgeError {
     /// value, malformed JSON).
     #[error("{0}")]
     BadRequest(String),
+    /// Missing, malformed, unknown, expired or badly signed credentials (the text
+    /// never holds the credential).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The caller lacks the right the operation needs; `what` names the refused
+    /// channel or consumer.
+    #[error("permission denied: principal {principal:?} may not {operation}: {what}")]
+    PermissionDenied { principal: String, operation: &'static str, what: String },
+    /// A per-principal limit (`max_subscriptions`, `max_publish_rate`) is reached.
+    #[error("principal {principal:?} is over its {limit}")]
+    OverLimit { principal: String, limit: &'static str },
 }
 
 impl From<DurableError> for EdgeError {
@@ -79,6 +90,9 @@ impl EdgeError {
             Self::DurableDisabled => (Code::FailedPrecondition, StatusCode::CONFLICT),
             Self::RequestTooLarge { .. } => (Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE),
             Self::BadRequest(_) => (Code::InvalidArgument, StatusCode::BAD_REQUEST),
+            Self::Unauthenticated(_) => (Code::Unauthenticated, StatusCode::UNAUTHORIZED),
+            Self::PermissionDenied { .. } => (Code::PermissionDenied, StatusCode::FORBIDDEN),
+            Self::OverLimit { .. } => (Code::ResourceExhausted, StatusCode::TOO_MANY_REQUESTS),
         }
     }
 }
@@ -201,7 +215,11 @@ pub(crate) fn publish_response_json(p: Published) -> PublishedJson {
 
 // --- subscriptions and events ---
 
-pub(crate) fn subscribe_options(req: pb::SubscribeRequest, peer: String) -> Result<SubscribeOptions, EdgeError> {
+pub(crate) fn subscribe_options(
+    req: pb::SubscribeRequest,
+    peer: String,
+    owner: String,
+) -> Result<SubscribeOptions, EdgeError> {
     let pb::SubscribeRequest { channels, group, queue_capacity, overflow, max_batch, name } = req;
     let overflow = match pb::OverflowPolicy::try_from(overflow) {
         Ok(pb::OverflowPolicy::Unspecified) => None,
@@ -218,6 +236,7 @@ pub(crate) fn subscribe_options(req: pb::SubscribeRequest, peer: String) -> Resu
         max_batch: max_batch as usize,
         name,
         peer,
+        owner,
     })
 }
 
@@ -253,6 +272,7 @@ pub(crate) fn subscription(s: SubscriptionInfo) -> pb::SubscriptionInfo {
         dropped,
         overflow,
         peer,
+        owner,
         created_at,
     } = s;
     pb::SubscriptionInfo {
@@ -267,6 +287,7 @@ pub(crate) fn subscription(s: SubscriptionInfo) -> pb::SubscriptionInfo {
         overflow: overflow_policy(overflow).into(),
         peer,
         created_at: Some(timestamp(created_at)),
+        owner,
     }
 }
 
@@ -283,6 +304,7 @@ pub(crate) struct SubscriptionJson {
     dropped: u64,
     overflow: &'static str,
     peer: String,
+    owner: String,
     created_at: String,
 }
 
@@ -298,6 +320,7 @@ pub(crate) fn subscription_json(s: SubscriptionInfo) -> SubscriptionJson {
         dropped,
         overflow,
         peer,
+        owner,
         created_at,
     } = s;
     SubscriptionJson {
@@ -311,6 +334,7 @@ pub(crate) fn subscription_json(s: SubscriptionInfo) -> SubscriptionJson {
         dropped,
         overflow: overflow.as_str(),
         peer,
+        owner,
         created_at: rfc3339(created_at),
     }
 }
@@ -433,8 +457,9 @@ pub(crate) fn channel_json(c: ChannelStats) -> ChannelJson {
 
 // --- durable consumers ---
 
-/// A consumer definition from the wire; zero values take the defaults.
-pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig) -> ConsumerConfig {
+/// A consumer definition from the wire, created by `owner`; zero values take the
+/// defaults.
+pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig, owner: &str) -> ConsumerConfig {
     let pb::ConsumerConfig {
         name,
         channels,
@@ -459,12 +484,21 @@ pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig) -> ConsumerConfig {
         },
         max_in_flight: if max_in_flight == 0 { defaults.max_in_flight } else { max_in_flight },
         dead_letter_channel: (!dead_letter_channel.is_empty()).then_some(dead_letter_channel),
+        owner: owner.to_owned(),
     }
 }
 
 fn consumer_config(c: &ConsumerConfig) -> pb::ConsumerConfig {
-    let ConsumerConfig { name, channels, ack_deadline_ms, max_attempts, backoff, max_in_flight, dead_letter_channel } =
-        c;
+    let ConsumerConfig {
+        name,
+        channels,
+        ack_deadline_ms,
+        max_attempts,
+        backoff,
+        max_in_flight,
+        dead_letter_channel,
+        owner: _,
+    } = c;
     let Backoff { initial_ms, multiplier, max_ms } = *backoff;
     pb::ConsumerConfig {
         name: name.clone(),
@@ -487,6 +521,7 @@ pub(crate) fn consumer_info(i: &ConsumerInfo) -> pb::ConsumerInfo {
         acked: *acked,
         dead_lettered: *dead_lettered,
         redelivered: *redelivered,
+        owner: config.owner.clone(),
     }
 }
 
@@ -509,6 +544,7 @@ pub(crate) struct ConsumerJson {
     backoff: BackoffJson,
     max_in_flight: u32,
     dead_letter_channel: Option<String>,
+    owner: String,
     pending: u64,
     in_flight: u64,
     clients: u32,
@@ -519,8 +555,16 @@ pub(crate) struct ConsumerJson {
 
 pub(crate) fn consumer_info_json(i: &ConsumerInfo) -> ConsumerJson {
     let ConsumerInfo { config, pending, in_flight, clients, acked, dead_lettered, redelivered } = i;
-    let ConsumerConfig { name, channels, ack_deadline_ms, max_attempts, backoff, max_in_flight, dead_letter_channel } =
-        config;
+    let ConsumerConfig {
+        name,
+        channels,
+        ack_deadline_ms,
+        max_attempts,
+        backoff,
+        max_in_flight,
+        dead_letter_channel,
+        owner,
+    } = config;
     let Backoff { initial_ms, multiplier, max_ms } = *backoff;
     ConsumerJson {
         name: name.clone(),
@@ -530,6 +574,7 @@ pub(crate) fn consumer_info_json(i: &ConsumerInfo) -> ConsumerJson {
         backoff: BackoffJson { initial_ms, multiplier, max_ms },
         max_in_flight: *max_in_flight,
         dead_letter_channel: dead_letter_channel.clone(),
+        owner: owner.clone(),
         pending: *pending,
         in_flight: *in_flight,
         clients: *clients,
@@ -687,7 +732,7 @@ mod tests {
     #[test]
     fn both_protocols_take_their_codes_from_one_table() {
         let too_large = EdgeError::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
-        let cases: [(EdgeError, Code, StatusCode); 8] = [
+        let cases: [(EdgeError, Code, StatusCode); 11] = [
             (Error::NoChannels.into(), Code::InvalidArgument, StatusCode::BAD_REQUEST),
             (
                 Error::PayloadTooLarge { size: 2, limit: 1 }.into(),
@@ -700,6 +745,17 @@ mod tests {
             (DurableError::AlreadyExists("c".into()).into(), Code::AlreadyExists, StatusCode::CONFLICT),
             (EdgeError::DurableDisabled, Code::FailedPrecondition, StatusCode::CONFLICT),
             (EdgeError::BadRequest("config is required".into()), Code::InvalidArgument, StatusCode::BAD_REQUEST),
+            (EdgeError::Unauthenticated("missing".into()), Code::Unauthenticated, StatusCode::UNAUTHORIZED),
+            (
+                EdgeError::PermissionDenied { principal: "p".into(), operation: "publish", what: "channel a".into() },
+                Code::PermissionDenied,
+                StatusCode::FORBIDDEN,
+            ),
+            (
+                EdgeError::OverLimit { principal: "p".into(), limit: "max_subscriptions" },
+                Code::ResourceExhausted,
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
         ];
         for (err, code, http) in cases {
             assert_eq!(err.codes(), (code, http), "{err}");

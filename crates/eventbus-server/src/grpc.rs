@@ -1,4 +1,6 @@
-//! The `EventBus` and `Admin` gRPC services: thin adapters over [`Bus`].
+//! The `EventBus` and `Admin` gRPC services: thin adapters over [`Bus`]. Every call
+//! passes [`Authenticate`] first; each method checks the right it needs (README
+//! "Security", the rights table).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -8,8 +10,10 @@ use eventbus_proto::pb::{self, subscribe_response::Kind};
 use futures::{Stream, StreamExt, stream};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::access::{Access, Caller, Operation, StreamUse};
 use crate::consume;
 use crate::convert::{self, EdgeError, status};
+use crate::listener::PeerInfo;
 use crate::metrics::Metrics;
 use crate::request_limit::PayloadLimit;
 
@@ -20,21 +24,41 @@ type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 
 /// Where a request came from, for `Event.source` and `SubscriptionInfo.peer`.
 fn peer<T>(req: &Request<T>) -> String {
-    req.remote_addr().map(|a| a.to_string()).unwrap_or_default()
+    req.extensions().get::<PeerInfo>().map(|p| p.addr.to_string()).unwrap_or_default()
+}
+
+/// Who sent the request, as [`Authenticate`] found.
+fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
+    req.extensions().get::<Caller>().cloned().ok_or_else(|| Status::unauthenticated("no credentials were checked"))
+}
+
+/// Authenticates every call of the services it wraps, once, before the method runs;
+/// the [`Caller`] rides in the request's extensions.
+#[derive(Debug, Clone)]
+pub(crate) struct Authenticate(pub(crate) Access);
+
+impl tonic::service::Interceptor for Authenticate {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        let authorization = req.metadata().get("authorization").map(|v| v.as_bytes());
+        let caller = self.0.authenticate(authorization, req.extensions().get::<PeerInfo>())?;
+        req.extensions_mut().insert(caller);
+        Ok(req)
+    }
 }
 
 /// Implements `eventbus.v1.EventBus`.
 #[derive(Debug, Clone)]
 pub(crate) struct EventBusService {
     bus: Bus,
+    access: Access,
     metrics: Option<Arc<Metrics>>,
     /// Turns the decode-limit status of an oversized `PublishStream` request into ours.
     limit: PayloadLimit,
 }
 
 impl EventBusService {
-    pub(crate) fn new(bus: Bus, metrics: Option<Arc<Metrics>>, limit: PayloadLimit) -> Self {
-        Self { bus, metrics, limit }
+    pub(crate) fn new(bus: Bus, access: Access, metrics: Option<Arc<Metrics>>, limit: PayloadLimit) -> Self {
+        Self { bus, access, metrics, limit }
     }
 }
 
@@ -61,7 +85,10 @@ fn respond(metrics: Option<&Metrics>, published: Published) -> pb::PublishRespon
 impl pb::event_bus_server::EventBus for EventBusService {
     async fn publish(&self, req: Request<pb::PublishRequest>) -> Result<Response<pb::PublishResponse>, Status> {
         let peer = peer(&req);
-        let response = publish_one(&self.bus, self.metrics.as_deref(), req.into_inner(), peer).await?;
+        let caller = caller(&req)?;
+        let req = req.into_inner();
+        self.access.check_publish(&caller, [req.channel.as_str()])?;
+        let response = publish_one(&self.bus, self.metrics.as_deref(), req, peer).await?;
         Ok(Response::new(response))
     }
 
@@ -72,18 +99,25 @@ impl pb::event_bus_server::EventBus for EventBusService {
         req: Request<Streaming<pb::PublishRequest>>,
     ) -> Result<Response<Self::PublishStreamStream>, Status> {
         let peer = peer(&req);
-        let state = Some((req.into_inner().ready_chunks(PUBLISH_CHUNK), self.clone(), peer));
+        let caller = caller(&req)?;
+        let state = Some((req.into_inner().ready_chunks(PUBLISH_CHUNK), self.clone(), (peer, caller)));
         // The requests that arrived together are published together, in order (one
         // durable capture round trip for all of them), and answered in that order. An
         // error ends the stream.
         let responses = stream::unfold(state, |state| async move {
-            let (mut inbound, svc, peer) = state?;
+            let (mut inbound, svc, (peer, caller)) = state?;
             let chunk = inbound.next().await?;
             let mut inputs = Vec::with_capacity(chunk.len());
             let mut broken = None;
             for req in chunk {
                 match req {
-                    Ok(req) => inputs.push(convert::publish_input(req, peer.clone())),
+                    Ok(req) => {
+                        if let Err(refused) = svc.access.check_publish(&caller, [req.channel.as_str()]) {
+                            broken = Some(refused.into());
+                            break;
+                        }
+                        inputs.push(convert::publish_input(req, peer.clone()));
+                    }
                     Err(status) => {
                         broken = Some(svc.limit.translate(status));
                         break;
@@ -99,7 +133,7 @@ impl pb::event_bus_server::EventBus for EventBusService {
                 answers.push(Err(status));
             }
             let ended = answers.last().is_some_and(Result::is_err);
-            Some((stream::iter(answers), (!ended).then_some((inbound, svc, peer))))
+            Some((stream::iter(answers), (!ended).then_some((inbound, svc, (peer, caller)))))
         })
         .flatten();
         Ok(Response::new(Box::pin(responses)))
@@ -111,14 +145,18 @@ impl pb::event_bus_server::EventBus for EventBusService {
         &self,
         req: Request<Streaming<pb::ConsumeRequest>>,
     ) -> Result<Response<Self::ConsumeStream>, Status> {
-        Ok(Response::new(consume::consume(&self.bus, req.into_inner()).await?))
+        let caller = caller(&req)?;
+        Ok(Response::new(consume::consume(&self.bus, &self.access, caller, req.into_inner()).await?))
     }
 
     type SubscribeStream = RpcStream<pb::SubscribeResponse>;
 
     async fn subscribe(&self, req: Request<pb::SubscribeRequest>) -> Result<Response<Self::SubscribeStream>, Status> {
         let peer = peer(&req);
-        let options = convert::subscribe_options(req.into_inner(), peer)?;
+        let caller = caller(&req)?;
+        let options = convert::subscribe_options(req.into_inner(), peer, caller.name().to_owned())?;
+        self.access.check_subscribe(&caller, &options.channels)?;
+        let guard = self.access.open_stream(&caller, StreamUse::Subscribe(options.channels.clone()))?;
         let handle = self.bus.subscribe(options).await.map_err(status)?;
         let started = pb::SubscribeResponse {
             kind: Some(Kind::Started(pb::SubscriptionStarted { subscription_id: handle.id().to_owned() })),
@@ -126,7 +164,7 @@ impl pb::event_bus_server::EventBus for EventBusService {
         tracing::debug!(subscription = handle.id(), "subscription started");
         let batches =
             stream::unfold(Some(Streamer { handle, buf: Vec::new(), metrics: self.metrics.clone() }), next_batch);
-        Ok(Response::new(Box::pin(stream::once(async { Ok(started) }).chain(batches))))
+        Ok(Response::new(Box::pin(guard.guard(stream::once(async { Ok(started) }).chain(batches)))))
     }
 }
 
@@ -161,32 +199,45 @@ async fn next_batch(state: Option<Streamer>) -> Option<(Result<pb::SubscribeResp
 #[derive(Debug, Clone)]
 pub(crate) struct AdminService {
     bus: Bus,
+    access: Access,
 }
 
 impl AdminService {
-    pub(crate) fn new(bus: Bus) -> Self {
-        Self { bus }
+    pub(crate) fn new(bus: Bus, access: Access) -> Self {
+        Self { bus, access }
+    }
+
+    /// The caller, when it is an admin.
+    fn admin<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+        let caller = caller(req)?;
+        self.access.require(&caller, Operation::Admin, caller.principal().permissions.is_admin(), || {
+            "an admin call".into()
+        })?;
+        Ok(caller)
     }
 }
 
 #[tonic::async_trait]
 impl pb::admin_server::Admin for AdminService {
-    async fn get_stats(&self, _: Request<pb::GetStatsRequest>) -> Result<Response<pb::GetStatsResponse>, Status> {
+    async fn get_stats(&self, req: Request<pb::GetStatsRequest>) -> Result<Response<pb::GetStatsResponse>, Status> {
+        self.admin(&req)?;
         Ok(Response::new(convert::stats(self.bus.stats())))
     }
 
     async fn list_channels(
         &self,
-        _: Request<pb::ListChannelsRequest>,
+        req: Request<pb::ListChannelsRequest>,
     ) -> Result<Response<pb::ListChannelsResponse>, Status> {
+        self.admin(&req)?;
         let channels = self.bus.channels().into_iter().map(convert::channel).collect();
         Ok(Response::new(pb::ListChannelsResponse { channels }))
     }
 
     async fn list_subscriptions(
         &self,
-        _: Request<pb::ListSubscriptionsRequest>,
+        req: Request<pb::ListSubscriptionsRequest>,
     ) -> Result<Response<pb::ListSubscriptionsResponse>, Status> {
+        self.admin(&req)?;
         let subscriptions = self.bus.subscriptions().into_iter().map(convert::subscription).collect();
         Ok(Response::new(pb::ListSubscriptionsResponse { subscriptions }))
     }
@@ -195,7 +246,10 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: Request<pb::UnsubscribeRequest>,
     ) -> Result<Response<pb::UnsubscribeResponse>, Status> {
-        self.bus.unsubscribe(&req.into_inner().subscription_id).map_err(status)?;
+        let caller = caller(&req)?;
+        let id = req.into_inner().subscription_id;
+        self.access.check_unsubscribe(&self.bus, &caller, &id)?;
+        self.bus.unsubscribe(&id).map_err(status)?;
         Ok(Response::new(pb::UnsubscribeResponse {}))
     }
 
@@ -203,24 +257,35 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: Request<pb::CreateConsumerRequest>,
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        let caller = caller(&req)?;
         let config = req.into_inner().config.ok_or_else(|| EdgeError::BadRequest("config is required".into()))?;
+        let config = convert::consumer_config_from_pb(config, caller.name());
+        self.access.check_create_consumer(&caller, &config)?;
         let durable = convert::durable(&self.bus)?;
-        let info = durable.create_consumer(convert::consumer_config_from_pb(config)).await.map_err(status)?;
+        let info = durable.create_consumer(config).await.map_err(status)?;
         Ok(Response::new(convert::consumer_info(&info)))
     }
 
     async fn get_consumer(&self, req: Request<pb::GetConsumerRequest>) -> Result<Response<pb::ConsumerInfo>, Status> {
+        let caller = caller(&req)?;
+        let name = req.into_inner().name;
+        self.access.check_read_consumer(&caller, &name)?;
         let durable = convert::durable(&self.bus)?;
-        let info = durable.get_consumer(&req.into_inner().name).await.map_err(status)?;
+        let info = durable.get_consumer(&name).await.map_err(status)?;
         Ok(Response::new(convert::consumer_info(&info)))
     }
 
     async fn list_consumers(
         &self,
-        _: Request<pb::ListConsumersRequest>,
+        req: Request<pb::ListConsumersRequest>,
     ) -> Result<Response<pb::ListConsumersResponse>, Status> {
+        let caller = caller(&req)?;
         let consumers = convert::durable(&self.bus)?.list_consumers().await.map_err(status)?;
-        let consumers = consumers.iter().map(convert::consumer_info).collect();
+        let consumers = consumers
+            .iter()
+            .filter(|c| self.access.may_read_consumer(&caller, &c.config.name))
+            .map(convert::consumer_info)
+            .collect();
         Ok(Response::new(pb::ListConsumersResponse { consumers }))
     }
 
@@ -228,8 +293,11 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: Request<pb::DeleteConsumerRequest>,
     ) -> Result<Response<pb::DeleteConsumerResponse>, Status> {
+        let caller = caller(&req)?;
+        let name = req.into_inner().name;
+        self.access.check_manage_consumer(&caller, &name)?;
         let durable = convert::durable(&self.bus)?;
-        durable.delete_consumer(&req.into_inner().name).await.map_err(status)?;
+        durable.delete_consumer(&name).await.map_err(status)?;
         Ok(Response::new(pb::DeleteConsumerResponse {}))
     }
 
@@ -237,7 +305,9 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: Request<pb::ListEventLogRequest>,
     ) -> Result<Response<pb::ListEventLogResponse>, Status> {
+        let caller = caller(&req)?;
         let req = req.into_inner();
+        self.access.check_read_consumer(&caller, &req.consumer)?;
         let status_filter = convert::log_status_filter(req.status)?;
         let limit = convert::log_limit(req.limit as usize);
         let page = convert::durable(&self.bus)?

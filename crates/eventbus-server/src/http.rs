@@ -1,5 +1,7 @@
 //! The HTTP listener (README "Operations"): `/metrics`, `/healthz`, `/readyz` and the admin REST
-//! routes. Publishing goes through the same [`Bus::publish`] validation as gRPC; bodies
+//! routes. With authentication on, every admin route (and the probes with
+//! `auth.protect_metrics`) passes [`authenticate`] first, the same check gRPC calls
+//! pass, and each handler checks the right it needs (README "Security"). Publishing goes through the same [`Bus::publish`] validation as gRPC; bodies
 //! are rendered, and refusals given their HTTP code, by `convert`, the same edge gRPC
 //! uses.
 
@@ -7,7 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::rejection::{BytesRejection, FailedToBufferBody};
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Extension, Path, State};
+use axum::middleware::{self, Next};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -19,7 +22,9 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;
 
+use crate::access::{Access, Caller, Operation};
 use crate::config::ConsumerSetting;
+use crate::listener::PeerInfo;
 use crate::convert::{self, EdgeError};
 use crate::metrics::Metrics;
 use crate::request_limit::PayloadLimit;
@@ -76,16 +81,22 @@ pub(crate) struct HttpState {
     pub(crate) metrics: Option<Arc<Metrics>>,
     pub(crate) readiness: Readiness,
     pub(crate) limit: PayloadLimit,
+    pub(crate) access: Access,
 }
 
 pub(crate) fn router(state: HttpState) -> Router {
     // Bodies are read up to this size at most; a publish over it is refused naming
     // `max_payload_bytes` (see `publish`).
     let body_limit = DefaultBodyLimit::max(state.limit.http_body_limit());
-    Router::new()
+    let probes = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .route("/readyz", get(readyz));
+    let probes = match state.access.protect_metrics() {
+        true => probes.route_layer(middleware::from_fn_with_state(state.access.clone(), authenticate)),
+        false => probes,
+    };
+    let admin = Router::new()
         .route("/admin/eventbus/stats", get(stats))
         .route("/admin/eventbus/channels", get(channels))
         .route("/admin/eventbus/subscriptions", get(subscriptions))
@@ -94,6 +105,9 @@ pub(crate) fn router(state: HttpState) -> Router {
         .route("/admin/eventbus/consumers", get(list_consumers).post(create_consumer))
         .route("/admin/eventbus/consumers/{name}", get(get_consumer).delete(delete_consumer))
         .route("/admin/eventbus/consumers/{name}/log", get(consumer_log))
+        .route_layer(middleware::from_fn_with_state(state.access.clone(), authenticate));
+    probes
+        .merge(admin)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
@@ -136,8 +150,32 @@ impl From<DurableError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(json!({ "error": self.message }))).into_response()
+        let mut response = (self.status, Json(json!({ "error": self.message }))).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        response
     }
+}
+
+/// Authenticates a request the way gRPC calls are ([`Access::authenticate`]); the
+/// [`Caller`] rides in its extensions for the handler.
+async fn authenticate(State(access): State<Access>, mut req: axum::extract::Request, next: Next) -> Response {
+    let authorization = req.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    let peer = req.extensions().get::<ConnectInfo<PeerInfo>>().map(|c| &c.0);
+    match access.authenticate(authorization, peer) {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(refused) => ApiError::from(refused).into_response(),
+    }
+}
+
+/// The caller, when it is an admin.
+fn admin(state: &HttpState, caller: &Caller) -> Result<(), ApiError> {
+    let allowed = caller.principal().permissions.is_admin();
+    Ok(state.access.require(caller, Operation::Admin, allowed, || "an admin call".into())?)
 }
 
 async fn metrics(State(state): State<HttpState>) -> Result<Response, ApiError> {
@@ -179,21 +217,38 @@ async fn readyz(State(state): State<HttpState>) -> Response {
     }
 }
 
-async fn stats(State(state): State<HttpState>) -> Json<convert::StatsJson> {
-    Json(convert::stats_json(state.bus.stats()))
+async fn stats(
+    State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<convert::StatsJson>, ApiError> {
+    admin(&state, &caller)?;
+    Ok(Json(convert::stats_json(state.bus.stats())))
 }
 
-async fn channels(State(state): State<HttpState>) -> Json<serde_json::Value> {
+async fn channels(
+    State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    admin(&state, &caller)?;
     let channels: Vec<_> = state.bus.channels().into_iter().map(convert::channel_json).collect();
-    Json(json!({ "channels": channels }))
+    Ok(Json(json!({ "channels": channels })))
 }
 
-async fn subscriptions(State(state): State<HttpState>) -> Json<serde_json::Value> {
+async fn subscriptions(
+    State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    admin(&state, &caller)?;
     let subscriptions: Vec<_> = state.bus.subscriptions().into_iter().map(convert::subscription_json).collect();
-    Json(json!({ "subscriptions": subscriptions }))
+    Ok(Json(json!({ "subscriptions": subscriptions })))
 }
 
-async fn unsubscribe(State(state): State<HttpState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+async fn unsubscribe(
+    State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.access.check_unsubscribe(&state.bus, &caller, &id)?;
     state.bus.unsubscribe(&id)?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -215,10 +270,12 @@ fn body(state: &HttpState, body: Result<Bytes, BytesRejection>) -> Result<Bytes,
 /// parse failure is a 400 naming it.
 async fn publish(
     State(state): State<HttpState>,
-    peer: axum::extract::ConnectInfo<std::net::SocketAddr>,
+    Extension(caller): Extension<Caller>,
+    peer: ConnectInfo<PeerInfo>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<convert::PublishedJson>, ApiError> {
-    let input = convert::publish_input_json(&body(&state, raw)?, peer.0.to_string())?;
+    let input = convert::publish_input_json(&body(&state, raw)?, peer.0.addr.to_string())?;
+    state.access.check_publish(&caller, [input.channel.as_str()])?;
     let published = state.bus.publish(input).await?;
     if let Some(metrics) = &state.metrics {
         metrics.observe_publish(published.duration);
@@ -228,32 +285,49 @@ async fn publish(
 
 // --- durable consumers ---
 
-async fn list_consumers(State(state): State<HttpState>) -> Result<Json<serde_json::Value>, ApiError> {
+async fn list_consumers(
+    State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<serde_json::Value>, ApiError> {
     let consumers = convert::durable(&state.bus)?.list_consumers().await?;
-    let consumers: Vec<_> = consumers.iter().map(convert::consumer_info_json).collect();
+    let consumers: Vec<_> = consumers
+        .iter()
+        .filter(|c| state.access.may_read_consumer(&caller, &c.config.name))
+        .map(convert::consumer_info_json)
+        .collect();
     Ok(Json(json!({ "consumers": consumers })))
 }
 
 /// Body: a consumer definition; omitted fields take the defaults (as in the config file).
 async fn create_consumer(
     State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let setting: ConsumerSetting = serde_json::from_slice(&body(&state, raw)?)
         .map_err(|e| EdgeError::BadRequest(format!("invalid JSON body: {e}")))?;
-    let info = convert::durable(&state.bus)?.create_consumer(setting.to_config()).await?;
+    let config = eventbus_core::durable::ConsumerConfig { owner: caller.name().to_owned(), ..setting.to_config() };
+    state.access.check_create_consumer(&caller, &config)?;
+    let info = convert::durable(&state.bus)?.create_consumer(config).await?;
     Ok((StatusCode::CREATED, Json(convert::consumer_info_json(&info))).into_response())
 }
 
 async fn get_consumer(
     State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<Json<convert::ConsumerJson>, ApiError> {
+    state.access.check_read_consumer(&caller, &name)?;
     let info = convert::durable(&state.bus)?.get_consumer(&name).await?;
     Ok(Json(convert::consumer_info_json(&info)))
 }
 
-async fn delete_consumer(State(state): State<HttpState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+async fn delete_consumer(
+    State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.access.check_manage_consumer(&caller, &name)?;
     convert::durable(&state.bus)?.delete_consumer(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -268,9 +342,11 @@ struct LogQuery {
 
 async fn consumer_log(
     State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
     query: Result<axum::extract::Query<LogQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<convert::LogPageJson>, ApiError> {
+    state.access.check_read_consumer(&caller, &name)?;
     let axum::extract::Query(q) = query.map_err(|e| EdgeError::BadRequest(e.body_text()))?;
     let status = convert::log_status_filter_json(q.status.as_deref())?;
     let limit = convert::log_limit(q.limit.unwrap_or(0));

@@ -3,7 +3,12 @@
 //! The Socle EventBus daemon around [`eventbus_core::Bus`]:
 //!
 //! - [`config`]: layered settings (defaults, file, environment, flags) and validation.
-//! - [`server`]: listener binding, serving and the shutdown drain.
+//! - [`server`]: listener binding, serving, reload (SIGHUP) and the shutdown drain.
+//! - `listener`: accepting connections: TLS handshakes off the accept loop, accept
+//!   errors backed off, the peer's address and certificate names ([`PeerInfo`]).
+//! - `tls`: certificates and the client CA, swapped on reload.
+//! - `access`: authentication and rights at the edge, for gRPC and HTTP alike; open
+//!   streams re-checked on reload (README "Security").
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz` and the admin REST routes.
 //! - [`metrics`]: Prometheus registry; reads the bus's own counters at scrape time.
 //! - `grpc`: the `EventBus` and `Admin` services, thin adapters over the bus.
@@ -22,9 +27,14 @@ pub mod shutdown;
 pub mod telemetry;
 
 pub mod consume;
+mod access;
 mod convert;
 mod grpc;
+mod listener;
 mod request_limit;
+mod tls;
 
 pub use config::Settings;
-pub use server::{Server, ServerError};
+pub use listener::PeerInfo;
+pub use server::{Reloader, Server, ServerError};
+pub use tls::{TlsError, TlsSettings};

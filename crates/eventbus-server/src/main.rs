@@ -91,6 +91,13 @@ fn main() -> ExitCode {
 async fn serve(settings: Settings) -> anyhow::Result<()> {
     let server = Server::bind(settings).await?;
     let token = CancellationToken::new();
+    let reloader = server.reloader();
+    let stop_reloading = token.clone();
+    tokio::spawn(async move {
+        if let Err(err) = shutdown::reload_on_signal(reloader, stop_reloading).await {
+            tracing::error!("cannot listen for SIGHUP ({err}); reload needs a restart");
+        }
+    });
     let signals = token.clone();
     tokio::spawn(async move {
         if let Err(err) = shutdown::on_signal(signals.clone()).await {

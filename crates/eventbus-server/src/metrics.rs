@@ -68,6 +68,15 @@ impl Metrics {
         Ok(Self { registry, publish_duration, delivery_latency, ack_latency })
     }
 
+    /// Serves the edge counters too.
+    pub(crate) fn register_edge(&self, edge: &EdgeCounters) -> Result<(), prometheus::Error> {
+        self.registry.register(Box::new(edge.accept_errors.clone()))?;
+        self.registry.register(Box::new(edge.handshake_failures.clone()))?;
+        self.registry.register(Box::new(edge.auth_failures.clone()))?;
+        self.registry.register(Box::new(edge.permission_denied.clone()))?;
+        Ok(())
+    }
+
     pub(crate) fn observe_publish(&self, took: Duration) {
         self.publish_duration.observe(took.as_secs_f64());
     }
@@ -90,6 +99,46 @@ impl Metrics {
         let mut out = Vec::with_capacity(16 * 1024);
         TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
         String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+    }
+}
+
+/// Counters of the network edge: listeners, TLS and access control (README "Security").
+/// They exist whether or not metrics are served, so the code that counts never checks.
+#[derive(Debug, Clone)]
+pub(crate) struct EdgeCounters {
+    /// Failed `accept` calls, per listener (`grpc`, `http`).
+    pub(crate) accept_errors: IntCounterVec,
+    /// TLS handshakes that failed or timed out, per listener.
+    pub(crate) handshake_failures: IntCounterVec,
+    /// Requests refused for their credentials, per reason.
+    pub(crate) auth_failures: IntCounterVec,
+    /// Requests refused for want of a right, per operation.
+    pub(crate) permission_denied: IntCounterVec,
+}
+
+impl EdgeCounters {
+    pub(crate) fn new(prefix: &str) -> Result<Self, prometheus::Error> {
+        let counter = |name: &str, help: &str, label: &str| {
+            IntCounterVec::new(Opts::new(format!("{prefix}_{name}"), help), &[label])
+        };
+        Ok(Self {
+            accept_errors: counter("accept_errors_total", "Failed accepts of new connections, per listener.", "listener")?,
+            handshake_failures: counter(
+                "tls_handshake_failures_total",
+                "TLS handshakes that failed or timed out, per listener.",
+                "listener",
+            )?,
+            auth_failures: counter(
+                "auth_failures_total",
+                "Requests refused as unauthenticated, per reason.",
+                "reason",
+            )?,
+            permission_denied: counter(
+                "permission_denied_total",
+                "Requests refused for want of a permission, per operation.",
+                "operation",
+            )?,
+        })
     }
 }
 

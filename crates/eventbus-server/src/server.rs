@@ -9,20 +9,23 @@ use eventbus_core::{Bus, Supervisor, TransportStatus};
 use eventbus_durable::{Durable, Fsync, RedbStore};
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
 use eventbus_redis::{RedisDurable, RedisDurableSettings, RedisTransport};
-use futures::StreamExt;
+use eventbus_auth::{AuthError, Authenticator};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 use tonic::server::NamedService;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
+use crate::access::Access;
 use crate::config::{FsyncSetting, Mode, Settings};
 use crate::convert;
-use crate::grpc::{AdminService, EventBusService};
+use crate::grpc::{AdminService, Authenticate, EventBusService};
 use crate::http::{self, HttpState, Readiness};
-use crate::metrics::Metrics;
+use crate::listener::{HttpIncoming, Incoming, PeerInfo};
+use crate::metrics::{EdgeCounters, Metrics};
+use crate::tls::{Protocols, Tls, TlsError};
 use crate::request_limit::{PayloadLimit, PublishLimit};
 
 /// After the drain, how long open connections get to close before the server stops
@@ -53,6 +56,10 @@ pub enum ServerError {
     Redis(#[source] eventbus_redis::RedisError),
     #[error("HTTP server failed: {0}")]
     Http(#[source] std::io::Error),
+    #[error("cannot set up TLS")]
+    Tls(#[from] TlsError),
+    #[error("cannot set up authentication")]
+    Auth(#[from] AuthError),
 }
 
 /// A broker with its listeners bound, ready to [`run`](Server::run).
@@ -65,6 +72,9 @@ pub struct Server {
     transport_stop: CancellationToken,
     /// Every background task; one that stops turns readiness and health off.
     supervisor: Supervisor,
+    tls: Option<Arc<Tls>>,
+    access: Access,
+    counters: EdgeCounters,
     grpc: TcpListener,
     grpc_addr: SocketAddr,
     http: TcpListener,
@@ -84,6 +94,25 @@ impl Server {
     pub async fn bind(settings: Settings) -> Result<Self, ServerError> {
         let (grpc, grpc_addr) = listen("gRPC", settings.server.grpc_addr).await?;
         let (http, http_addr) = listen("HTTP", settings.server.http_addr).await?;
+        let tls = Tls::load(&settings.server.tls)?;
+        let auth = match settings.auth.enabled {
+            true => Authenticator::load(&settings.auth)?,
+            false => Authenticator::disabled(),
+        };
+        let counters = EdgeCounters::new(&settings.eventbus.metrics.prefix)?;
+        let access = Access::new(auth, counters.clone());
+        if !settings.auth.enabled {
+            for (what, addr) in [("gRPC", grpc_addr), ("HTTP", http_addr)] {
+                if !addr.ip().is_loopback() {
+                    warn!(
+                        listener = what,
+                        %addr,
+                        "authentication is off (auth.enabled: false) on a listener other hosts can reach: \
+                         anyone who reaches it can publish, subscribe and administer (README \"Security\")"
+                    );
+                }
+            }
+        }
         let transport_stop = CancellationToken::new();
         let supervisor = Supervisor::new();
         let bus = match settings.eventbus.mode {
@@ -99,14 +128,36 @@ impl Server {
             }
         };
         let metrics = match settings.eventbus.metrics.enabled {
-            true => Some(Arc::new(Metrics::new(&settings.eventbus.metrics.prefix, bus.clone())?)),
+            true => {
+                let metrics = Metrics::new(&settings.eventbus.metrics.prefix, bus.clone())?;
+                metrics.register_edge(&counters)?;
+                Some(Arc::new(metrics))
+            }
             false => None,
         };
         match settings.eventbus.mode {
             Mode::InMemory => start_durable(&settings, &bus, metrics.clone(), &supervisor).await?,
             Mode::Redis => start_redis_durable(&settings, &bus, metrics.clone(), transport_stop.clone(), &supervisor)?,
         }
-        Ok(Self { settings, bus, metrics, transport_stop, supervisor, grpc, grpc_addr, http, http_addr })
+        Ok(Self {
+            settings,
+            bus,
+            metrics,
+            transport_stop,
+            supervisor,
+            tls,
+            access,
+            counters,
+            grpc,
+            grpc_addr,
+            http,
+            http_addr,
+        })
+    }
+
+    /// What SIGHUP does: re-read the TLS files, the principals file and the JWT keys.
+    pub fn reloader(&self) -> Reloader {
+        Reloader { tls: self.tls.clone(), access: self.access.clone() }
     }
 
     /// The bound gRPC address.
@@ -134,7 +185,20 @@ impl Server {
     /// `shutdown_timeout_ms`, remaining streams end with UNAVAILABLE, and the
     /// listeners close.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ServerError> {
-        let Self { settings, bus, metrics, transport_stop, supervisor, grpc, grpc_addr, http, http_addr } = self;
+        let Self {
+            settings,
+            bus,
+            metrics,
+            transport_stop,
+            supervisor,
+            tls,
+            access,
+            counters,
+            grpc,
+            grpc_addr,
+            http,
+            http_addr,
+        } = self;
         // Stops the transport whichever way this function returns.
         let _transport_guard = transport_stop.drop_guard();
         let readiness = Readiness::new(bus.transport_status(), &supervisor);
@@ -153,19 +217,22 @@ impl Server {
         // A decode limit bounds what one message can make us buffer; a publish over it
         // is answered like any oversized payload (request_limit).
         let limit = PayloadLimit::new(settings.eventbus.max_payload_bytes);
-        let event_bus = EventBusServer::new(EventBusService::new(bus.clone(), metrics.clone(), limit))
+        // Every service but health (probes carry no credentials) authenticates each call.
+        let authenticate = Authenticate(access.clone());
+        let event_bus = EventBusServer::new(EventBusService::new(bus.clone(), access.clone(), metrics.clone(), limit))
             .max_decoding_message_size(limit.grpc_message_limit());
-        let event_bus = PublishLimit::new(event_bus, limit);
-        let admin = AdminServer::new(AdminService::new(bus.clone()));
-
-        // Small stream messages must not wait for more: latency over coalescing.
-        let incoming = TcpListenerStream::new(grpc).map(|conn| {
-            let conn = conn?;
-            conn.set_nodelay(true)?;
-            Ok::<_, std::io::Error>(conn)
-        });
+        let event_bus = InterceptedService::new(PublishLimit::new(event_bus, limit), authenticate.clone());
+        let admin = InterceptedService::new(AdminServer::new(AdminService::new(bus.clone(), access.clone())), authenticate.clone());
+        let reflection_v1 = InterceptedService::new(reflection_v1, authenticate.clone());
+        let reflection_v1alpha = InterceptedService::new(reflection_v1alpha, authenticate);
 
         let stopped = CancellationToken::new();
+        let grpc_tls = tls.clone().map(|tls| (tls, Protocols::Grpc));
+        let incoming = Incoming::start("grpc", grpc, grpc_tls, counters.clone(), stopped.clone())
+            .map_err(ServerError::Http)?
+            .into_stream();
+        let http_tls = tls.map(|tls| (tls, Protocols::Http));
+        let http = Incoming::start("http", http, http_tls, counters, stopped.clone()).map_err(ServerError::Http)?;
         // gRPC health follows readiness (a stopped background task, a Redis outage,
         // then shutdown).
         tokio::spawn(follow_readiness(
@@ -185,8 +252,8 @@ impl Server {
             .add_service(admin)
             .serve_with_incoming_shutdown(incoming, drain);
 
-        let app = http::router(HttpState { bus: bus.clone(), metrics, readiness, limit });
-        let http_server = axum::serve(http, app.into_make_service_with_connect_info::<SocketAddr>())
+        let app = http::router(HttpState { bus: bus.clone(), metrics, readiness, limit, access });
+        let http_server = axum::serve(HttpIncoming(http), app.into_make_service_with_connect_info::<PeerInfo>())
             .with_graceful_shutdown(stopped.clone().cancelled_owned());
 
         info!(%grpc_addr, %http_addr, mode = bus.mode(), instance_id = bus.instance_id(), "eventbusd started");
@@ -210,6 +277,41 @@ impl Server {
         }
         info!("eventbusd stopped");
         Ok(())
+    }
+}
+
+/// Re-reads the TLS files, the principals file and the JWT keys (SIGHUP). A part that
+/// fails keeps its previous configuration and logs one line; open streams whose
+/// principal lost the right they use are ended with `PERMISSION_DENIED`.
+#[derive(Debug, Clone)]
+pub struct Reloader {
+    tls: Option<Arc<Tls>>,
+    access: Access,
+}
+
+impl Reloader {
+    /// Returns whether every part reloaded.
+    pub fn reload(&self) -> bool {
+        let mut ok = true;
+        if let Some(tls) = &self.tls {
+            match tls.reload() {
+                Ok(()) => info!("TLS certificate reloaded"),
+                Err(err) => {
+                    ok = false;
+                    warn!(error = %eventbus_core::error_chain(&err), "TLS reload failed; keeping the previous certificate");
+                }
+            }
+        }
+        if self.access.enabled() {
+            match self.access.reload() {
+                Ok(ended) => info!(streams_ended = ended, "principals and JWT keys reloaded"),
+                Err(err) => {
+                    ok = false;
+                    warn!(error = %eventbus_core::error_chain(&err), "auth reload failed; keeping the previous principals and keys");
+                }
+            }
+        }
+        ok
     }
 }
 

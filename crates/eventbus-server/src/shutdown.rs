@@ -1,4 +1,4 @@
-//! Turning SIGINT/SIGTERM into the one shutdown signal.
+//! Turning SIGINT/SIGTERM into the one shutdown signal, and SIGHUP into a reload.
 
 use tokio_util::sync::CancellationToken;
 
@@ -14,4 +14,18 @@ pub async fn on_signal(token: CancellationToken) -> std::io::Result<()> {
     tracing::info!(signal = name, "shutdown requested");
     token.cancel();
     Ok(())
+}
+
+/// Reloads on every SIGHUP (TLS files, principals, JWT keys) until `stop` is cancelled.
+pub async fn reload_on_signal(reloader: crate::Reloader, stop: CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            received = hup.recv() => if received.is_none() { return Ok(()) },
+        }
+        tracing::info!(signal = "SIGHUP", "reload requested");
+        reloader.reload();
+    }
 }

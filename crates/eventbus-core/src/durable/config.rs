@@ -44,6 +44,10 @@ pub struct ConsumerConfig {
     pub max_in_flight: u32,
     /// Where dead letters go; `None` = `dlq.` + the event's channel.
     pub dead_letter_channel: Option<String>,
+    /// Principal that created it (README "Security"); "" with authentication off and
+    /// for consumers declared in the configuration. Stored with the definition.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
 }
 
 impl ConsumerConfig {
@@ -57,6 +61,7 @@ impl ConsumerConfig {
             backoff: Backoff::default(),
             max_in_flight: 1_000,
             dead_letter_channel: None,
+            owner: String::new(),
         }
     }
 

@@ -26,6 +26,8 @@ pub struct TestServer {
     pub task: JoinHandle<Result<(), ServerError>>,
     /// The server's background-task supervisor (a test can make a task stop).
     pub supervisor: eventbus_core::Supervisor,
+    /// What SIGHUP does, for tests that reload without a signal.
+    pub reloader: eventbus_server::Reloader,
 }
 
 pub fn test_settings() -> Settings {
@@ -47,9 +49,10 @@ pub async fn start_with(tweak: impl FnOnce(&mut Settings)) -> TestServer {
     let addr = server.grpc_addr();
     let http = server.http_addr();
     let supervisor = server.supervisor().clone();
+    let reloader = server.reloader();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(server.run(shutdown.clone()));
-    TestServer { addr, http, shutdown, task, supervisor }
+    TestServer { addr, http, shutdown, task, supervisor, reloader }
 }
 
 impl TestServer {
