@@ -56,7 +56,10 @@ pub struct ConsumerInfo {
 /// The calls resolve once the request is queued (not committed): a client sending
 /// faster than the engine absorbs is slowed down, never buffered without bound.
 pub trait ConsumerClient: Send + Sync + fmt::Debug {
-    /// Completes events (also late acks; unknown ids are ignored: already done).
+    /// Completes events (also late acks; unknown ids are ignored: already done). An
+    /// event this client does not hold and that is not waiting for its redelivery is
+    /// completed by the embedded engine, ignored by the Redis one (README "Mode
+    /// differences").
     fn ack(&self, event_ids: Vec<String>) -> BoxFuture<'_, ()>;
     /// Fails one in-flight event now; redelivered after `delay` or the backoff.
     fn nack(&self, event_id: String, reason: String, delay: Option<Duration>) -> BoxFuture<'_, ()>;
@@ -74,6 +77,8 @@ pub trait ConsumerClient: Send + Sync + fmt::Debug {
 /// A client attached to a consumer.
 #[derive(Debug)]
 pub struct Attachment {
+    /// The consumer as the client joins (whether its first events already count in
+    /// flight differs by engine: README "Mode differences").
     pub info: ConsumerInfo,
     /// Delivery batches, pushed as events become available; ends when the client is
     /// detached (consumer deleted, shutdown, store lost).

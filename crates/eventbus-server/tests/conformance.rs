@@ -1,0 +1,753 @@
+//! One conformance suite for both durable engines (README "Durable consumers
+//! (at-least-once)"), written against the [`DurableBackend`] trait alone: every check
+//! runs on the embedded engine (in-memory redb store) as `embedded_<check>` and on the
+//! Redis Streams engine (a private `redis-server` per test) as `redis_<check>`.
+//!
+//! Where the engines may answer differently by design, the check accepts both and names
+//! the README section "Mode differences" that explains why. Timing is only ever a lower
+//! bound ("not before the delay"); every wait is on observable state, bounded by
+//! [`DEADLINE`].
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use common::redis_server::RedisProc;
+use common::{DEADLINE, within};
+use eventbus_core::Event;
+use eventbus_core::durable::*;
+use eventbus_durable::{Durable, Fsync, RedbStore};
+use eventbus_redis::{RedisDurable, RedisDurableSettings};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Timers in both engines work in whole milliseconds (Redis due times are epoch
+/// milliseconds): a redelivery may come this much before the exact delay.
+const GRANULARITY: Duration = Duration::from_millis(5);
+
+/// A dead letter as the sink received it: (channel, payload, content type).
+type Letter = (String, String, String);
+
+/// A fresh engine and what it needs to run.
+struct Harness {
+    engine: Box<dyn DurableBackend>,
+    /// What the engine published through its [`DeadLetterSink`].
+    letters: mpsc::Receiver<Letter>,
+    /// Stops the Redis engine's background tasks; keeps its `redis-server` alive.
+    _redis: Option<(RedisProc, tokio_util::sync::DropGuard)>,
+}
+
+/// Engine settings shared by both modes: a readable dead-letter encoding
+/// ("consumer|attempts|reason;reason"), and a dead-letter sink that records.
+fn options() -> (DurableOptions, DeadLetterSink, mpsc::Receiver<Letter>) {
+    let options = DurableOptions {
+        dedup_window: Duration::from_secs(120),
+        dead_letter_encoder: Arc::new(|dl: &PublishedDeadLetter| {
+            let reasons: Vec<&str> = dl.failures.iter().map(|f| f.reason.as_str()).collect();
+            (Bytes::from(format!("{}|{}|{}", dl.consumer, dl.attempts, reasons.join(";"))), "text/plain".into())
+        }),
+        on_ack: None,
+        supervisor: eventbus_core::Supervisor::new(),
+    };
+    let (tx, rx) = mpsc::channel(64);
+    let sink: DeadLetterSink = Arc::new(move |channel, payload: Bytes, content_type| {
+        let tx = tx.clone();
+        Box::pin(async move {
+            let payload = String::from_utf8_lossy(&payload).into_owned();
+            let _ = tx.send((channel, payload, content_type)).await;
+            Ok(())
+        })
+    });
+    (options, sink, rx)
+}
+
+const RETENTION: Retention = Retention { max_entries: 1_000, max_age_ms: 86_400_000 };
+
+impl Harness {
+    /// The embedded engine on an in-memory redb store.
+    fn embedded() -> Self {
+        let store = RedbStore::open(Path::new(""), Fsync::Always, RETENTION).expect("in-memory store");
+        let (options, sink, letters) = options();
+        let engine = Durable::start(Arc::new(store), options).expect("embedded engine");
+        engine.set_dead_letter_sink(sink);
+        Self { engine: Box::new(engine), letters, _redis: None }
+    }
+
+    /// The Redis engine on a private redis-server; None when there is none to start
+    /// (see `common::redis_server`).
+    async fn redis() -> Option<Self> {
+        let redis = RedisProc::start().await?;
+        let client = redis::Client::open(redis.url()).expect("redis url");
+        let settings = RedisDurableSettings {
+            prefix: "conformance".into(),
+            instance_id: "conformance-1".into(),
+            retention: RETENTION,
+        };
+        let (options, sink, letters) = options();
+        let stop = CancellationToken::new();
+        let engine = RedisDurable::start(client, settings, options, stop.clone()).expect("redis engine");
+        engine.set_dead_letter_sink(sink);
+        Some(Self { engine: Box::new(engine), letters, _redis: Some((redis, stop.drop_guard())) })
+    }
+
+    async fn create(&self, config: ConsumerConfig) -> ConsumerInfo {
+        within(self.engine.create_consumer(config)).await.expect("create consumer")
+    }
+
+    /// Captures one event on `channel` with the given keys.
+    async fn publish_keyed(
+        &self,
+        channel: &str,
+        payload: &str,
+        ordering: Option<&str>,
+        idempotency: Option<&str>,
+    ) -> (Arc<Event>, Captured) {
+        let event = new_event(channel, payload);
+        let captured = within(self.engine.capture(&event, ordering, idempotency)).await.expect("capture");
+        (event, captured)
+    }
+
+    async fn publish(&self, channel: &str, payload: &str) -> Arc<Event> {
+        self.publish_keyed(channel, payload, None, None).await.0
+    }
+
+    async fn info(&self, name: &str) -> ConsumerInfo {
+        within(self.engine.get_consumer(name)).await.expect("get consumer")
+    }
+
+    /// Polls the consumer's state until `ok` holds.
+    async fn wait_info(&self, name: &str, what: &str, ok: impl Fn(&ConsumerInfo) -> bool) -> ConsumerInfo {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let info = self.info(name).await;
+            if ok(&info) {
+                return info;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}: {info:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Acks `d`, the consumer's first event to complete, through `client`; returns the
+    /// consumer's state once the ack counts, and the event's log entry, which must
+    /// say completed after as many attempts as `d` was.
+    async fn complete_first(&self, name: &str, client: &dyn ConsumerClient, d: &Delivery) -> (ConsumerInfo, LogEntry) {
+        client.ack(vec![d.event.id.clone()]).await;
+        let info = self.wait_info(name, "the ack", |i| i.acked == 1).await;
+        let log = self.log(name, None).await;
+        assert_eq!(logged(&log), std::slice::from_ref(&d.event.id));
+        let entry = log.into_iter().next().expect("one entry");
+        assert_eq!((entry.status, entry.attempts), (LogStatus::Completed, d.attempt), "{entry:?}");
+        (info, entry)
+    }
+
+    async fn attach(&self, name: &str) -> Attachment {
+        within(self.engine.attach(name, ClientOptions::default(), None)).await.expect("attach")
+    }
+
+    /// The next dead letter the engine published.
+    async fn letter(&mut self) -> Letter {
+        within(self.letters.recv()).await.expect("dead-letter sink open")
+    }
+
+    /// Every log entry, in one page.
+    async fn log(&self, name: &str, status: Option<LogStatus>) -> Vec<LogEntry> {
+        let page = within(self.engine.log(name, status, 1_000, "")).await.expect("log");
+        assert!(page.next_page_token.is_empty(), "one page holds the whole log");
+        page.entries
+    }
+}
+
+/// A fresh event, as the bus would hand it over.
+fn new_event(channel: &str, payload: &str) -> Arc<Event> {
+    Arc::new(Event::from_parts(
+        eventbus_core::event::new_id(),
+        channel.into(),
+        SystemTime::now(),
+        "conformance".into(),
+        Bytes::from(payload.to_owned()),
+        HashMap::from([("k".to_owned(), "v".to_owned())]),
+        "text/plain".into(),
+    ))
+}
+
+/// A consumer on `channels` with short, test-sized timings.
+fn consumer(name: &str, channels: &[&str]) -> ConsumerConfig {
+    ConsumerConfig {
+        ack_deadline_ms: 30_000,
+        backoff: Backoff { initial_ms: 200, multiplier: 2.0, max_ms: 1_000 },
+        ..ConsumerConfig::new(name, channels.iter().map(|c| c.to_string()).collect())
+    }
+}
+
+/// How many consumers stored a capture. The Redis engine also fans the event out in
+/// the same script and says so (README "Mode differences": `Forwarded`).
+fn stored(captured: &Captured) -> usize {
+    match captured {
+        Captured::Stored(n) => *n,
+        Captured::Forwarded { consumers, .. } => *consumers,
+        Captured::Duplicate(id) => panic!("not a duplicate of {id}"),
+    }
+}
+
+/// Exactly `n` deliveries, across batches.
+async fn take(rx: &mut mpsc::Receiver<Vec<Delivery>>, n: usize) -> Vec<Delivery> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let batch = within(rx.recv()).await.expect("deliveries stream open");
+        assert!(!batch.is_empty(), "batches are never empty");
+        out.extend(batch);
+    }
+    assert_eq!(out.len(), n, "more deliveries than expected: {out:?}");
+    out
+}
+
+/// The one next delivery.
+async fn one(rx: &mut mpsc::Receiver<Vec<Delivery>>) -> Delivery {
+    take(rx, 1).await.remove(0)
+}
+
+fn payload(d: &Delivery) -> String {
+    String::from_utf8(d.event.payload.to_vec()).unwrap()
+}
+
+fn ids(d: &[Delivery]) -> Vec<String> {
+    d.iter().map(|d| d.event.id.clone()).collect()
+}
+
+/// The event ids of log entries.
+fn logged(entries: &[LogEntry]) -> Vec<String> {
+    entries.iter().map(|e| e.event_id.clone()).collect()
+}
+
+fn reasons(entry: &LogEntry) -> Vec<&str> {
+    entry.failures.iter().map(|f| f.reason.as_str()).collect()
+}
+
+/// Asserts nothing is waiting in the deliveries stream right now.
+fn assert_nothing_delivered(rx: &mut mpsc::Receiver<Vec<Delivery>>, why: &str) {
+    match rx.try_recv() {
+        Err(mpsc::error::TryRecvError::Empty) => {}
+        other => panic!("{why}: got {other:?}"),
+    }
+}
+
+/// Waits for the deliveries stream to end, with nothing more delivered.
+async fn assert_ends(rx: &mut mpsc::Receiver<Vec<Delivery>>, when: &str) {
+    if let Some(batch) = within(rx.recv()).await {
+        panic!("a delivery {when}: {batch:?}");
+    }
+}
+
+// ---- the checks ----
+
+async fn create(h: &mut Harness) {
+    let config = ConsumerConfig { max_attempts: 3, ..consumer("billing", &["orders.>"]) };
+    let info = h.create(config.clone()).await;
+    assert_eq!(info.config, config, "the definition is kept as given");
+    assert_eq!((info.pending, info.in_flight, info.clients), (0, 0, 0));
+    assert_eq!((info.acked, info.dead_lettered, info.redelivered), (0, 0, 0));
+    // Identical again: idempotent, same answer.
+    assert_eq!(h.create(config.clone()).await, info);
+    // Different: refused, and the first definition stays.
+    let other = ConsumerConfig { max_attempts: 9, ..config.clone() };
+    let refused = within(h.engine.create_consumer(other)).await;
+    assert!(matches!(refused, Err(DurableError::AlreadyExists(ref n)) if n == "billing"), "{refused:?}");
+    assert_eq!(h.info("billing").await.config, config);
+    // Invalid: refused before anything is stored.
+    let bad = ConsumerConfig { ack_deadline_ms: 0, ..consumer("bad", &["x"]) };
+    let refused = within(h.engine.create_consumer(bad)).await;
+    assert!(matches!(refused, Err(DurableError::InvalidConfig(_))), "{refused:?}");
+    // Unknown names.
+    let missing = within(h.engine.get_consumer("nope")).await;
+    assert!(matches!(missing, Err(DurableError::UnknownConsumer(ref n)) if n == "nope"), "{missing:?}");
+    let missing = within(h.engine.attach("nope", ClientOptions::default(), None)).await;
+    assert!(matches!(missing, Err(DurableError::UnknownConsumer(_))), "{missing:?}");
+    // create_if_missing on attach; an empty name takes the attached one.
+    let made = within(h.engine.attach("audit", ClientOptions::default(), Some(consumer("", &["users.*"]))))
+        .await
+        .expect("attach with create_if_missing");
+    assert_eq!(made.info.config.name, "audit");
+    assert_eq!(made.info.clients, 1, "the attaching client counts");
+    let mismatch = within(h.engine.attach("x", ClientOptions::default(), Some(consumer("y", &["a"])))).await;
+    assert!(matches!(mismatch, Err(DurableError::InvalidConfig(ConfigError::NameMismatch { .. }))), "{mismatch:?}");
+    let listed = within(h.engine.list_consumers()).await.expect("list");
+    let names: Vec<&str> = listed.iter().map(|i| i.config.name.as_str()).collect();
+    assert_eq!(names, ["audit", "billing"], "sorted by name, the refused ones absent");
+}
+
+async fn capture(h: &mut Harness) {
+    h.create(consumer("all-orders", &["orders.>"])).await;
+    h.create(consumer("created", &["orders.created"])).await;
+    h.create(consumer("users", &["users.*"])).await;
+    assert_eq!(stored(&h.publish_keyed("orders.created", "1", None, None).await.1), 2);
+    assert_eq!(stored(&h.publish_keyed("orders.paid", "2", None, None).await.1), 1);
+    assert_eq!(stored(&h.publish_keyed("billing.run", "3", None, None).await.1), 0);
+    // A batch is answered in order, one answer per event.
+    let events: Vec<Arc<Event>> = ["orders.x.y", "users.new"].iter().map(|c| new_event(c, "batch")).collect();
+    let batch: Vec<CaptureRequest<'_>> =
+        events.iter().map(|event| CaptureRequest { event, ordering_key: None, idempotency_key: None }).collect();
+    let answers = within(h.engine.capture_many(&batch)).await;
+    let counts: Vec<usize> = answers.iter().map(|a| stored(a.as_ref().expect("captured"))).collect();
+    assert_eq!(counts, [1, 1]);
+    assert_eq!(h.info("all-orders").await.pending, 3);
+    assert_eq!(h.info("created").await.pending, 1);
+    assert_eq!(h.info("users").await.pending, 1);
+}
+
+async fn deliver(h: &mut Harness) {
+    h.create(consumer("inbox", &["orders.>"])).await;
+    let sent = h.publish("orders.created", "hello").await;
+    let before = SystemTime::now();
+    let mut a = h.attach("inbox").await;
+    let d = one(&mut a.deliveries).await;
+    assert_eq!(d.attempt, 1, "attempts are 1-based");
+    let e = &d.event;
+    assert_eq!((&e.id, &e.channel, &e.payload), (&sent.id, &sent.channel, &sent.payload));
+    assert_eq!((&e.metadata, &e.content_type, &e.source), (&sent.metadata, &sent.content_type, &sent.source));
+    assert!(d.deadline > before, "the deadline lies ahead");
+    assert!(d.deadline <= SystemTime::now() + Duration::from_millis(30_000) + GRANULARITY, "deadline = ack deadline");
+    // The attach answer counts the event once, pending or already in flight: the
+    // engines take it at different moments (README "Mode differences").
+    let i = &a.info;
+    assert_eq!((i.config.name.as_str(), i.clients, i.pending + i.in_flight), ("inbox", 1, 1), "{i:?}");
+    let info = h.wait_info("inbox", "the delivery to be in flight", |i| i.in_flight == 1).await;
+    assert_eq!((info.pending, info.clients), (0, 1));
+    // Published while attached: pushed too.
+    h.publish("orders.paid", "second").await;
+    assert_eq!(payload(&one(&mut a.deliveries).await), "second");
+}
+
+async fn ack(h: &mut Harness) {
+    h.create(ConsumerConfig { ack_deadline_ms: 300, ..consumer("inbox", &["jobs"]) }).await;
+    let mut a = h.attach("inbox").await;
+    h.publish("jobs", "first").await;
+    let first = one(&mut a.deliveries).await;
+    a.client.ack(vec![first.event.id.clone()]).await;
+    a.client.ack(vec![first.event.id.clone()]).await; // a second ack is a no-op
+    a.client.ack(vec!["not-an-event".into()]).await; // unknown ids are ignored
+    // Failing a finished event does nothing (a zero delay would bring it straight back).
+    a.client.nack(first.event.id.clone(), "too late".into(), Some(Duration::ZERO)).await;
+    let info = h.wait_info("inbox", "the ack", |i| i.acked == 1).await;
+    assert_eq!((info.pending, info.in_flight, info.redelivered), (0, 0, 0), "nothing left to redeliver");
+    // Well past the first one's ack deadline, the only delivery is the next event.
+    h.publish("jobs", "second").await;
+    let second = one(&mut a.deliveries).await;
+    assert_eq!((payload(&second), second.attempt), ("second".into(), 1));
+    a.client.ack(vec![second.event.id.clone()]).await;
+    h.wait_info("inbox", "the second ack", |i| i.acked == 2).await;
+    assert_nothing_delivered(&mut a.deliveries, "an acked event is never redelivered");
+    let log = h.log("inbox", None).await;
+    assert_eq!(logged(&log), [first.event.id.clone(), second.event.id.clone()]);
+    for entry in &log {
+        assert_eq!((entry.status, entry.attempts, entry.channel.as_str()), (LogStatus::Completed, 1, "jobs"));
+        assert!(entry.failures.is_empty());
+        assert!(entry.first_delivered_ms.is_some_and(|ms| ms <= entry.finished_ms), "{entry:?}");
+    }
+}
+
+async fn nack_with_delay(h: &mut Harness) {
+    // A backoff far beyond DEADLINE: only the nack's own delay can bring it back in time.
+    let backoff = Backoff { initial_ms: 60_000, multiplier: 2.0, max_ms: 60_000 };
+    h.create(ConsumerConfig { backoff, ..consumer("inbox", &["jobs"]) }).await;
+    let mut a = h.attach("inbox").await;
+    h.publish("jobs", "x").await;
+    let first = one(&mut a.deliveries).await;
+    let delay = Duration::from_millis(300);
+    let nacked = Instant::now();
+    a.client.nack(first.event.id.clone(), "try later".into(), Some(delay)).await;
+    let again = one(&mut a.deliveries).await;
+    assert!(nacked.elapsed() + GRANULARITY >= delay, "redelivered after {:?}, before the delay", nacked.elapsed());
+    assert_eq!((&again.event.id, again.attempt), (&first.event.id, 2));
+    let (info, entry) = h.complete_first("inbox", &*a.client, &again).await;
+    assert_eq!((info.redelivered, reasons(&entry)), (1, vec!["try later"]));
+}
+
+async fn deadline_expiry(h: &mut Harness) {
+    h.create(ConsumerConfig { ack_deadline_ms: 300, ..consumer("inbox", &["jobs"]) }).await;
+    let mut a = h.attach("inbox").await;
+    h.publish("jobs", "slow").await;
+    let first = one(&mut a.deliveries).await;
+    let delivered = Instant::now();
+    // Not acked: the deadline passes, then the backoff (200 ms), then it is back.
+    let again = one(&mut a.deliveries).await;
+    assert!(delivered.elapsed() + GRANULARITY >= Duration::from_millis(300), "back before its deadline");
+    assert_eq!((&again.event.id, again.attempt), (&first.event.id, 2));
+    let (info, entry) = h.complete_first("inbox", &*a.client, &again).await;
+    assert_eq!((info.redelivered, reasons(&entry)), (1, vec![REASON_DEADLINE]));
+}
+
+async fn backoff(h: &mut Harness) {
+    // 200 ms, then 400 ms: a second wait at least 400 ms shows the multiplier applies.
+    h.create(consumer("inbox", &["jobs"])).await;
+    let mut a = h.attach("inbox").await;
+    h.publish("jobs", "x").await;
+    let mut d = one(&mut a.deliveries).await;
+    for (attempt, wait_ms) in [(1, 200), (2, 400)] {
+        assert_eq!(d.attempt, attempt);
+        let nacked = Instant::now();
+        a.client.nack(d.event.id.clone(), format!("boom {attempt}"), None).await;
+        d = one(&mut a.deliveries).await;
+        let waited = nacked.elapsed();
+        assert!(waited + GRANULARITY >= Duration::from_millis(wait_ms), "attempt {attempt}: back after {waited:?}");
+    }
+    assert_eq!(d.attempt, 3);
+    let (info, entry) = h.complete_first("inbox", &*a.client, &d).await;
+    assert_eq!((info.redelivered, reasons(&entry)), (2, vec!["boom 1", "boom 2"]));
+}
+
+async fn max_attempts_dead_letter(h: &mut Harness) {
+    h.create(ConsumerConfig { max_attempts: 2, ..consumer("inbox", &["jobs.>"]) }).await;
+    let mut a = h.attach("inbox").await;
+    let sent = h.publish("jobs.run", "x").await;
+    for attempt in 1..=2 {
+        let d = one(&mut a.deliveries).await;
+        assert_eq!((&d.event.id, d.attempt), (&sent.id, attempt));
+        a.client.nack(d.event.id.clone(), format!("boom {attempt}"), None).await;
+    }
+    let letter = h.letter().await;
+    assert_eq!(letter, ("dlq.jobs.run".into(), "inbox|2|boom 1;boom 2".into(), "text/plain".into()));
+    let info = h.wait_info("inbox", "the dead letter to be counted", |i| i.dead_lettered == 1).await;
+    assert_eq!((info.pending, info.in_flight, info.acked, info.redelivered), (0, 0, 0, 1));
+    let log = h.log("inbox", Some(LogStatus::DeadLettered)).await;
+    assert_eq!(log.len(), 1);
+    assert_eq!((&log[0].event_id, log[0].attempts), (&sent.id, 2));
+    assert_eq!(reasons(&log[0]), ["boom 1", "boom 2"]);
+    assert!(h.log("inbox", Some(LogStatus::Completed)).await.is_empty());
+    assert_nothing_delivered(&mut a.deliveries, "a dead letter is not redelivered");
+}
+
+async fn term(h: &mut Harness) {
+    // A backoff beyond DEADLINE: a term that merely failed the attempt would never
+    // produce a letter in time.
+    let backoff = Backoff { initial_ms: 60_000, multiplier: 2.0, max_ms: 60_000 };
+    let config =
+        ConsumerConfig { backoff, dead_letter_channel: Some("dead.jobs".into()), ..consumer("inbox", &["jobs"]) };
+    h.create(config).await;
+    let mut a = h.attach("inbox").await;
+    h.publish("jobs", "one").await;
+    h.publish("jobs", "two").await;
+    let got = take(&mut a.deliveries, 2).await;
+    a.client.term(got[0].event.id.clone(), "bad input".into()).await;
+    assert_eq!(h.letter().await, ("dead.jobs".into(), "inbox|1|bad input".into(), "text/plain".into()));
+    a.client.term(got[1].event.id.clone(), String::new()).await;
+    assert_eq!(h.letter().await, ("dead.jobs".into(), format!("inbox|1|{REASON_TERM}"), "text/plain".into()));
+    let info = h.wait_info("inbox", "both dead letters counted", |i| i.dead_lettered == 2).await;
+    assert_eq!((info.pending, info.in_flight, info.redelivered), (0, 0, 0));
+    let log = h.log("inbox", None).await;
+    assert!(log.iter().all(|e| e.status == LogStatus::DeadLettered && e.attempts == 1), "{log:?}");
+}
+
+async fn ordering_keys(h: &mut Harness) {
+    h.create(consumer("inbox", &["orders"])).await;
+    let a1 = h.publish_keyed("orders", "a1", Some("a"), None).await.0;
+    let a2 = h.publish_keyed("orders", "a2", Some("a"), None).await.0;
+    let a3 = h.publish_keyed("orders", "a3", Some("a"), None).await.0;
+    let b1 = h.publish_keyed("orders", "b1", Some("b"), None).await.0;
+    let mut a = h.attach("inbox").await;
+    // The first of each key; "b" is not held up by "a".
+    let mut first = take(&mut a.deliveries, 2).await;
+    first.sort_by_key(payload);
+    assert_eq!(ids(&first), [a1.id.clone(), b1.id.clone()]);
+    // Acking b1 frees nothing of "a": a2 still waits behind a1.
+    a.client.ack(vec![b1.id.clone()]).await;
+    let info = h.wait_info("inbox", "the ack of b1", |i| i.acked == 1).await;
+    assert_eq!((info.in_flight, info.pending), (1, 2), "a2 and a3 wait behind their key");
+    assert_nothing_delivered(&mut a.deliveries, "a2 before a1 is finished");
+    // A nack does not let a2 overtake a1 either.
+    a.client.nack(a1.id.clone(), "again".into(), None).await;
+    let again = one(&mut a.deliveries).await;
+    assert_eq!((&again.event.id, again.attempt), (&a1.id, 2), "a1 again before a2");
+    a.client.ack(vec![a1.id.clone()]).await;
+    let next = one(&mut a.deliveries).await;
+    assert_eq!((&next.event.id, next.attempt), (&a2.id, 1));
+    // A dead letter frees its key too.
+    a.client.term(a2.id.clone(), "bad".into()).await;
+    let last = one(&mut a.deliveries).await;
+    assert_eq!((&last.event.id, last.attempt), (&a3.id, 1));
+}
+
+async fn idempotency(h: &mut Harness) {
+    h.create(consumer("inbox", &["orders"])).await;
+    let (original, captured) = h.publish_keyed("orders", "first", None, Some("order-1")).await;
+    assert_eq!(stored(&captured), 1);
+    let (_, again) = h.publish_keyed("orders", "second", None, Some("order-1")).await;
+    assert_eq!(again, Captured::Duplicate(original.id.clone()));
+    // Keys are global, not per channel, and remembered with no consumer matching.
+    let (_, elsewhere) = h.publish_keyed("users", "third", None, Some("order-1")).await;
+    assert_eq!(elsewhere, Captured::Duplicate(original.id.clone()));
+    let (unmatched, captured) = h.publish_keyed("users", "fourth", None, Some("user-1")).await;
+    assert_eq!(stored(&captured), 0);
+    let (_, again) = h.publish_keyed("users", "fifth", None, Some("user-1")).await;
+    assert_eq!(again, Captured::Duplicate(unmatched.id.clone()));
+    // Within one batch too.
+    let events: Vec<Arc<Event>> = (0..2).map(|_| new_event("orders", "batch")).collect();
+    let batch: Vec<CaptureRequest<'_>> = events
+        .iter()
+        .map(|event| CaptureRequest { event, ordering_key: None, idempotency_key: Some("order-2") })
+        .collect();
+    let answers: Vec<Captured> =
+        within(h.engine.capture_many(&batch)).await.into_iter().map(|a| a.expect("captured")).collect();
+    assert_eq!(stored(&answers[0]), 1);
+    assert_eq!(answers[1], Captured::Duplicate(events[0].id.clone()));
+    assert_eq!(h.info("inbox").await.pending, 2, "one stored per key");
+    let mut a = h.attach("inbox").await;
+    let got = take(&mut a.deliveries, 2).await;
+    assert_eq!(ids(&got), [original.id.clone(), events[0].id.clone()]);
+}
+
+async fn log_paging(h: &mut Harness) {
+    h.create(ConsumerConfig { max_attempts: 1, ..consumer("inbox", &["jobs"]) }).await;
+    let mut a = h.attach("inbox").await;
+    // Finished one at a time, so the log's order is known: every third dead-lettered.
+    let mut finished = Vec::new();
+    for i in 0..7u64 {
+        let sent = h.publish("jobs", &format!("{i}")).await;
+        let d = one(&mut a.deliveries).await;
+        assert_eq!(d.event.id, sent.id);
+        if i % 3 == 2 {
+            a.client.term(sent.id.clone(), "no".into()).await;
+            h.letter().await;
+        } else {
+            a.client.ack(vec![sent.id.clone()]).await;
+        }
+        let done = i + 1;
+        h.wait_info("inbox", "the event to finish", |info| info.acked + info.dead_lettered == done).await;
+        finished.push(sent.id.clone());
+    }
+    let mut walked = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = within(h.engine.log("inbox", None, 3, &token)).await.expect("log page");
+        assert!(page.entries.len() <= 3, "a page holds at most `limit`");
+        walked.extend(page.entries);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(logged(&walked), finished, "every entry once, in order");
+    assert_eq!(walked, h.log("inbox", None).await, "pages add up to the whole log");
+    let dead = h.log("inbox", Some(LogStatus::DeadLettered)).await;
+    assert_eq!(logged(&dead), [finished[2].clone(), finished[5].clone()]);
+    let page = within(h.engine.log("inbox", Some(LogStatus::Completed), 2, "")).await.expect("filtered page");
+    assert_eq!(logged(&page.entries), finished[..2]);
+    let rest =
+        within(h.engine.log("inbox", Some(LogStatus::Completed), 10, &page.next_page_token)).await.expect("rest");
+    let rest: Vec<String> = rest.entries.into_iter().map(|e| e.event_id).collect();
+    assert_eq!(rest, [finished[3].clone(), finished[4].clone(), finished[6].clone()], "the filter holds across pages");
+    let bad = within(h.engine.log("inbox", None, 3, "not a token")).await;
+    assert!(matches!(bad, Err(DurableError::InvalidArgument { field: "page_token", .. })), "{bad:?}");
+    let missing = within(h.engine.log("nope", None, 3, "")).await;
+    assert!(matches!(missing, Err(DurableError::UnknownConsumer(_))), "{missing:?}");
+}
+
+async fn delete_while_attached(h: &mut Harness) {
+    h.create(consumer("inbox", &["jobs"])).await;
+    let mut a = h.attach("inbox").await;
+    h.publish("jobs", "held").await;
+    one(&mut a.deliveries).await;
+    within(h.engine.delete_consumer("inbox")).await.expect("delete");
+    // The attached client's stream ends (normally: nothing went wrong).
+    assert_ends(&mut a.deliveries, "after the delete").await;
+    assert!(a.client.closed_reason().is_none(), "a delete is a normal end");
+    let gone = within(h.engine.get_consumer("inbox")).await;
+    assert!(matches!(gone, Err(DurableError::UnknownConsumer(_))), "{gone:?}");
+    let gone = within(h.engine.attach("inbox", ClientOptions::default(), None)).await;
+    assert!(matches!(gone, Err(DurableError::UnknownConsumer(_))), "{gone:?}");
+    let gone = within(h.engine.delete_consumer("inbox")).await;
+    assert!(matches!(gone, Err(DurableError::UnknownConsumer(_))), "{gone:?}");
+    assert!(within(h.engine.list_consumers()).await.expect("list").is_empty());
+    assert_eq!(stored(&h.publish_keyed("jobs", "after", None, None).await.1), 0, "nothing captures for it");
+    // The name is free again, and starts empty.
+    let fresh = h.create(consumer("inbox", &["jobs"])).await;
+    assert_eq!((fresh.pending, fresh.in_flight, fresh.acked), (0, 0, 0));
+}
+
+async fn disconnect(h: &mut Harness) {
+    h.create(consumer("inbox", &["jobs"])).await;
+    let mut first = h.attach("inbox").await;
+    let sent = h.publish("jobs", "x").await;
+    assert_eq!(one(&mut first.deliveries).await.attempt, 1);
+    let mut second = h.attach("inbox").await;
+    h.wait_info("inbox", "two clients", |i| i.clients == 2).await;
+    drop(first);
+    let d = one(&mut second.deliveries).await;
+    assert_eq!((&d.event.id, d.attempt), (&sent.id, 2), "released to the other client");
+    let (info, entry) = h.complete_first("inbox", &*second.client, &d).await;
+    assert_eq!((info.clients, info.redelivered, reasons(&entry)), (1, 1, vec![REASON_DISCONNECT]));
+}
+
+async fn late_ack(h: &mut Harness) {
+    // An ack while the event waits for its redelivery completes it (README "Durable
+    // consumers (at-least-once)": "also a late ack").
+    h.create(consumer("inbox", &["jobs"])).await;
+    let mut a = h.attach("inbox").await;
+    h.publish("jobs", "x").await;
+    let d = one(&mut a.deliveries).await;
+    a.client.nack(d.event.id.clone(), "later".into(), Some(Duration::from_secs(60))).await;
+    h.wait_info("inbox", "the nack", |i| i.in_flight == 0 && i.pending == 1).await;
+    let (info, entry) = h.complete_first("inbox", &*a.client, &d).await;
+    assert_eq!((info.pending, info.in_flight), (0, 0), "nothing left to redeliver");
+    assert_eq!(reasons(&entry), ["later"]);
+}
+
+async fn extend(h: &mut Harness) {
+    h.create(ConsumerConfig { ack_deadline_ms: 300, ..consumer("inbox", &["jobs"]) }).await;
+    let mut a = h.attach("inbox").await;
+    h.publish("jobs", "x").await;
+    let d = one(&mut a.deliveries).await;
+    // Without the extension it would be back after 300 + 200 ms.
+    let extended = Instant::now();
+    a.client.extend(vec![d.event.id.clone()], Duration::from_millis(700)).await;
+    let again = one(&mut a.deliveries).await;
+    let waited = extended.elapsed();
+    assert!(waited + GRANULARITY >= Duration::from_millis(700 + 200), "back after {waited:?}: extension ignored");
+    assert_eq!((&again.event.id, again.attempt), (&d.event.id, 2));
+    let (_, entry) = h.complete_first("inbox", &*a.client, &again).await;
+    assert_eq!(reasons(&entry), [REASON_DEADLINE]);
+}
+
+async fn competing_clients(h: &mut Harness) {
+    h.create(ConsumerConfig { max_in_flight: 3, ..consumer("inbox", &["jobs"]) }).await;
+    let options = ClientOptions { max_in_flight: 2, max_batch: 1 };
+    let mut a = within(h.engine.attach("inbox", options, None)).await.expect("attach");
+    let mut b = h.attach("inbox").await;
+    for i in 0..10 {
+        h.publish("jobs", &format!("{i}")).await;
+    }
+    // Each holds at most its max_in_flight (the client's 2, the consumer's 3).
+    let (got_a, got_b) = (take(&mut a.deliveries, 2).await, take(&mut b.deliveries, 3).await);
+    // (`take` reads batch by batch: with max_batch 1 it would have failed on a bigger one.)
+    let info = h.wait_info("inbox", "five in flight", |i| i.in_flight == 5).await;
+    assert_eq!((info.pending, info.clients), (5, 2));
+    assert_nothing_delivered(&mut a.deliveries, "a client beyond its max_in_flight");
+    assert_nothing_delivered(&mut b.deliveries, "a client beyond the consumer's max_in_flight");
+    let mut seen: Vec<String> = got_a.iter().chain(&got_b).map(payload).collect();
+    // Acks make room; every event reaches exactly one client once.
+    a.client.ack(ids(&got_a)).await;
+    b.client.ack(ids(&got_b)).await;
+    while seen.len() < 10 {
+        tokio::select! {
+            Some(batch) = a.deliveries.recv() => {
+                assert_eq!(batch.len(), 1, "max_batch");
+                seen.extend(batch.iter().map(payload));
+                a.client.ack(ids(&batch)).await;
+            }
+            Some(batch) = b.deliveries.recv() => {
+                seen.extend(batch.iter().map(payload));
+                b.client.ack(ids(&batch)).await;
+            }
+            () = tokio::time::sleep(DEADLINE) => panic!("only {} of 10 delivered", seen.len()),
+        }
+    }
+    seen.sort_by_key(|p| p.parse::<u32>().unwrap());
+    assert_eq!(seen, (0..10).map(|i| i.to_string()).collect::<Vec<_>>(), "each event once");
+    let info = h.wait_info("inbox", "every ack", |i| i.acked == 10).await;
+    assert_eq!((info.pending, info.in_flight, info.redelivered), (0, 0, 0));
+}
+
+async fn declare(h: &mut Harness) {
+    let config = consumer("inbox", &["jobs"]);
+    within(h.engine.declare_consumer(config.clone())).await.expect("declare");
+    h.publish("jobs", "1").await;
+    h.publish("jobs", "2").await;
+    // Declared again with another definition: replaced, what it holds is kept.
+    let changed = ConsumerConfig { max_attempts: 9, ..config.clone() };
+    within(h.engine.declare_consumer(changed.clone())).await.expect("declare again");
+    let info = h.info("inbox").await;
+    assert_eq!((info.config.clone(), info.pending), (changed.clone(), 2));
+    let refused = within(h.engine.create_consumer(config)).await;
+    assert!(matches!(refused, Err(DurableError::AlreadyExists(_))), "{refused:?}");
+    within(h.engine.flush()).await.expect("flush");
+    // The snapshot (no I/O) agrees with a listing once one was made (README "Mode
+    // differences": the Redis engine refreshes its snapshot when listing).
+    let listed = within(h.engine.list_consumers()).await.expect("list");
+    assert_eq!(listed, [info]);
+    assert_eq!(h.engine.consumers_snapshot(), listed);
+}
+
+async fn detach_all(h: &mut Harness) {
+    h.create(consumer("inbox", &["jobs"])).await;
+    let mut a = h.attach("inbox").await;
+    let sent = h.publish("jobs", "x").await;
+    one(&mut a.deliveries).await;
+    // Shutdown: the client's stream ends and what it held is released.
+    h.engine.detach_all();
+    assert_ends(&mut a.deliveries, "after detach_all").await;
+    let mut b = h.attach("inbox").await;
+    let d = one(&mut b.deliveries).await;
+    assert_eq!((&d.event.id, d.attempt), (&sent.id, 2));
+    let (_, entry) = h.complete_first("inbox", &*b.client, &d).await;
+    assert_eq!(reasons(&entry), [REASON_DISCONNECT]);
+}
+
+async fn ack_by_another_client(h: &mut Harness) {
+    h.create(consumer("inbox", &["jobs"])).await;
+    let options = ClientOptions { max_in_flight: 1, max_batch: 0 };
+    let mut a = within(h.engine.attach("inbox", options, None)).await.expect("attach a");
+    let sent = h.publish("jobs", "x").await;
+    assert_eq!(one(&mut a.deliveries).await.event.id, sent.id);
+    let b = h.attach("inbox").await;
+    // B acks what A holds, then A acks it too. The embedded engine completes it on
+    // B's ack, the Redis engine on A's (README "Mode differences"): either way it
+    // completes exactly once and A's slot is free again.
+    b.client.ack(vec![sent.id.clone()]).await;
+    a.client.ack(vec![sent.id.clone()]).await;
+    let info = h.wait_info("inbox", "the ack", |i| i.acked == 1).await;
+    assert_eq!((info.pending, info.in_flight, info.redelivered), (0, 0, 0));
+    drop(b);
+    h.wait_info("inbox", "B to leave", |i| i.clients == 1).await;
+    let next = h.publish("jobs", "y").await;
+    assert_eq!(one(&mut a.deliveries).await.event.id, next.id, "A has room again");
+    a.client.ack(vec![next.id.clone()]).await;
+    h.wait_info("inbox", "the second ack", |i| i.acked == 2).await;
+    let log = h.log("inbox", None).await;
+    assert_eq!(logged(&log), [sent.id.clone(), next.id.clone()]);
+}
+
+/// `embedded_<check>` and `redis_<check>` for each check.
+macro_rules! conformance {
+    ($($check:ident: $embedded:ident, $redis:ident;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $embedded() {
+            $check(&mut Harness::embedded()).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $redis() {
+            let Some(mut harness) = Harness::redis().await else { return };
+            $check(&mut harness).await;
+        }
+    )*};
+}
+
+conformance! {
+    create: embedded_create, redis_create;
+    capture: embedded_capture, redis_capture;
+    deliver: embedded_deliver, redis_deliver;
+    ack: embedded_ack, redis_ack;
+    nack_with_delay: embedded_nack_with_delay, redis_nack_with_delay;
+    deadline_expiry: embedded_deadline_expiry, redis_deadline_expiry;
+    backoff: embedded_backoff, redis_backoff;
+    max_attempts_dead_letter: embedded_max_attempts_dead_letter, redis_max_attempts_dead_letter;
+    term: embedded_term, redis_term;
+    ordering_keys: embedded_ordering_keys, redis_ordering_keys;
+    idempotency: embedded_idempotency, redis_idempotency;
+    log_paging: embedded_log_paging, redis_log_paging;
+    delete_while_attached: embedded_delete_while_attached, redis_delete_while_attached;
+    disconnect: embedded_disconnect, redis_disconnect;
+    late_ack: embedded_late_ack, redis_late_ack;
+    extend: embedded_extend, redis_extend;
+    competing_clients: embedded_competing_clients, redis_competing_clients;
+    declare: embedded_declare, redis_declare;
+    detach_all: embedded_detach_all, redis_detach_all;
+    ack_by_another_client: embedded_ack_by_another_client, redis_ack_by_another_client;
+}
