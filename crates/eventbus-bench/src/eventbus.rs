@@ -3,14 +3,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::client::{AuthChannel, Connector};
+use crate::target::{PublishMode, Publisher, Subscriber, Target};
 use anyhow::Context;
 use bytes::Bytes;
 use eventbus_proto::pb::{self, event_bus_client::EventBusClient, subscribe_response::Kind};
 use tokio::sync::{Mutex, Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
-
-use crate::target::{PublishMode, Publisher, Subscriber, Target};
 
 /// Publishes in flight on one `PublishStream` before the sender waits.
 const STREAM_WINDOW: usize = 4096;
@@ -20,23 +19,12 @@ const QUEUE_CAPACITY: u32 = 1_000_000;
 /// A running eventbusd.
 #[derive(Debug, Clone)]
 pub struct EventBusTarget {
-    server: String,
+    connector: Connector,
 }
 
 impl EventBusTarget {
-    pub fn new(server: impl Into<String>) -> Self {
-        Self { server: server.into() }
-    }
-
-    async fn connect(&self) -> anyhow::Result<Channel> {
-        Endpoint::from_shared(self.server.clone())
-            .with_context(|| format!("invalid server address {:?}", self.server))?
-            .tcp_nodelay(true)
-            .initial_stream_window_size(8 << 20)
-            .initial_connection_window_size(16 << 20)
-            .connect()
-            .await
-            .with_context(|| format!("cannot connect to {}", self.server))
+    pub fn new(connector: Connector) -> Self {
+        Self { connector }
     }
 }
 
@@ -49,7 +37,7 @@ impl Target for EventBusTarget {
     }
 
     async fn publisher(&self, mode: PublishMode) -> anyhow::Result<EventBusPublisher> {
-        let mut client = EventBusClient::new(self.connect().await?);
+        let mut client = self.connector.event_bus().await?;
         match mode {
             PublishMode::Unary => Ok(EventBusPublisher::Unary(client)),
             PublishMode::Stream => {
@@ -80,7 +68,7 @@ impl Target for EventBusTarget {
     }
 
     async fn subscriber(&self, subject: &str, group: Option<&str>) -> anyhow::Result<EventBusSubscriber> {
-        let mut client = EventBusClient::new(self.connect().await?).max_decoding_message_size(256 << 20);
+        let mut client = self.connector.event_bus().await?;
         let req = pb::SubscribeRequest {
             channels: vec![subject.to_owned()],
             group: group.unwrap_or_default().to_owned(),
@@ -106,7 +94,7 @@ pub struct Acks {
 
 #[derive(Debug)]
 pub enum EventBusPublisher {
-    Unary(EventBusClient<Channel>),
+    Unary(EventBusClient<AuthChannel>),
     Stream { tx: mpsc::Sender<pb::PublishRequest>, sent: u64, acks: Arc<Acks> },
 }
 

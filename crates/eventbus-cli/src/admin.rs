@@ -1,13 +1,14 @@
 //! `eventbus stats | channels | subscriptions | unsubscribe`.
 
+use eventbus_bench::client::Connector;
 use eventbus_proto::pb;
 use serde_json::json;
 
-use crate::connect::{self, status_error};
+use crate::connect::status_error;
 use crate::output::{table, time};
 
-pub(crate) async fn stats(server: &str, json: bool) -> anyhow::Result<()> {
-    let s = connect::admin(server).await?.get_stats(pb::GetStatsRequest {}).await.map_err(status_error)?.into_inner();
+pub(crate) async fn stats(server: &Connector, json: bool) -> anyhow::Result<()> {
+    let s = server.admin().await?.get_stats(pb::GetStatsRequest {}).await.map_err(status_error)?.into_inner();
     let fields: [(&str, String); 9] = [
         ("mode", s.mode.clone()),
         ("instance_id", s.instance_id.clone()),
@@ -40,8 +41,8 @@ pub(crate) async fn stats(server: &str, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(crate) async fn channels(server: &str, json: bool) -> anyhow::Result<()> {
-    let list = connect::admin(server).await?.list_channels(pb::ListChannelsRequest {}).await.map_err(status_error)?;
+pub(crate) async fn channels(server: &Connector, json: bool) -> anyhow::Result<()> {
+    let list = server.admin().await?.list_channels(pb::ListChannelsRequest {}).await.map_err(status_error)?;
     let channels = list.into_inner().channels;
     if json {
         let values: Vec<_> = channels
@@ -84,12 +85,8 @@ fn overflow_name(policy: i32) -> &'static str {
     }
 }
 
-pub(crate) async fn subscriptions(server: &str, json: bool) -> anyhow::Result<()> {
-    let list = connect::admin(server)
-        .await?
-        .list_subscriptions(pb::ListSubscriptionsRequest {})
-        .await
-        .map_err(status_error)?;
+pub(crate) async fn subscriptions(server: &Connector, json: bool) -> anyhow::Result<()> {
+    let list = server.admin().await?.list_subscriptions(pb::ListSubscriptionsRequest {}).await.map_err(status_error)?;
     let subs = list.into_inner().subscriptions;
     if json {
         let values: Vec<_> = subs
@@ -134,9 +131,9 @@ pub(crate) async fn subscriptions(server: &str, json: bool) -> anyhow::Result<()
     Ok(())
 }
 
-pub(crate) async fn unsubscribe(server: &str, json: bool, id: &str) -> anyhow::Result<()> {
+pub(crate) async fn unsubscribe(server: &Connector, json: bool, id: &str) -> anyhow::Result<()> {
     let req = pb::UnsubscribeRequest { subscription_id: id.to_owned() };
-    connect::admin(server).await?.unsubscribe(req).await.map_err(status_error)?;
+    server.admin().await?.unsubscribe(req).await.map_err(status_error)?;
     if json {
         println!("{}", json!({ "unsubscribed": id }));
     } else {

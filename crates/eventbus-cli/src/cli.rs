@@ -7,9 +7,8 @@ use eventbus_proto::pb::OverflowPolicy;
 #[derive(Debug, Parser)]
 #[command(version, about, propagate_version = true)]
 pub(crate) struct Cli {
-    /// Broker gRPC address.
-    #[arg(long, global = true, env = "EVENTBUS_SERVER", default_value = "http://127.0.0.1:50051")]
-    pub(crate) server: String,
+    #[command(flatten)]
+    pub(crate) connect: eventbus_bench::client::ConnectArgs,
     /// Print JSON for scripts instead of text for people.
     #[arg(long, global = true)]
     pub(crate) json: bool,
@@ -48,6 +47,22 @@ pub(crate) enum Command {
     Bench {
         #[command(subcommand)]
         workload: BenchWorkload,
+    },
+    /// Credentials for the broker's principals file (no connection is made).
+    Auth {
+        #[command(subcommand)]
+        command: AuthCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum AuthCommand {
+    /// Print a fresh random token and its principals-file entry (which holds only the
+    /// token's SHA-256).
+    NewToken {
+        /// The principal's name.
+        #[arg(value_parser = crate::auth::parse_name)]
+        name: String,
     },
 }
 
@@ -238,5 +253,27 @@ mod tests {
         let Command::Subscribe(args) = cli.command else { panic!() };
         assert_eq!(args.patterns, ["a.*", "b.>"]);
         assert_eq!((args.group.as_deref(), args.count), (Some("g"), Some(3)));
+    }
+
+    #[test]
+    fn connection_options_are_global() {
+        let cli = Cli::try_parse_from([
+            "eventbus",
+            "stats",
+            "--server",
+            "https://broker:50051",
+            "--token",
+            "t",
+            "--tls-ca",
+            "ca.pem",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+        ])
+        .unwrap();
+        let c = &cli.connect;
+        assert_eq!((c.server.as_str(), c.token.as_deref()), ("https://broker:50051", Some("t")));
+        assert_eq!((c.tls_ca.is_some(), c.tls_cert.is_some(), c.tls_key.is_some()), (true, true, true));
     }
 }

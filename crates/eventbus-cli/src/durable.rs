@@ -3,6 +3,7 @@
 use std::io::Write as _;
 
 use anyhow::Context;
+use eventbus_bench::client::Connector;
 use eventbus_proto::pb::{self, consume_request, consume_response};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -10,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::cli::{AckMode, ConsumeArgs, ConsumerCommand, CreateArgs, LogArgs};
-use crate::connect::{self, status_error};
+use crate::connect::status_error;
 use crate::output::{self, table, time};
 
 fn info_json(i: &pb::ConsumerInfo) -> serde_json::Value {
@@ -39,8 +40,8 @@ fn print_info(json: bool, i: &pb::ConsumerInfo) {
     }
 }
 
-pub(crate) async fn consumer(server: &str, json: bool, cmd: ConsumerCommand) -> anyhow::Result<()> {
-    let mut admin = connect::admin(server).await?;
+pub(crate) async fn consumer(server: &Connector, json: bool, cmd: ConsumerCommand) -> anyhow::Result<()> {
+    let mut admin = server.admin().await?;
     match cmd {
         ConsumerCommand::Create(a) => {
             let info = admin
@@ -122,8 +123,8 @@ pub(crate) fn parse_command(line: &str) -> Result<consume_request::Kind, String>
     }
 }
 
-pub(crate) async fn consume(server: &str, json: bool, a: ConsumeArgs) -> anyhow::Result<()> {
-    let mut client = connect::event_bus(server).await?;
+pub(crate) async fn consume(server: &Connector, json: bool, a: ConsumeArgs) -> anyhow::Result<()> {
+    let mut client = server.event_bus().await?;
     let (tx, rx) = mpsc::channel(1024);
     // With --count, never hold more than will be printed.
     let max_in_flight = match (a.count, a.max_in_flight) {
@@ -206,8 +207,8 @@ pub(crate) async fn consume(server: &str, json: bool, a: ConsumeArgs) -> anyhow:
     }
 }
 
-pub(crate) async fn log(server: &str, json: bool, a: LogArgs) -> anyhow::Result<()> {
-    let mut admin = connect::admin(server).await?;
+pub(crate) async fn log(server: &Connector, json: bool, a: LogArgs) -> anyhow::Result<()> {
+    let mut admin = server.admin().await?;
     let status = match a.status.as_deref() {
         None | Some("all") => pb::EventStatus::Unspecified,
         Some("completed") => pb::EventStatus::Completed,

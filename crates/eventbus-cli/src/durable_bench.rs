@@ -7,19 +7,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use eventbus_bench::PublishMode;
+use eventbus_bench::client::{AuthChannel, Connector};
 use eventbus_bench::durable::{DurableArgs, DurableReport, Histogram, STREAM_WINDOW, latency_histogram};
 use eventbus_proto::pb::{self, consume_request, consume_response, event_bus_client::EventBusClient};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
 
-use crate::connect;
-
-pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(server: &Connector, json: bool, a: &DurableArgs) -> anyhow::Result<()> {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let name = format!("bench-{nanos}");
     let channel = format!("bench.durable.{nanos}");
-    let mut admin = connect::admin(server).await?;
+    let mut admin = server.admin().await?;
     let config = pb::ConsumerConfig {
         name: name.clone(),
         channels: vec![channel.clone()],
@@ -36,7 +34,7 @@ pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Re
     };
     let mut clients = Vec::new();
     for _ in 0..a.publishers.max(1) {
-        clients.push(connect::event_bus(server).await?);
+        clients.push(server.event_bus().await?);
     }
     let start = Instant::now();
     let n = clients.len() as u64;
@@ -55,7 +53,7 @@ pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Re
     }
     let publish_secs = start.elapsed().as_secs_f64();
     // Phase 2: consume everything, acking each batch.
-    let mut client = connect::event_bus(server).await?;
+    let mut client = server.event_bus().await?;
     let (tx, rx) = mpsc::channel(1024);
     let attach = pb::Attach { consumer: name.clone(), max_batch: a.max_batch, ..Default::default() };
     tx.send(pb::ConsumeRequest { kind: Some(consume_request::Kind::Attach(attach)) }).await?;
@@ -107,7 +105,7 @@ pub(crate) async fn run(server: &str, json: bool, a: &DurableArgs) -> anyhow::Re
 
 /// `share` unary publishes, one at a time; latency is each call's.
 async fn publish_unary(
-    mut client: EventBusClient<Channel>,
+    mut client: EventBusClient<AuthChannel>,
     req: pb::PublishRequest,
     share: u64,
 ) -> anyhow::Result<Histogram<u64>> {
@@ -123,7 +121,7 @@ async fn publish_unary(
 /// `share` publishes on one `PublishStream`, up to [`STREAM_WINDOW`] unanswered (the
 /// broker answers a stream in order); latency is from sending to the answer.
 async fn publish_stream(
-    mut client: EventBusClient<Channel>,
+    mut client: EventBusClient<AuthChannel>,
     req: pb::PublishRequest,
     share: u64,
 ) -> anyhow::Result<Histogram<u64>> {

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use eventbus_proto::pb::{self, event_bus_client::EventBusClient, subscribe_response::Kind};
+use eventbus_bench::client::Connector;
+use eventbus_proto::pb::{self, subscribe_response::Kind};
 use serde_json::json;
-use tonic::transport::Endpoint;
 
 /// Streams per connection (HTTP/2 servers commonly cap concurrent streams at 200).
 const STREAMS_PER_CONNECTION: usize = 100;
@@ -52,14 +52,13 @@ fn sample(pid: u32) -> anyhow::Result<Sample> {
     Ok(Sample { cpu_secs, rss_bytes: rss_kb * 1024 })
 }
 
-pub(crate) async fn run(server: &str, json: bool, a: &IdleArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(server: &Connector, json: bool, a: &IdleArgs) -> anyhow::Result<()> {
     let baseline = sample(a.pid)?;
     let mut streams = Vec::with_capacity(a.subscriptions);
     let mut client = None;
     for i in 0..a.subscriptions {
         if i % STREAMS_PER_CONNECTION == 0 {
-            let channel = Endpoint::from_shared(server.to_owned())?.connect().await?;
-            client = Some(EventBusClient::new(channel));
+            client = Some(server.event_bus().await?);
         }
         let Some(client) = client.as_mut() else { unreachable!("set at i = 0") };
         let req = pb::SubscribeRequest {

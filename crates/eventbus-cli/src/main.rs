@@ -1,11 +1,14 @@
 //! `eventbus`: command-line client for Socle EventBus.
 //!
 //! - `cli`: the command line (clap).
-//! - `connect`: reaching the broker, and turning gRPC errors into one readable line.
+//! - `connect`: turning gRPC errors into one readable line (connections themselves are
+//!   `eventbus_bench::client`'s, shared with the bench: address, TLS, bearer token).
 //! - `publish`, `subscribe`, `admin`: the commands; `bench` runs `eventbus_bench`.
+//! - `auth`: `auth new-token`, a token and its principals-file entry.
 //! - `output`: how events and tables are printed, for people and for scripts (`--json`).
 
 mod admin;
+mod auth;
 mod cli;
 mod connect;
 mod durable;
@@ -18,17 +21,18 @@ mod subscribe;
 use std::process::ExitCode;
 
 use clap::Parser;
+use eventbus_bench::client::Connector;
 
 use crate::cli::{Cli, Command};
 
 /// `eventbus bench`: one run, reported as text or one JSON object.
-async fn bench(server: &str, json: bool, workload: &cli::BenchWorkload) -> anyhow::Result<()> {
+async fn bench(server: &Connector, json: bool, workload: &cli::BenchWorkload) -> anyhow::Result<()> {
     let workload = match workload {
         cli::BenchWorkload::Idle(args) => return idle::run(server, json, args).await,
         cli::BenchWorkload::Durable(args) => return durable_bench::run(server, json, args).await,
         cli::BenchWorkload::Traffic(workload) => workload,
     };
-    let target = eventbus_bench::eventbus::EventBusTarget::new(server);
+    let target = eventbus_bench::eventbus::EventBusTarget::new(server.clone());
     let report = eventbus_bench::run(&target, workload, true).await?;
     if json {
         println!("{}", report.to_json());
@@ -58,8 +62,11 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let server = cli.server;
     let json = cli.json;
+    if let Command::Auth { command } = &cli.command {
+        return auth::run(json, command);
+    }
+    let server = Connector::new(&cli.connect)?;
     match cli.command {
         Command::Publish(args) => publish::run(&server, json, args).await,
         Command::Subscribe(args) => subscribe::run(&server, json, args).await,
@@ -71,5 +78,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Consume(args) => durable::consume(&server, json, args).await,
         Command::Log(args) => durable::log(&server, json, args).await,
         Command::Bench { workload } => bench(&server, json, &workload).await,
+        Command::Auth { .. } => unreachable!("answered above, without a connection"),
     }
 }

@@ -3,19 +3,20 @@
 use std::io::Read as _;
 
 use anyhow::{Context, bail};
+use eventbus_bench::client::{AuthChannel, Connector};
 use eventbus_proto::pb;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::cli::PublishArgs;
-use crate::connect::{self, status_error};
+use crate::connect::status_error;
 
 /// Requests read ahead of the broker's answers with `--lines`.
 const LINES_IN_FLIGHT: usize = 1024;
 
-pub(crate) async fn run(server: &str, json: bool, args: PublishArgs) -> anyhow::Result<()> {
-    let mut client = connect::event_bus(server).await?;
+pub(crate) async fn run(server: &Connector, json: bool, args: PublishArgs) -> anyhow::Result<()> {
+    let mut client = server.event_bus().await?;
     let template = pb::PublishRequest {
         channel: args.channel.clone(),
         metadata: args.metadata.iter().cloned().collect(),
@@ -76,7 +77,7 @@ fn print_published(json: bool, channel: &str, resp: &pb::PublishResponse) {
 
 /// One event per stdin line over a single PublishStream, read and answered concurrently.
 async fn publish_lines(
-    client: &mut pb::event_bus_client::EventBusClient<tonic::transport::Channel>,
+    client: &mut pb::event_bus_client::EventBusClient<AuthChannel>,
     json: bool,
     template: pb::PublishRequest,
 ) -> anyhow::Result<()> {

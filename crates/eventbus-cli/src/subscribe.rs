@@ -2,14 +2,15 @@
 
 use std::io::Write as _;
 
+use eventbus_bench::client::Connector;
 use eventbus_proto::pb::{self, subscribe_response::Kind};
 
 use crate::cli::SubscribeArgs;
-use crate::connect::{self, status_error};
+use crate::connect::status_error;
 use crate::output;
 
-pub(crate) async fn run(server: &str, json: bool, args: SubscribeArgs) -> anyhow::Result<()> {
-    let mut client = connect::event_bus(server).await?;
+pub(crate) async fn run(server: &Connector, json: bool, args: SubscribeArgs) -> anyhow::Result<()> {
+    let mut client = server.event_bus().await?;
     let req = pb::SubscribeRequest {
         channels: args.patterns.clone(),
         group: args.group.clone().unwrap_or_default(),

@@ -272,3 +272,74 @@ async fn durable_consumer_commands_end_to_end() {
     let out = run(eventbus(&broker, &["consumer", "list"])).await;
     assert_eq!(out.stdout.lines().count(), 1, "the bench removed its consumer: {}", out.stdout);
 }
+
+/// `eventbus` without a broker (commands that fail before connecting, or never connect).
+fn offline(args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).env_remove("EVENTBUS_TOKEN").env_remove("EVENTBUS_SERVER").kill_on_drop(true);
+    cmd
+}
+
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test]
+async fn auth_new_token_prints_a_token_and_its_principals_entry() {
+    let out = run(offline(&["auth", "new-token", "billing"])).await;
+    assert!(out.ok, "{}", out.stderr);
+    let (token, entry) = out.stdout.split_once("\n\n").unwrap();
+    assert!(token.starts_with("ebt_") && token.len() == 4 + 64, "{token}");
+    // Comments aside, the entry is YAML: a list item with the name and the hash.
+    let yaml: Vec<&str> = entry.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(yaml[0], r#"- name: "billing""#);
+    assert_eq!(yaml[1], format!("  token_sha256: {}", sha256_hex(token)));
+    assert!(yaml.contains(&"  permissions:") && entry.contains("admin: false"), "{entry}");
+    assert!(!entry.contains(token), "the file never holds the token");
+
+    let out = run(offline(&["--json", "auth", "new-token", "billing"])).await;
+    let json: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let second = json["token"].as_str().unwrap();
+    assert_ne!(second, token, "every token is fresh");
+    assert_eq!(json["principal"]["name"], "billing");
+    assert_eq!(json["principal"]["token_sha256"].as_str(), Some(sha256_hex(second).as_str()));
+    assert_eq!(json["principal"]["permissions"]["admin"], false);
+    assert!(json["principal"]["permissions"]["publish"]["allow"].as_array().unwrap().is_empty());
+
+    let out = run(offline(&["auth", "new-token", "two words"])).await;
+    assert!(!out.ok && out.stderr.contains("whitespace"), "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn tls_options_are_checked_before_connecting() {
+    let out = run(offline(&["--server", "https://127.0.0.1:1", "--tls-cert", "c.pem", "stats"])).await;
+    assert!(!out.ok && out.stderr.contains("--tls-cert needs --tls-key"), "{}", out.stderr);
+
+    let out = run(offline(&["--server", "http://127.0.0.1:1", "--tls-ca", "ca.pem", "stats"])).await;
+    assert!(!out.ok && out.stderr.contains("use https://"), "{}", out.stderr);
+
+    let out = run(offline(&["--server", "https://127.0.0.1:1", "--tls-ca", "/no/such/ca.pem", "stats"])).await;
+    assert!(!out.ok && out.stderr.contains("/no/such/ca.pem"), "{}", out.stderr);
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn a_token_is_never_printed() {
+    // A refused token and a failed connection: neither message repeats it.
+    let out = run(offline(&["--token", "ebt_not shown", "stats"])).await;
+    assert!(!out.ok && out.stderr.contains("--token") && !out.stderr.contains("not shown"), "{}", out.stderr);
+    let mut cmd = offline(&["--server", "http://127.0.0.1:1", "stats"]);
+    cmd.env("EVENTBUS_TOKEN", "ebt_s3cret");
+    let out = run(cmd).await;
+    assert!(!out.ok && !out.stderr.contains("s3cret"), "{}", out.stderr);
+    let out = run(offline(&["--help"])).await;
+    assert!(out.stdout.contains("--token") && out.stdout.contains("EVENTBUS_TOKEN"), "{}", out.stdout);
+}
+
+#[tokio::test]
+async fn commands_work_with_a_token_on_a_broker_without_auth() {
+    let broker = broker().await;
+    let out = run(eventbus(&broker, &["--token", "ebt_abc", "stats"])).await;
+    assert!(out.ok, "{}", out.stderr);
+}

@@ -42,6 +42,8 @@ pub struct RedisOptions {
     pub url: Option<String>,
     pub host: String,
     pub port: u16,
+    /// Redis ACL user; `None` authenticates as `default` (with `password` alone).
+    pub username: Option<String>,
     pub password: Option<String>,
     pub database: i64,
     /// Redis channel of event channel `C` is `{prefix}:C`.
@@ -71,11 +73,33 @@ impl RedisOptions {
             };
         }
         let mut redis = RedisConnectionInfo::default().set_db(self.database);
+        if let Some(username) = &self.username {
+            redis = redis.set_username(username);
+        }
         if let Some(password) = &self.password {
             redis = redis.set_password(password);
         }
         let info = ConnectionAddr::Tcp(self.host.clone(), self.port).into_connection_info()?.set_redis_settings(redis);
         Client::open(info)
+    }
+
+    /// Connects once to learn whether Redis accepts the credentials. A refusal is a
+    /// setting to fix, so start-up reports it; an unreachable Redis is an outage the
+    /// transport rides out (it connects once Redis is up), so that passes here.
+    pub async fn check_credentials(&self) -> Result<(), redis::RedisError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(COMMAND_TIMEOUT));
+        let outcome = async {
+            let mut conn = self.client()?.get_multiplexed_async_connection_with_config(&config).await?;
+            // Without credentials nothing was checked yet: a Redis that wants some says
+            // so on the first command.
+            redis::cmd("PING").query_async::<()>(&mut conn).await
+        };
+        match outcome.await {
+            Err(err) if refuses_credentials(&err) => Err(err),
+            _ => Ok(()),
+        }
     }
 
     /// Where it connects, without the password, for logs.
@@ -91,6 +115,12 @@ impl RedisOptions {
             None => format!("{}:{}/{}", self.host, self.port, self.database),
         }
     }
+}
+
+/// Wrong or missing credentials, or a user without the right to connect.
+fn refuses_credentials(err: &redis::RedisError) -> bool {
+    err.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
 }
 
 /// Filters local subscriptions need, versioned so a subscriber can wait until Redis
@@ -355,6 +385,7 @@ mod tests {
             url: Some("redis://:secret@cache:6380/2".into()),
             host: String::new(),
             port: 0,
+            username: None,
             password: None,
             database: 0,
             prefix: "p".into(),

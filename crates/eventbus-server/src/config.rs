@@ -327,10 +327,12 @@ pub struct EventBusSettings {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
-    /// `redis://` or `rediss://` URL; empty means use host/port/password/database.
+    /// `redis://` or `rediss://` URL; empty means use host/port/username/password/database.
     pub url: String,
     pub host: String,
     pub port: u16,
+    /// Redis ACL user (`AUTH username password`); empty = the default user.
+    pub username: String,
     pub password: String,
     pub database: u32,
     pub prefix: String,
@@ -498,6 +500,14 @@ impl Settings {
         if !e.redis.tls_ca_file.is_empty() && !url.starts_with("rediss://") {
             return invalid("eventbus.redis.tls_ca_file", &e.redis.tls_ca_file, "only applies to a rediss:// url");
         }
+        if !e.redis.username.is_empty() && e.redis.password.is_empty() {
+            // Without a password no AUTH is sent, and the user would silently be `default`.
+            return invalid(
+                "eventbus.redis.username",
+                &e.redis.username,
+                "needs eventbus.redis.password (for a `nopass` user, any password)",
+            );
+        }
         if e.redis.prefix.is_empty() {
             return invalid("eventbus.redis.prefix", &e.redis.prefix, "must not be empty");
         }
@@ -590,6 +600,7 @@ impl Settings {
             url: (!r.url.is_empty()).then(|| r.url.clone()),
             host: r.host.clone(),
             port: r.port,
+            username: (!r.username.is_empty()).then(|| r.username.clone()),
             password: (!r.password.is_empty()).then(|| r.password.clone()),
             database: i64::from(r.database),
             prefix: r.prefix.clone(),

@@ -257,3 +257,50 @@ async fn rediss_with_a_private_ca() {
     assert_eq!(resp.delivered_count, 1);
     assert_eq!(payload(&sub.take(1).await[0]), "over TLS");
 }
+
+#[tokio::test]
+async fn an_acl_user_logs_in_and_a_refused_password_stops_start_up() {
+    let Some(redis) = RedisProc::start_acl("eventbus", "s3cret").await else { return };
+    let server = broker_with(&redis, |s| {
+        s.eventbus.redis.username = "eventbus".into();
+        s.eventbus.redis.password = "s3cret".into();
+    })
+    .await;
+    let mut s = server.subscribe(sub(&["acl.*"])).await;
+    let resp = server.client().await.publish(event("acl.x", "as eventbus")).await.unwrap().into_inner();
+    assert_eq!(resp.delivered_count, 1);
+    assert_eq!(payload(&s.take(1).await[0]), "as eventbus");
+    let clients: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut redis.conn().await).await.unwrap();
+    assert!(clients.lines().filter(|l| l.contains(" user=eventbus ")).count() >= 3, "the broker's own: {clients}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = |password: &str| {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_eventbusd"));
+        cmd.args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--mode", "redis"])
+            .env("EVENTBUS__EVENTBUS__REDIS__HOST", "127.0.0.1")
+            .env("EVENTBUS__EVENTBUS__REDIS__PORT", redis.port.to_string())
+            .env("EVENTBUS__EVENTBUS__REDIS__USERNAME", "eventbus")
+            .env("EVENTBUS__EVENTBUS__REDIS__PASSWORD", password)
+            .env_remove("RUST_LOG")
+            .current_dir(dir.path())
+            .kill_on_drop(true);
+        cmd
+    };
+    let out = within(daemon("wrong-one").output()).await.unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("eventbusd: Redis at 127.0.0.1:{}/0 refused the credentials", redis.port))
+            && stderr.contains("eventbus.redis.username")
+            && !stderr.contains("wrong-one"),
+        "{stderr}"
+    );
+
+    // Username without a password: a configuration error, before any connection.
+    let mut cmd = daemon("");
+    cmd.env_remove("EVENTBUS__EVENTBUS__REDIS__PASSWORD");
+    let out = within(cmd.output()).await.unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("eventbus.redis.username") && stderr.contains("needs eventbus.redis.password"), "{stderr}");
+}

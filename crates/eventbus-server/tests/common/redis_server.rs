@@ -18,8 +18,10 @@ pub struct RedisProc {
     binary: PathBuf,
     dir: tempfile::TempDir,
     child: Option<Child>,
-    /// Extra arguments (TLS).
+    /// Extra arguments (TLS, ACL users).
     pub extra: Vec<String>,
+    /// ACL user and password the helper's own connections log in with.
+    pub credentials: Option<(String, String)>,
     /// Persist with an append-only file fsynced on every write (restart tests).
     pub persist: bool,
 }
@@ -30,16 +32,24 @@ impl RedisProc {
     /// Starts a private redis-server, or returns None (after a notice) when there is
     /// none to start and it is not required.
     pub async fn start() -> Option<Self> {
-        Self::start_with(false).await
+        Self::start_with(false, Vec::new(), None).await
+    }
+
+    /// [`RedisProc::start`] with one ACL user, `username` with `password` and every
+    /// right; the `default` user is off, so nothing gets in without them.
+    pub async fn start_acl(username: &str, password: &str) -> Option<Self> {
+        let user = [username, "on", &format!(">{password}"), "~*", "&*", "+@all"];
+        let extra = ["--user", "default", "off", "--user"].into_iter().chain(user).map(str::to_owned).collect();
+        Self::start_with(false, extra, Some((username.to_owned(), password.to_owned()))).await
     }
 
     /// [`RedisProc::start`] with persistence (AOF, `appendfsync always`): a restart
     /// keeps everything it acknowledged.
     pub async fn start_persistent() -> Option<Self> {
-        Self::start_with(true).await
+        Self::start_with(true, Vec::new(), None).await
     }
 
-    async fn start_with(persist: bool) -> Option<Self> {
+    async fn start_with(persist: bool, extra: Vec<String>, credentials: Option<(String, String)>) -> Option<Self> {
         let Some(binary) = which_redis() else {
             assert!(
                 std::env::var("EVENTBUS_REQUIRE_REDIS").as_deref() != Ok("1"),
@@ -54,8 +64,8 @@ impl RedisProc {
             });
             return None;
         };
-        let mut redis =
-            Self { port: 0, binary, dir: tempfile::tempdir().unwrap(), child: None, extra: Vec::new(), persist };
+        let dir = tempfile::tempdir().unwrap();
+        let mut redis = Self { port: 0, binary, dir, child: None, extra, credentials, persist };
         // A free port can be taken again before redis-server binds it (by another
         // test's redis-server, say): then ours exits and the PING is answered by the
         // other one. Check who answered and try another port.
@@ -73,7 +83,8 @@ impl RedisProc {
     pub fn reserve() -> Option<Self> {
         let binary = which_redis()?;
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        Some(Self { port, binary, dir: tempfile::tempdir().unwrap(), child: None, extra: Vec::new(), persist: false })
+        let dir = tempfile::tempdir().unwrap();
+        Some(Self { port, binary, dir, child: None, extra: Vec::new(), credentials: None, persist: false })
     }
 
     /// Starts (or restarts) redis-server on `self.port`.
@@ -98,8 +109,8 @@ impl RedisProc {
             .expect("spawn redis-server");
         let pid = child.id();
         self.child = Some(child);
-        if !self.extra.is_empty() {
-            return true; // TLS: the test waits for the broker to connect instead of PINGing.
+        if self.port == 0 {
+            return true; // TLS only: the test waits for the broker to connect instead of PINGing.
         }
         let url = self.url();
         eventually("redis-server to answer PING", || {
@@ -123,7 +134,10 @@ impl RedisProc {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        match &self.credentials {
+            Some((user, password)) => format!("redis://{user}:{password}@127.0.0.1:{}/", self.port),
+            None => format!("redis://127.0.0.1:{}/", self.port),
+        }
     }
 
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {

@@ -1,0 +1,112 @@
+//! The shared client against a TLS server that requires client certificates (mTLS):
+//! the handshake with `--tls-ca`, `--tls-cert`, `--tls-key`, and the bearer token
+//! arriving as `authorization` metadata.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
+use std::convert::Infallible;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use eventbus_bench::client::{ConnectArgs, Connector};
+use eventbus_proto::pb;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::server::NamedService;
+use tonic::service::Routes;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+/// Answers every Admin call `UNIMPLEMENTED`, keeping the `authorization` it was sent.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<String>>>);
+
+impl NamedService for Recorder {
+    const NAME: &'static str = "eventbus.v1.Admin";
+}
+
+impl tower_service::Service<http::Request<Body>> for Recorder {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let auth = req.headers().get("authorization").map(|v| v.to_str().unwrap().to_owned());
+        self.0.lock().unwrap().push(auth.unwrap_or_default());
+        std::future::ready(Ok(tonic::Status::unimplemented("recorded").into_http()))
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let status =
+        Command::new("openssl").args(args).current_dir(dir).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    assert!(status.is_ok_and(|s| s.success()), "openssl {args:?} failed");
+}
+
+/// A CA, and a certificate it signed for `name` (`name.crt`, `name.key`).
+fn issue(dir: &Path, name: &str, cn: &str) {
+    let (key, csr, crt) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.crt"));
+    let subj = format!("/CN={cn}");
+    openssl(dir, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", &subj]);
+    std::fs::write(dir.join("san.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").unwrap();
+    let sign = ["x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial"];
+    openssl(dir, &[&sign[..], &["-out", &crt, "-days", "1", "-extfile", "san.cnf"]].concat());
+}
+
+#[tokio::test]
+async fn mtls_handshake_and_the_token_reach_the_server() {
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("NOTICE: openssl not found: the TLS client test was SKIPPED");
+        return;
+    }
+    let certs = tempfile::tempdir().unwrap();
+    let dir = certs.path();
+    let ca = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1"];
+    openssl(dir, &[&ca[..], &["-subj", "/CN=eventbus test CA"]].concat());
+    issue(dir, "server", "localhost");
+    issue(dir, "client", "billing");
+    let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read("server.crt"), read("server.key")))
+        .client_ca_root(Certificate::from_pem(read("ca.crt")));
+    let recorder = Recorder::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = Server::builder()
+        .tls_config(tls)
+        .unwrap()
+        .add_routes(Routes::new(recorder.clone()))
+        .serve_with_incoming(TcpListenerStream::new(listener));
+    let server = tokio::spawn(server);
+
+    let path = |f: &str| Some(dir.join(f));
+    let mtls = ConnectArgs {
+        token: Some("ebt_s3cret".into()),
+        tls_ca: path("ca.crt"),
+        tls_cert: path("client.crt"),
+        tls_key: path("client.key"),
+        ..ConnectArgs::plain(format!("https://127.0.0.1:{}", addr.port()))
+    };
+    let call = |args: ConnectArgs| async move {
+        let mut admin = Connector::new(&args)?.admin().await?;
+        Ok::<_, anyhow::Error>(admin.get_stats(pb::GetStatsRequest {}).await)
+    };
+    let status = call(mtls.clone()).await.unwrap().unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+    assert_eq!(*recorder.0.lock().unwrap(), ["Bearer ebt_s3cret"]);
+
+    // Without the client certificate, or without trusting the CA: no call gets through.
+    let no_cert = ConnectArgs { tls_cert: None, tls_key: None, ..mtls.clone() };
+    assert!(!matches!(call(no_cert).await, Ok(Err(ref s)) if s.code() == tonic::Code::Unimplemented));
+    let system_roots = ConnectArgs { tls_ca: None, ..mtls };
+    assert!(call(system_roots).await.is_err_and(|e| e.to_string().contains("cannot connect")));
+    assert_eq!(recorder.0.lock().unwrap().len(), 1);
+    server.abort();
+}
