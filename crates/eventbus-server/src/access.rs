@@ -139,7 +139,11 @@ impl Access {
     /// Who sent a request with this `authorization` value (`None`: no such header)
     /// over a connection from `peer`. With auth off, everyone is the anonymous caller
     /// with every right.
-    pub(crate) fn authenticate(&self, authorization: Option<&[u8]>, peer: Option<&PeerInfo>) -> Result<Caller, EdgeError> {
+    pub(crate) fn authenticate(
+        &self,
+        authorization: Option<&[u8]>,
+        peer: Option<&PeerInfo>,
+    ) -> Result<Caller, EdgeError> {
         if !self.inner.auth.enabled() {
             return Ok(self.inner.anonymous.clone());
         }
@@ -212,10 +216,7 @@ impl Access {
             && !limiter.try_acquire(count)
         {
             self.count_denied(caller.name(), Operation::Limit, "max_publish_rate");
-            return Err(EdgeError::OverLimit {
-                principal: caller.name().to_owned(),
-                limit: "max_publish_rate",
-            });
+            return Err(EdgeError::OverLimit { principal: caller.name().to_owned(), limit: "max_publish_rate" });
         }
         Ok(())
     }
@@ -233,7 +234,12 @@ impl Access {
 
     /// Unsubscribe: the subscription's owner or an admin. An unknown id passes, for the
     /// bus to answer NOT_FOUND.
-    pub(crate) fn check_unsubscribe(&self, bus: &eventbus_core::Bus, caller: &Caller, id: &str) -> Result<(), EdgeError> {
+    pub(crate) fn check_unsubscribe(
+        &self,
+        bus: &eventbus_core::Bus,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<(), EdgeError> {
         if caller.principal.permissions.is_admin() {
             return Ok(());
         }
@@ -286,10 +292,7 @@ impl Access {
             {
                 drop(streams);
                 self.count_denied(caller.name(), Operation::Limit, "max_subscriptions");
-                return Err(EdgeError::OverLimit {
-                    principal: caller.name().to_owned(),
-                    limit: "max_subscriptions",
-                });
+                return Err(EdgeError::OverLimit { principal: caller.name().to_owned(), limit: "max_subscriptions" });
             }
             *streams.subscriptions.entry(caller.name().to_owned()).or_default() += 1;
         }

@@ -210,9 +210,8 @@ impl AdminService {
     /// The caller, when it is an admin.
     fn admin<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
         let caller = caller(req)?;
-        self.access.require(&caller, Operation::Admin, caller.principal().permissions.is_admin(), || {
-            "an admin call".into()
-        })?;
+        self.access
+            .require(&caller, Operation::Admin, caller.principal().permissions.is_admin(), || "an admin call".into())?;
         Ok(caller)
     }
 }

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::rejection::{BytesRejection, FailedToBufferBody};
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Extension, Path, State};
-use axum::middleware::{self, Next};
 use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -24,8 +24,8 @@ use tokio::sync::watch;
 
 use crate::access::{Access, Caller, Operation};
 use crate::config::ConsumerSetting;
-use crate::listener::PeerInfo;
 use crate::convert::{self, EdgeError};
+use crate::listener::PeerInfo;
 use crate::metrics::Metrics;
 use crate::request_limit::PayloadLimit;
 
@@ -88,10 +88,8 @@ pub(crate) fn router(state: HttpState) -> Router {
     // Bodies are read up to this size at most; a publish over it is refused naming
     // `max_payload_bytes` (see `publish`).
     let body_limit = DefaultBodyLimit::max(state.limit.http_body_limit());
-    let probes = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz));
+    let probes =
+        Router::new().route("/metrics", get(metrics)).route("/healthz", get(healthz)).route("/readyz", get(readyz));
     let probes = match state.access.protect_metrics() {
         true => probes.route_layer(middleware::from_fn_with_state(state.access.clone(), authenticate)),
         false => probes,

@@ -26,8 +26,8 @@ pub mod server;
 pub mod shutdown;
 pub mod telemetry;
 
-pub mod consume;
 mod access;
+pub mod consume;
 mod convert;
 mod grpc;
 mod listener;

@@ -122,7 +122,11 @@ impl EdgeCounters {
             IntCounterVec::new(Opts::new(format!("{prefix}_{name}"), help), &[label])
         };
         Ok(Self {
-            accept_errors: counter("accept_errors_total", "Failed accepts of new connections, per listener.", "listener")?,
+            accept_errors: counter(
+                "accept_errors_total",
+                "Failed accepts of new connections, per listener.",
+                "listener",
+            )?,
             handshake_failures: counter(
                 "tls_handshake_failures_total",
                 "TLS handshakes that failed or timed out, per listener.",

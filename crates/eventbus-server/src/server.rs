@@ -4,16 +4,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use eventbus_auth::{AuthError, Authenticator};
 use eventbus_core::durable::{AckObserver, DurableBackend, DurableOptions};
 use eventbus_core::{Bus, Supervisor, TransportStatus};
 use eventbus_durable::{Durable, Fsync, RedbStore};
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
 use eventbus_redis::{RedisDurable, RedisDurableSettings, RedisTransport};
-use eventbus_auth::{AuthError, Authenticator};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::service::interceptor::InterceptedService;
 use tonic::server::NamedService;
+use tonic::service::interceptor::InterceptedService;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
@@ -25,8 +25,8 @@ use crate::grpc::{AdminService, Authenticate, EventBusService};
 use crate::http::{self, HttpState, Readiness};
 use crate::listener::{HttpIncoming, Incoming, PeerInfo};
 use crate::metrics::{EdgeCounters, Metrics};
-use crate::tls::{Protocols, Tls, TlsError};
 use crate::request_limit::{PayloadLimit, PublishLimit};
+use crate::tls::{Protocols, Tls, TlsError};
 
 /// After the drain, how long open connections get to close before the server stops
 /// regardless (a client holding a publish stream open must not block exit forever).
@@ -222,7 +222,10 @@ impl Server {
         let event_bus = EventBusServer::new(EventBusService::new(bus.clone(), access.clone(), metrics.clone(), limit))
             .max_decoding_message_size(limit.grpc_message_limit());
         let event_bus = InterceptedService::new(PublishLimit::new(event_bus, limit), authenticate.clone());
-        let admin = InterceptedService::new(AdminServer::new(AdminService::new(bus.clone(), access.clone())), authenticate.clone());
+        let admin = InterceptedService::new(
+            AdminServer::new(AdminService::new(bus.clone(), access.clone())),
+            authenticate.clone(),
+        );
         let reflection_v1 = InterceptedService::new(reflection_v1, authenticate.clone());
         let reflection_v1alpha = InterceptedService::new(reflection_v1alpha, authenticate);
 

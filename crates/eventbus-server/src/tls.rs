@@ -128,8 +128,7 @@ fn build(settings: &TlsSettings) -> Result<(rustls::ServerConfig, rustls::Server
         source,
     })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config_error =
-        |source| TlsError::Config { cert: cert_path.to_owned(), key: key_path.to_owned(), source };
+    let config_error = |source| TlsError::Config { cert: cert_path.to_owned(), key: key_path.to_owned(), source };
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(config_error)?;
@@ -155,10 +154,8 @@ fn build(settings: &TlsSettings) -> Result<(rustls::ServerConfig, rustls::Server
 
 fn read_certificates(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let read_error = |source| TlsError::Read { what, path: path.to_owned(), source };
-    let certificates = CertificateDer::pem_file_iter(path)
-        .map_err(read_error)?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(read_error)?;
+    let certificates =
+        CertificateDer::pem_file_iter(path).map_err(read_error)?.collect::<Result<Vec<_>, _>>().map_err(read_error)?;
     if certificates.is_empty() {
         return Err(TlsError::NoCertificate { what, path: path.to_owned() });
     }

@@ -217,7 +217,10 @@ async fn call(server: &TestServer, fixture: &Fixture, rpc: Rpc, cred: Cred) -> C
         Rpc::Subscribe => code(subscribe_on_authed(&mut bus, sub(&["t.>"])).await),
         Rpc::Consume => {
             let attach = pb::ConsumeRequest {
-                kind: Some(consume_request::Kind::Attach(pb::Attach { consumer: "c-read".into(), ..Default::default() })),
+                kind: Some(consume_request::Kind::Attach(pb::Attach {
+                    consumer: "c-read".into(),
+                    ..Default::default()
+                })),
             };
             // The request stream stays open while the answer is read.
             let (tx, rx) = tokio::sync::mpsc::channel(1);
@@ -240,9 +243,7 @@ async fn call(server: &TestServer, fixture: &Fixture, rpc: Rpc, cred: Cred) -> C
         Rpc::GetConsumer => code(admin.get_consumer(pb::GetConsumerRequest { name: "c-read".into() }).await),
         Rpc::DeleteConsumer => code(admin.delete_consumer(pb::DeleteConsumerRequest { name: "c-delete".into() }).await),
         Rpc::ListEventLog => code(
-            admin
-                .list_event_log(pb::ListEventLogRequest { consumer: "c-read".into(), ..Default::default() })
-                .await,
+            admin.list_event_log(pb::ListEventLogRequest { consumer: "c-read".into(), ..Default::default() }).await,
         ),
     }
 }
@@ -364,9 +365,8 @@ async fn probes_need_credentials_when_protected_and_health_stays_open() {
     for path in ["/metrics", "/healthz", "/readyz"] {
         let status = within(reqwest::get(server.url(path))).await.unwrap().status();
         assert_eq!(status, 401, "{path}");
-        let response = within(reqwest::Client::new().get(server.url(path)).bearer_auth(NOBODY_TOKEN).send())
-            .await
-            .unwrap();
+        let response =
+            within(reqwest::Client::new().get(server.url(path)).bearer_auth(NOBODY_TOKEN).send()).await.unwrap();
         assert_eq!(response.status(), 200, "{path} with any principal");
     }
     // gRPC health carries no credentials in orchestrators' probes: always open.
@@ -416,8 +416,12 @@ async fn a_jwt_carries_its_permissions_and_deny_wins_over_allow() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_owner_or_an_admin_closes_a_subscription() {
     let subscribe_all = "{ subscribe: { allow: ['>'] } }";
-    let principals =
-        format!("{}{}{}", base_principals(), entry("alice", "ebt_alice", subscribe_all), entry("bob", "ebt_bob", subscribe_all));
+    let principals = format!(
+        "{}{}{}",
+        base_principals(),
+        entry("alice", "ebt_alice", subscribe_all),
+        entry("bob", "ebt_bob", subscribe_all)
+    );
     let files = Files::new(&principals);
     let server = files.start().await;
     let as_ = |token: &'static str| with_header(Some(format!("Bearer {token}")));
@@ -439,7 +443,8 @@ async fn only_the_owner_or_an_admin_closes_a_subscription() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_ends_exactly_the_streams_that_lost_their_right() {
     let both = "{ publish: { allow: ['>'] }, subscribe: { allow: ['x.>', 'y.>'] } }";
-    let principals = format!("{}{}{}", base_principals(), entry("alice", "ebt_alice", both), entry("bob", "ebt_bob", both));
+    let principals =
+        format!("{}{}{}", base_principals(), entry("alice", "ebt_alice", both), entry("bob", "ebt_bob", both));
     let files = Files::new(&principals);
     let server = files.start().await;
     let as_ = |token: &'static str| with_header(Some(format!("Bearer {token}")));
@@ -471,13 +476,17 @@ async fn a_reload_ends_exactly_the_streams_that_lost_their_right() {
     assert_eq!(alice_y.take(1).await[0].channel, "y.1");
     assert_eq!(bob_x.take(1).await[0].channel, "x.1");
     // And Alice cannot come back to x.>.
-    assert_eq!(subscribe_on_authed(&mut alice, sub(&["x.>"])).await.map(|s| s.id).unwrap_err().code(), Code::PermissionDenied);
+    assert_eq!(
+        subscribe_on_authed(&mut alice, sub(&["x.>"])).await.map(|s| s.id).unwrap_err().code(),
+        Code::PermissionDenied
+    );
     server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_per_principal_answer_resource_exhausted() {
-    let limited = "{ publish: { allow: ['>'] }, subscribe: { allow: ['>'] }, max_subscriptions: 2, max_publish_rate: 5 }";
+    let limited =
+        "{ publish: { allow: ['>'] }, subscribe: { allow: ['>'] }, max_subscriptions: 2, max_publish_rate: 5 }";
     let files = Files::new(&format!("{}{}", base_principals(), entry("lim", "ebt_lim", limited)));
     let server = files.start().await;
     let mut bus = EventBusClient::with_interceptor(server.channel().await, with_header(Some("Bearer ebt_lim".into())));
@@ -534,7 +543,8 @@ async fn refusals_are_counted_by_reason_and_operation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumers_record_their_owner_and_need_subscribe_rights_on_their_channels() {
-    let manager = "{ manage_consumers: ['team-*'], subscribe: { allow: ['team.>'] }, consumers: { allow: ['team-*'] } }";
+    let manager =
+        "{ manage_consumers: ['team-*'], subscribe: { allow: ['team.>'] }, consumers: { allow: ['team-*'] } }";
     let files = Files::new(&format!("{}{}", base_principals(), entry("team", "ebt_team", manager)));
     let server = files.start().await;
     let mut admin = AdminClient::with_interceptor(server.channel().await, with_header(Some("Bearer ebt_team".into())));

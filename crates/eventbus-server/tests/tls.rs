@@ -87,7 +87,11 @@ fn tls_endpoint(server: &TestServer, ca: &Ca, identity: Option<(String, String)>
     if let Some((cert, key)) = identity {
         tls = tls.identity(Identity::from_pem(cert, key));
     }
-    Endpoint::from_shared(format!("https://{}", server.addr)).unwrap().connect_timeout(DEADLINE).tls_config(tls).unwrap()
+    Endpoint::from_shared(format!("https://{}", server.addr))
+        .unwrap()
+        .connect_timeout(DEADLINE)
+        .tls_config(tls)
+        .unwrap()
 }
 
 async fn connect(endpoint: Endpoint) -> Result<EventBusClient<Channel>, String> {
