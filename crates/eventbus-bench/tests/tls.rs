@@ -6,7 +6,6 @@
 
 use std::convert::Infallible;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -43,34 +42,31 @@ impl tower_service::Service<http::Request<Body>> for Recorder {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let status =
-        Command::new("openssl").args(args).current_dir(dir).stdout(Stdio::null()).stderr(Stdio::null()).status();
-    assert!(status.is_ok_and(|s| s.success()), "openssl {args:?} failed");
-}
-
-/// A CA, and a certificate it signed for `name` (`name.crt`, `name.key`).
-fn issue(dir: &Path, name: &str, cn: &str) {
-    let (key, csr, crt) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.crt"));
-    let subj = format!("/CN={cn}");
-    openssl(dir, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", &subj]);
-    std::fs::write(dir.join("san.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").unwrap();
-    let sign = ["x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial"];
-    openssl(dir, &[&sign[..], &["-out", &crt, "-days", "1", "-extfile", "san.cnf"]].concat());
+/// A CA (`ca.crt`) and certificates it signed: `server.crt`/`.key` for localhost and
+/// `client.crt`/`.key` for "billing".
+fn issue_all(dir: &Path) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name.push(DnType::CommonName, "eventbus test CA");
+    std::fs::write(dir.join("ca.crt"), ca.self_signed(&ca_key).unwrap().pem()).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    for (name, cn) in [("server", "localhost"), ("client", "billing")] {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        params.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        params.distinguished_name.push(DnType::CommonName, cn);
+        std::fs::write(dir.join(format!("{name}.crt")), params.signed_by(&key, &issuer).unwrap().pem()).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+    }
 }
 
 #[tokio::test]
 async fn mtls_handshake_and_the_token_reach_the_server() {
-    if Command::new("openssl").arg("version").output().is_err() {
-        eprintln!("NOTICE: openssl not found: the TLS client test was SKIPPED");
-        return;
-    }
     let certs = tempfile::tempdir().unwrap();
     let dir = certs.path();
-    let ca = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1"];
-    openssl(dir, &[&ca[..], &["-subj", "/CN=eventbus test CA"]].concat());
-    issue(dir, "server", "localhost");
-    issue(dir, "client", "billing");
+    issue_all(dir);
     let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
 
     let tls = ServerTlsConfig::new()

@@ -2,21 +2,15 @@
 //! lets it in. The file holds only the token's SHA-256, so the token is shown once,
 //! here, and nowhere else.
 
-use anyhow::Context;
+use eventbus_auth::{new_token, token_sha256};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use crate::cli::AuthCommand;
-
-/// Prefix of the tokens made here: recognisable in a secret scanner or a leaked log.
-const TOKEN_PREFIX: &str = "ebt_";
-/// 256 random bits.
-const TOKEN_BYTES: usize = 32;
 
 pub(crate) fn run(json: bool, command: &AuthCommand) -> anyhow::Result<()> {
     match command {
         AuthCommand::NewToken { name } => {
-            let token = new_token()?;
+            let token = new_token();
             println!("{}", new_token_output(name, &token, json));
             Ok(())
         }
@@ -32,22 +26,6 @@ pub(crate) fn parse_name(name: &str) -> Result<String, String> {
         return Err(format!("a principal's name is printable without whitespace: {c:?} is not allowed"));
     }
     Ok(name.to_owned())
-}
-
-/// `ebt_` and 64 hex digits from the operating system's CSPRNG.
-fn new_token() -> anyhow::Result<String> {
-    let mut bytes = [0u8; TOKEN_BYTES];
-    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("{e}")).context("no randomness for a token")?;
-    Ok(format!("{TOKEN_PREFIX}{}", hex(&bytes)))
-}
-
-/// What the principals file stores for `token`: its SHA-256, lowercase hex.
-fn token_sha256(token: &str) -> String {
-    hex(&Sha256::digest(token.as_bytes()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The token, then the entry: YAML to paste into the principals file, or one JSON
@@ -92,7 +70,7 @@ mod tests {
 
     #[test]
     fn a_token_is_256_random_bits_in_hex() {
-        let (a, b) = (new_token().unwrap(), new_token().unwrap());
+        let (a, b) = (new_token(), new_token());
         assert_ne!(a, b);
         let digits = a.strip_prefix("ebt_").unwrap();
         assert_eq!(digits.len(), 64);

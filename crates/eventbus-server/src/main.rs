@@ -4,9 +4,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::Parser;
-use eventbus_server::config::{Mode, Overrides, Settings};
+use eventbus_server::config::{Overrides, Settings};
 use eventbus_server::{Server, shutdown, telemetry};
 use tokio_util::sync::CancellationToken;
 
@@ -90,17 +89,6 @@ fn main() -> ExitCode {
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {
-    // Redis may be down at start-up (the transport connects when it comes up), but
-    // credentials it refuses will not get better by retrying.
-    if settings.eventbus.mode == Mode::Redis {
-        let redis = settings.redis_settings();
-        redis.check_credentials().await.with_context(|| {
-            format!(
-                "Redis at {} refused the credentials (eventbus.redis.username, eventbus.redis.password)",
-                redis.display_target()
-            )
-        })?;
-    }
     let server = Server::bind(settings).await?;
     let token = CancellationToken::new();
     let reloader = server.reloader();

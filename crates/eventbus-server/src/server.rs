@@ -54,6 +54,14 @@ pub enum ServerError {
     Durable(#[from] eventbus_core::durable::DurableError),
     #[error("invalid Redis settings")]
     Redis(#[source] eventbus_redis::RedisError),
+    /// Redis may be down at start-up (the transport connects when it comes up), but
+    /// credentials it refuses will not get better by retrying.
+    #[error("Redis at {target} refused the credentials (eventbus.redis.username, eventbus.redis.password)")]
+    RedisCredentials {
+        target: String,
+        #[source]
+        source: redis::RedisError,
+    },
     #[error("HTTP server failed: {0}")]
     Http(#[source] std::io::Error),
     #[error("cannot set up TLS")]
@@ -92,6 +100,12 @@ impl Server {
     /// Builds the bus and binds the listeners named in `settings` (port 0 picks a free
     /// port; see [`Server::grpc_addr`] and [`Server::http_addr`]).
     pub async fn bind(settings: Settings) -> Result<Self, ServerError> {
+        if settings.eventbus.mode == Mode::Redis {
+            let redis = settings.redis_settings();
+            if let Err(source) = redis.check_credentials().await {
+                return Err(ServerError::RedisCredentials { target: redis.display_target(), source });
+            }
+        }
         let (grpc, grpc_addr) = listen("gRPC", settings.server.grpc_addr).await?;
         let (http, http_addr) = listen("HTTP", settings.server.http_addr).await?;
         let tls = Tls::load(&settings.server.tls)?;

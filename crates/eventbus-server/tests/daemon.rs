@@ -241,3 +241,57 @@ async fn a_foreign_file_in_data_dir_stops_startup() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("durable store") && err.contains("eventbus.redb"), "{err}");
 }
+
+/// README "Security": SIGHUP re-reads the principals file in the running binary; a
+/// file that does not parse keeps the previous principals (one log line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_principals_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let principals = dir.path().join("principals.yaml");
+    let write = |token: &str| {
+        let entry = format!(
+            "principals:\n  - name: svc\n    token_sha256: {}\n    permissions: {{ publish: {{ allow: ['>'] }} }}\n",
+            eventbus_auth::token_sha256(token)
+        );
+        std::fs::write(dir.path().join("p.tmp"), entry).unwrap();
+        std::fs::rename(dir.path().join("p.tmp"), &principals).unwrap();
+    };
+    write("ebt_first");
+    let mut cmd = command(dir.path(), &["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]);
+    cmd.env("EVENTBUS__AUTH__ENABLED", "true").env("EVENTBUS__AUTH__PRINCIPALS_FILE", &principals);
+    let mut daemon = spawn(cmd).await;
+    let channel =
+        within(tonic::transport::Endpoint::from_shared(format!("http://{}", daemon.grpc_addr)).unwrap().connect())
+            .await
+            .unwrap();
+    let publish_as = |token: &'static str| {
+        let channel = channel.clone();
+        async move {
+            let mut req = tonic::Request::new(event("hup.x", &b"1"[..]));
+            req.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+            EventBusClient::new(channel).publish(req).await.map(|_| ()).map_err(|s| s.code())
+        }
+    };
+    assert_eq!(publish_as("ebt_first").await, Ok(()));
+    assert_eq!(publish_as("ebt_second").await, Err(Code::Unauthenticated));
+
+    let pid = daemon.child.id().unwrap().to_string();
+    let hup = || assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    std::fs::write(&principals, "principals: [ not yaml").unwrap();
+    hup();
+    within(async {
+        while let Some(line) = daemon.stdout.next_line().await.unwrap() {
+            if line.contains("auth reload failed") {
+                return;
+            }
+        }
+        panic!("eventbusd exited");
+    })
+    .await;
+    assert_eq!(publish_as("ebt_first").await, Ok(()), "a broken file keeps the previous principals");
+
+    write("ebt_second");
+    hup();
+    eventually("the new token to be accepted", || async { publish_as("ebt_second").await.is_ok() }).await;
+    assert_eq!(publish_as("ebt_first").await, Err(Code::Unauthenticated));
+}
