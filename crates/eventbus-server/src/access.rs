@@ -204,6 +204,9 @@ impl Access {
         caller: &Caller,
         channels: impl IntoIterator<Item = &'a str>,
     ) -> Result<(), EdgeError> {
+        if !self.inner.auth.enabled() {
+            return Ok(()); // The anonymous caller has every right: nothing to look at per event.
+        }
         let mut count = 0u32;
         let permissions = &caller.principal.permissions;
         for channel in channels {
@@ -281,9 +284,13 @@ impl Access {
     /// Records an open stream that uses a right, so a reload can end it when the right
     /// is gone; a subscription also counts against `max_subscriptions`.
     pub(crate) fn open_stream(&self, caller: &Caller, uses: StreamUse) -> Result<StreamGuard, EdgeError> {
-        let id = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
         let end = CancellationToken::new();
         let why = Arc::new(OnceLock::new());
+        if !self.inner.auth.enabled() {
+            // Nothing can be withdrawn, nothing is limited: no bookkeeping.
+            return Ok(StreamGuard { access: self.clone(), id: None, end, why });
+        }
+        let id = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
         let mut streams = self.inner.streams.lock();
         if let StreamUse::Subscribe(_) = &uses {
             let open = streams.subscriptions.get(caller.name()).copied().unwrap_or(0);
@@ -297,7 +304,7 @@ impl Access {
             *streams.subscriptions.entry(caller.name().to_owned()).or_default() += 1;
         }
         streams.open.insert(id, OpenStream { caller: caller.clone(), uses, end: end.clone(), why: why.clone() });
-        Ok(StreamGuard { access: self.clone(), id, end, why })
+        Ok(StreamGuard { access: self.clone(), id: Some(id), end, why })
     }
 
     /// Re-reads the principals file and JWT keys; on success checks every open stream
@@ -400,14 +407,17 @@ struct OpenStream {
 #[derive(Debug)]
 pub(crate) struct StreamGuard {
     access: Access,
-    id: u64,
+    /// `None` with authentication off: not registered.
+    id: Option<u64>,
     end: CancellationToken,
     why: Arc<OnceLock<Status>>,
 }
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        self.access.close_stream(self.id);
+        if let Some(id) = self.id {
+            self.access.close_stream(id);
+        }
     }
 }
 

@@ -249,9 +249,11 @@ async fn assert_ends(rx: &mut mpsc::Receiver<Vec<Delivery>>, when: &str) {
 // ---- the checks ----
 
 async fn create(h: &mut Harness) {
-    let config = ConsumerConfig { max_attempts: 3, ..consumer("billing", &["orders.>"]) };
+    // The owner (README "Security") is part of the definition and kept with it.
+    let config = ConsumerConfig { max_attempts: 3, owner: "team-billing".into(), ..consumer("billing", &["orders.>"]) };
     let info = h.create(config.clone()).await;
     assert_eq!(info.config, config, "the definition is kept as given");
+    assert_eq!(h.info("billing").await.config.owner, "team-billing");
     assert_eq!((info.pending, info.in_flight, info.clients), (0, 0, 0));
     assert_eq!((info.acked, info.dead_lettered, info.redelivered), (0, 0, 0));
     // Identical again: idempotent, same answer.
