@@ -25,6 +25,20 @@ fn str_of<'a>(y: &'a Yaml, what: &str) -> &'a str {
     y.as_str().unwrap_or_else(|| panic!("{what} is not a string: {y:?}"))
 }
 
+/// Where docker-compose.yml finds what deploy/make-dev-certs.sh writes (gitignored).
+const DEV_SECRETS: &str = "./deploy/dev-secrets";
+
+/// Whether `SECTION__KEY...` (an `EVENTBUS__` variable's rest) names a key of the shipped
+/// config/default.yaml.
+fn shipped_key(path: &str) -> bool {
+    let defaults = yaml("config/default.yaml");
+    let mut node = &defaults;
+    for part in path.split("__") {
+        node = &node[part.to_ascii_lowercase().as_str()];
+    }
+    !node.is_badvalue()
+}
+
 /// Loads a configuration the way eventbusd does, from a file and an environment.
 fn load(file_text: Option<&str>, env: HashMap<String, String>) -> Settings {
     let dir = tempfile::tempdir().unwrap();
@@ -62,6 +76,48 @@ fn kubernetes_manifests_agree_with_the_configuration() {
     assert_eq!(str_of(&container["readinessProbe"]["httpGet"]["path"], "readiness"), "/readyz");
     assert_eq!(str_of(&container["readinessProbe"]["httpGet"]["port"], "readiness port"), "http");
     assert_eq!(str_of(&container["livenessProbe"]["httpGet"]["path"], "liveness"), "/healthz");
+    // TLS on both listeners and authentication, with the probes still open and on HTTPS.
+    assert!(settings.server.tls.enabled() && settings.auth.enabled && !settings.auth.protect_metrics);
+    for probe in ["readinessProbe", "livenessProbe"] {
+        assert_eq!(str_of(&container[probe]["httpGet"]["scheme"], "scheme"), "HTTPS", "{probe}");
+    }
+    let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(str_of(&annotations["prometheus.io/scheme"], "prometheus.io/scheme"), "https");
+    // Each file the configuration names is a key of a Secret mounted where it points.
+    let secret_volumes: HashMap<&str, &str> = pod["volumes"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .filter(|v| !v["secret"].is_badvalue())
+        .map(|v| (str_of(&v["name"], "volume name"), str_of(&v["secret"]["secretName"], "secretName")))
+        .collect();
+    let secret_of = |file: &str| -> (String, String) {
+        let (dir, key) = file.rsplit_once('/').unwrap();
+        let mount = container["volumeMounts"]
+            .as_vec()
+            .unwrap()
+            .iter()
+            .find(|m| str_of(&m["mountPath"], "mountPath") == dir)
+            .unwrap_or_else(|| panic!("nothing is mounted at {dir} for {file}"));
+        let secret = secret_volumes
+            .get(str_of(&mount["name"], "mount name"))
+            .unwrap_or_else(|| panic!("{dir} is not a Secret volume"));
+        ((*secret).to_owned(), key.to_owned())
+    };
+    assert_eq!(secret_of(&settings.server.tls.cert_file), ("eventbus-tls".into(), "tls.crt".into()));
+    assert_eq!(secret_of(&settings.server.tls.key_file), ("eventbus-tls".into(), "tls.key".into()));
+    assert_eq!(secret_of(&settings.auth.principals_file), ("eventbus-auth".into(), "principals.yaml".into()));
+    // The README's `kubectl create secret` commands make exactly those keys.
+    let readme = repo("deploy/README.md");
+    for needle in [
+        "kubectl create secret generic eventbus-tls",
+        "--from-file=tls.crt=",
+        "--from-file=tls.key=",
+        "kubectl create secret generic eventbus-auth",
+        "--from-file=principals.yaml=",
+    ] {
+        assert!(readme.contains(needle), "deploy/README.md lacks {needle}");
+    }
     assert!(container["resources"]["requests"]["cpu"].as_str().is_some());
     assert!(container["resources"]["requests"]["memory"].as_str().is_some());
 
@@ -85,6 +141,7 @@ fn kubernetes_manifests_agree_with_the_configuration() {
 fn compose_runs_two_redis_instances_the_daemon_accepts() {
     let compose = yaml("docker-compose.yml");
     let services = &compose["services"];
+    let script = repo("deploy/make-dev-certs.sh");
     assert!(!services["redis"].is_badvalue());
     let defaults = Settings::default();
     for name in ["eventbusd-1", "eventbusd-2"] {
@@ -95,8 +152,31 @@ fn compose_runs_two_redis_instances_the_daemon_accepts() {
             .iter()
             .map(|(k, v)| (str_of(k, "key").to_owned(), str_of(v, "value").to_owned()))
             .collect();
+        for key in env.keys().filter_map(|k| k.strip_prefix("EVENTBUS__")) {
+            assert!(shipped_key(key), "{name}: EVENTBUS__{key} is no key of config/default.yaml");
+        }
         let settings = load(None, env);
         assert_eq!(settings.eventbus.mode, Mode::Redis, "{name}");
+        // TLS and authentication, from the files deploy/make-dev-certs.sh writes into the
+        // directory mounted read-only; the healthcheck checks HTTPS against the dev CA.
+        assert!(settings.server.tls.enabled() && settings.auth.enabled && !settings.auth.protect_metrics, "{name}");
+        let volume = str_of(&svc["volumes"][0], "volume");
+        let (host_dir, rest) = volume.split_once(':').unwrap();
+        assert_eq!(host_dir, DEV_SECRETS, "{name}");
+        let mount = rest.strip_suffix(":ro").unwrap_or_else(|| panic!("{name}: {volume} is not read-only"));
+        for (file, written) in [
+            (&settings.server.tls.cert_file, "server.crt"),
+            (&settings.server.tls.key_file, "server.key"),
+            (&settings.auth.principals_file, "principals.yaml"),
+        ] {
+            assert_eq!(*file, format!("{mount}/{written}"), "{name}");
+            assert!(script.contains(&format!("$out/{written}")), "make-dev-certs.sh does not write {written}");
+        }
+        let healthcheck: Vec<&str> =
+            svc["healthcheck"]["test"].as_vec().unwrap().iter().map(|t| str_of(t, "test")).collect();
+        assert!(healthcheck.contains(&format!("{mount}/ca.crt").as_str()), "{name}: {healthcheck:?}");
+        let http_port = defaults.server.http_addr.port();
+        assert!(healthcheck.contains(&format!("https://localhost:{http_port}/healthz").as_str()), "{name}");
         assert_eq!(settings.eventbus.redis.host, "redis", "{name} points at the redis service");
         let container_ports: Vec<String> = svc["ports"]
             .as_vec()
@@ -113,11 +193,26 @@ fn compose_runs_two_redis_instances_the_daemon_accepts() {
     let mount = str_of(&services["prometheus"]["volumes"][0], "volume");
     assert!(mount.starts_with("./deploy/prometheus.yml:"), "{mount}");
     let prometheus = yaml("deploy/prometheus.yml");
+    // Prometheus scrapes over HTTPS, trusting the dev CA mounted where it looks.
+    let job = &prometheus["scrape_configs"][0];
+    assert_eq!(str_of(&job["scheme"], "scheme"), "https");
+    let ca = format!("{DEV_SECRETS}/ca.crt:{}:ro", str_of(&job["tls_config"]["ca_file"], "ca_file"));
+    assert!(services["prometheus"]["volumes"].as_vec().unwrap().iter().any(|v| v.as_str() == Some(&ca)), "{ca}");
     for target in prometheus["scrape_configs"][0]["static_configs"][0]["targets"].as_vec().unwrap() {
         let (host, port) = str_of(target, "target").split_once(':').unwrap();
         assert!(!services[host].is_badvalue(), "scrape target {host} is a compose service");
         assert_eq!(port, defaults.server.http_addr.port().to_string());
     }
+}
+
+#[test]
+fn dev_secrets_stay_out_of_git_and_images() {
+    let dir = DEV_SECRETS.trim_start_matches("./");
+    assert!(repo(".gitignore").lines().any(|l| l.trim_matches('/') == dir), ".gitignore lacks {dir}");
+    assert!(repo(".dockerignore").lines().any(|l| l.trim_matches('/') == dir), ".dockerignore lacks {dir}");
+    let script = repo("deploy/make-dev-certs.sh");
+    assert!(script.contains("FOR DEVELOPMENT ONLY"));
+    assert!(script.contains("dev-secrets") && script.contains("auth new-token"));
 }
 
 #[test]
