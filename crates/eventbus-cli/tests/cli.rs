@@ -280,9 +280,9 @@ fn offline(args: &[&str]) -> Command {
     cmd
 }
 
+/// The server's own hash of a token (eventbus-auth checks it against a known vector).
 fn sha256_hex(text: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    eventbus_auth::token_sha256(text)
 }
 
 #[tokio::test]
