@@ -356,7 +356,7 @@ fn consumer_as_rest(i: &pb::ConsumerInfo) -> serde_json::Value {
         "backoff": {"initial_ms": b.initial_ms, "multiplier": b.multiplier, "max_ms": b.max_ms},
         "dead_letter_channel": (!c.dead_letter_channel.is_empty()).then_some(&c.dead_letter_channel),
         "pending": i.pending, "in_flight": i.in_flight, "clients": i.clients,
-        "acked": i.acked, "dead_lettered": i.dead_lettered, "redelivered": i.redelivered,
+        "acked": i.acked, "dead_lettered": i.dead_lettered, "redelivered": i.redelivered, "owner": i.owner,
     })
 }
 

@@ -397,6 +397,12 @@ async fn a_jwt_carries_its_permissions_and_deny_wins_over_allow() {
     assert!(denied.message().contains("orders.secret.key"), "{}", denied.message());
     assert!(!denied.message().contains(&token), "the credential is never echoed");
     assert_eq!(code(bus.publish(event("billing.paid", &b"x"[..])).await), Code::PermissionDenied);
+    // A bad name is a bad request, whoever sends it: no right is judged on it.
+    assert_eq!(code(bus.publish(event("orders..x", &b"x"[..])).await), Code::InvalidArgument);
+    assert_eq!(
+        subscribe_on_authed(&mut bus, sub(&["orders.>.x"])).await.map(|s| s.id).unwrap_err().code(),
+        Code::InvalidArgument
+    );
 
     // orders.> can match orders.secret.x: refused whole. orders.eu.* cannot.
     let overlapping = subscribe_on_authed(&mut bus, sub(&["orders.eu.*", "orders.>"])).await.map(|s| s.id);
