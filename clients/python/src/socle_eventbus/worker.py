@@ -38,6 +38,10 @@ from .errors import EventBusError, from_rpc_error, is_transient
 log = logging.getLogger("socle_eventbus.worker")
 
 SHUTDOWN_REASON = "worker shutdown"
+# Shutdown nacks ask for redelivery after this delay rather than the backoff (the event
+# was not at fault), long enough that the broker has seen this stream close first, so it
+# goes to another client rather than back to us.
+SHUTDOWN_NACK_DELAY_MS = 100
 
 
 @dataclass(frozen=True)
@@ -477,7 +481,7 @@ class Worker:
         if call is not None:
             for eid in list(self._held):
                 self._controls.append(pb.ConsumeRequest(
-                    nack=pb.Nack(event_id=eid, reason=SHUTDOWN_REASON, delay_ms=1)))
+                    nack=pb.Nack(event_id=eid, reason=SHUTDOWN_REASON, delay_ms=SHUTDOWN_NACK_DELAY_MS)))
             self._held.clear()
             try:
                 await self._flush(call)
