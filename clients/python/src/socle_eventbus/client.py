@@ -212,14 +212,37 @@ class Client:
         return await self._unary(self.bus.Publish, req)
 
     async def publish_stream(
-        self, requests: Union[AsyncIterable[pb.PublishRequest], Iterable[pb.PublishRequest]]
+        self,
+        requests: Union[AsyncIterable[pb.PublishRequest], Iterable[pb.PublishRequest]],
+        *,
+        window: Optional[int] = 1024,
     ) -> AsyncIterator[pb.PublishResponse]:
         """Publishes a stream of requests (see `publish_request`), pipelined on one stream;
-        yields one response per request, in order. An invalid request ends the stream with
-        its error (earlier events stay published)."""
-        call = self.bus.PublishStream(requests, metadata=self._metadata)
+        yields one response per request, in order. At most `window` requests are
+        unanswered at a time (None: no bound). An invalid request ends the stream with its
+        error (earlier events stay published).
+
+        The window keeps a fast producer from queueing thousands of small HTTP/2 frames
+        the broker has not read yet (which h2 answers with ENHANCE_YOUR_CALM)."""
+        room = asyncio.Semaphore(window) if window else None
+
+        async def paced() -> AsyncIterator[pb.PublishRequest]:
+            if isinstance(requests, AsyncIterable):
+                async for req in requests:
+                    if room is not None:
+                        await room.acquire()
+                    yield req
+            else:
+                for req in requests:
+                    if room is not None:
+                        await room.acquire()
+                    yield req
+
+        call = self.bus.PublishStream(paced(), metadata=self._metadata)
         try:
             async for resp in call:
+                if room is not None:
+                    room.release()
                 yield resp
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
