@@ -46,7 +46,11 @@ pub(crate) async fn consume(
     let guard = access.open_stream(&caller, StreamUse::Consume(attach.consumer.clone()))?;
     let attached = durable.attach(&attach.consumer, options, create).await.map_err(status)?;
     let client: Arc<dyn ConsumerClient> = Arc::from(attached.client);
-    let watcher = Arc::clone(&client);
+    // Weak: the request task below owns the handle, so a client that closes its request
+    // stream (a graceful drain: last acks and nacks, then half-close) drops it, which
+    // ends the deliveries and then this response stream with OK. The client learns that
+    // every request it sent was applied.
+    let watcher = Arc::downgrade(&client);
     let consumer = attach.consumer.clone();
     // Requests are served by their own task; when the client's request stream ends (or
     // breaks), the handle drops and what it held is released at once.
@@ -89,10 +93,9 @@ pub(crate) async fn consume(
     // Detached by shutdown or a lost store: say so, so the client reconnects.
     let bus = bus.clone();
     let end = futures::stream::once(async move {
-        if let Some(err) = watcher.closed_reason() {
+        if let Some(err) = watcher.upgrade().and_then(|c| c.closed_reason()) {
             return Some(Err(status(err)));
         }
-        drop(watcher);
         bus.is_shutting_down().then(|| Err(Status::unavailable("shutting down")))
     })
     .filter_map(|end| async move { end });

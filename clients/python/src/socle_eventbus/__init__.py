@@ -1,0 +1,36 @@
+"""Socle EventBus client for asyncio.
+
+- `Client`: connect (token, TLS), `publish`, `publish_stream`, `subscribe` (reconnects by
+  itself and yields a `Gap` after each re-subscription), admin calls.
+- `Worker`: the push worker for durable consumers (handler → `Ack` / `Retry` / `Term`).
+- Errors: `EventBusError` and one subclass per gRPC status code callers branch on.
+- `pb`: the message classes generated from `proto/eventbus/v1/eventbus.proto` when the
+  package was built (`pb.Event`, `pb.DeadLetter`, ...).
+"""
+
+from ._pb import eventbus_pb2 as pb
+from .client import Backoff, Client, Gap, Subscription, consumer_config, publish_request
+from .errors import (
+    AlreadyExists,
+    EventBusError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
+from .worker import Ack, Retry, Term, Worker, WorkerStats
+
+Event = pb.Event
+Delivery = pb.Delivery
+DeadLetter = pb.DeadLetter
+
+__all__ = [
+    "pb", "Event", "Delivery", "DeadLetter",
+    "Client", "Subscription", "Gap", "Backoff", "publish_request", "consumer_config",
+    "Worker", "WorkerStats", "Ack", "Retry", "Term",
+    "EventBusError", "Unauthenticated", "PermissionDenied", "NotFound", "AlreadyExists",
+    "InvalidArgument", "Unavailable", "ResourceExhausted",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,441 @@
+"""`Client`: one gRPC channel to eventbusd, with publish, subscribe and the admin calls.
+
+Every call carries the bearer token (if any) as `authorization: Bearer <token>` metadata,
+and every gRPC failure surfaces as a typed `EventBusError` subclass (errors.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import (
+    AsyncIterable,
+    AsyncIterator,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
+
+import grpc
+import grpc.aio
+
+from ._pb import eventbus_pb2 as pb
+from ._pb import eventbus_pb2_grpc as pb_grpc
+from .errors import EventBusError, ResourceExhausted, Unavailable, from_rpc_error, is_transient
+
+Payload = Union[bytes, str]
+PemSource = Union[str, bytes, Path, None]
+Metadata = Tuple[Tuple[str, str], ...]
+
+# The channel reconnects by itself; keep its own backoff short so that our capped
+# backoff (subscribe, Worker) decides how fast we come back after a broker restart.
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.keepalive_time_ms", 30000),
+    ("grpc.keepalive_timeout_ms", 10000),
+]
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Yielded by `Client.subscribe` after a re-subscription: core pub/sub is at most once,
+    so events published between `lost_at` and `resumed_at` may have been missed."""
+
+    reason: str
+    lost_at: datetime
+    resumed_at: datetime
+    reconnects: int
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Capped exponential backoff with jitter (seconds), for reconnecting."""
+
+    initial: float = 0.1
+    max: float = 5.0
+    multiplier: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        """Delay before reconnect number `attempt` (1-based), ±20% jitter."""
+        base = min(self.max, self.initial * self.multiplier ** max(0, attempt - 1))
+        return base * random.uniform(0.8, 1.2)
+
+
+def _read_pem(src: PemSource) -> Optional[bytes]:
+    if src is None:
+        return None
+    if isinstance(src, bytes):
+        return src
+    text = str(src)
+    if "-----BEGIN" in text:
+        return text.encode()
+    return Path(text).read_bytes()
+
+
+def _target(url: str) -> Tuple[str, bool]:
+    """`http://h:p` / `https://h:p` / `h:p` → (target, tls)."""
+    if url.startswith("https://"):
+        return url[len("https://"):].rstrip("/"), True
+    if url.startswith("http://"):
+        return url[len("http://"):].rstrip("/"), False
+    return url.rstrip("/"), False
+
+
+def _payload(payload: Payload) -> bytes:
+    return payload.encode() if isinstance(payload, str) else bytes(payload)
+
+
+def publish_request(
+    channel: str,
+    payload: Payload = b"",
+    *,
+    metadata: Optional[Mapping[str, str]] = None,
+    content_type: str = "",
+    source: str = "",
+    ordering_key: str = "",
+    idempotency_key: str = "",
+) -> pb.PublishRequest:
+    """A `PublishRequest` (for `Client.publish_stream`); a `str` payload is sent as UTF-8."""
+    return pb.PublishRequest(
+        channel=channel,
+        payload=_payload(payload),
+        metadata=dict(metadata or {}),
+        content_type=content_type,
+        source=source,
+        ordering_key=ordering_key,
+        idempotency_key=idempotency_key,
+    )
+
+
+class Client:
+    """A connection to eventbusd. Create with `await Client.connect(url)`; close with
+    `await client.close()` or `async with`. Cheap to share between tasks."""
+
+    def __init__(self, channel: grpc.aio.Channel, token: Optional[str], timeout: Optional[float]) -> None:
+        self._channel = channel
+        self._metadata: Metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._timeout = timeout
+        self.bus = pb_grpc.EventBusStub(channel)
+        """Raw generated stub of the EventBus service (for what this class does not wrap)."""
+        self.admin = pb_grpc.AdminStub(channel)
+        """Raw generated stub of the Admin service."""
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        token: Optional[str] = None,
+        tls_ca: PemSource = None,
+        tls_cert: PemSource = None,
+        tls_key: PemSource = None,
+        *,
+        timeout: Optional[float] = 30.0,
+        connect_timeout: Optional[float] = 10.0,
+    ) -> "Client":
+        """Connects to `url` (`http://host:port`, `https://host:port` for TLS, or `host:port`).
+
+        `token`: bearer token sent with every call. `tls_ca`: PEM (path, str or bytes) of the
+        CA that signed the server certificate (default: system roots); `tls_cert`/`tls_key`:
+        client certificate for mTLS. `timeout`: default deadline of unary calls, seconds.
+        `connect_timeout`: wait this long for the first connection (None: do not wait);
+        `Unavailable` when it expires.
+        """
+        target, tls = _target(url)
+        if tls or tls_ca is not None or tls_cert is not None:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=_read_pem(tls_ca),
+                private_key=_read_pem(tls_key),
+                certificate_chain=_read_pem(tls_cert),
+            )
+            channel = grpc.aio.secure_channel(target, creds, options=_CHANNEL_OPTIONS)
+        else:
+            channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        client = cls(channel, token, timeout)
+        if connect_timeout is not None:
+            try:
+                await asyncio.wait_for(channel.channel_ready(), connect_timeout)
+            except asyncio.TimeoutError:
+                await channel.close()
+                raise Unavailable(f"UNAVAILABLE: cannot connect to {url} within {connect_timeout}s",
+                                  grpc.StatusCode.UNAVAILABLE) from None
+        return client
+
+    async def close(self) -> None:
+        """Closes the channel; open streams end."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def metadata(self) -> Metadata:
+        """Call metadata (the bearer token), for calls made on the raw stubs."""
+        return self._metadata
+
+    async def _unary(self, method, request):  # type: ignore[no-untyped-def]
+        try:
+            return await method(request, metadata=self._metadata, timeout=self._timeout)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+
+    # --- publishing ---
+
+    async def publish(
+        self,
+        channel: str,
+        payload: Payload = b"",
+        *,
+        metadata: Optional[Mapping[str, str]] = None,
+        content_type: str = "",
+        source: str = "",
+        ordering_key: str = "",
+        idempotency_key: str = "",
+    ) -> pb.PublishResponse:
+        """Publishes one event; answers once it is offered to every subscription and stored
+        for every matching durable consumer. `str` payloads are sent as UTF-8."""
+        req = publish_request(channel, payload, metadata=metadata, content_type=content_type, source=source,
+                              ordering_key=ordering_key, idempotency_key=idempotency_key)
+        return await self._unary(self.bus.Publish, req)
+
+    async def publish_stream(
+        self,
+        requests: Union[AsyncIterable[pb.PublishRequest], Iterable[pb.PublishRequest]],
+        *,
+        window: Optional[int] = 1024,
+    ) -> AsyncIterator[pb.PublishResponse]:
+        """Publishes a stream of requests (see `publish_request`), pipelined on one stream;
+        yields one response per request, in order. At most `window` requests are
+        unanswered at a time (None: no bound). An invalid request ends the stream with its
+        error (earlier events stay published).
+
+        The window keeps a fast producer from queueing thousands of small HTTP/2 frames
+        the broker has not read yet (which h2 answers with ENHANCE_YOUR_CALM)."""
+        room = asyncio.Semaphore(window) if window else None
+
+        async def paced() -> AsyncIterator[pb.PublishRequest]:
+            if isinstance(requests, AsyncIterable):
+                async for req in requests:
+                    if room is not None:
+                        await room.acquire()
+                    yield req
+            else:
+                for req in requests:
+                    if room is not None:
+                        await room.acquire()
+                    yield req
+
+        call = self.bus.PublishStream(paced(), metadata=self._metadata)
+        try:
+            async for resp in call:
+                if room is not None:
+                    room.release()
+                yield resp
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+        finally:
+            call.cancel()
+
+    # --- subscribing ---
+
+    def subscribe(
+        self,
+        channels: Union[str, Sequence[str]],
+        *,
+        group: str = "",
+        queue_capacity: int = 0,
+        overflow: int = pb.OVERFLOW_POLICY_UNSPECIFIED,
+        max_batch: int = 0,
+        name: str = "",
+        reconnect: bool = True,
+        backoff: Backoff = Backoff(),
+    ) -> "Subscription":
+        """Subscribes to channels/patterns; iterate the result with `async for`.
+
+        Yields `Event`s, and a `Gap` after each automatic re-subscription (the stream broke:
+        broker restart, network, slow-consumer disconnect). With `reconnect=False` the
+        failure is raised instead. Ends when the subscription is closed by
+        `Admin.Unsubscribe` or `Subscription.aclose()`."""
+        if isinstance(channels, str):
+            channels = [channels]
+        req = pb.SubscribeRequest(channels=list(channels), group=group, queue_capacity=queue_capacity,
+                                  overflow=overflow, max_batch=max_batch, name=name)
+        return Subscription(self, req, reconnect, backoff)
+
+    # --- admin ---
+
+    async def stats(self) -> pb.GetStatsResponse:
+        """Broker-wide totals."""
+        return await self._unary(self.admin.GetStats, pb.GetStatsRequest())
+
+    async def channels(self) -> List[pb.ChannelStats]:
+        """Channels seen, with counters."""
+        return list((await self._unary(self.admin.ListChannels, pb.ListChannelsRequest())).channels)
+
+    async def subscriptions(self) -> List[pb.SubscriptionInfo]:
+        """Open subscriptions."""
+        return list((await self._unary(self.admin.ListSubscriptions, pb.ListSubscriptionsRequest())).subscriptions)
+
+    async def unsubscribe(self, subscription_id: str) -> None:
+        """Closes a subscription (its stream ends normally)."""
+        await self._unary(self.admin.Unsubscribe, pb.UnsubscribeRequest(subscription_id=subscription_id))
+
+    async def create_consumer(
+        self,
+        name: str,
+        channels: Union[str, Sequence[str]],
+        *,
+        ack_deadline_ms: int = 0,
+        max_attempts: Optional[int] = None,
+        backoff: Optional[pb.Backoff] = None,
+        max_in_flight: int = 0,
+        dead_letter_channel: str = "",
+    ) -> pb.ConsumerInfo:
+        """Creates a durable consumer (idempotent for an identical definition,
+        `AlreadyExists` for a different one). Zero values take the broker defaults;
+        `max_attempts=None` → 5, `0` → unlimited."""
+        return await self._unary(self.admin.CreateConsumer, pb.CreateConsumerRequest(config=consumer_config(
+            name, channels, ack_deadline_ms=ack_deadline_ms, max_attempts=max_attempts, backoff=backoff,
+            max_in_flight=max_in_flight, dead_letter_channel=dead_letter_channel)))
+
+    async def get_consumer(self, name: str) -> pb.ConsumerInfo:
+        """A consumer's state; `NotFound` when unknown."""
+        return await self._unary(self.admin.GetConsumer, pb.GetConsumerRequest(name=name))
+
+    async def list_consumers(self) -> List[pb.ConsumerInfo]:
+        """Every consumer's state."""
+        return list((await self._unary(self.admin.ListConsumers, pb.ListConsumersRequest())).consumers)
+
+    async def delete_consumer(self, name: str) -> None:
+        """Deletes a consumer, its events and its log."""
+        await self._unary(self.admin.DeleteConsumer, pb.DeleteConsumerRequest(name=name))
+
+    async def event_log(
+        self, consumer: str, *, status: int = pb.EVENT_STATUS_UNSPECIFIED, limit: int = 0, page_token: str = ""
+    ) -> pb.ListEventLogResponse:
+        """One page of a consumer's terminal log (oldest first); see `event_log_all`."""
+        return await self._unary(self.admin.ListEventLog, pb.ListEventLogRequest(
+            consumer=consumer, status=status, limit=limit, page_token=page_token))
+
+    async def event_log_all(
+        self, consumer: str, *, status: int = pb.EVENT_STATUS_UNSPECIFIED
+    ) -> AsyncIterator[pb.EventLogEntry]:
+        """Every entry of a consumer's terminal log, following the pages."""
+        token = ""
+        while True:
+            page = await self.event_log(consumer, status=status, limit=1000, page_token=token)
+            for entry in page.entries:
+                yield entry
+            token = page.next_page_token
+            if not token:
+                return
+
+
+def consumer_config(
+    name: str,
+    channels: Union[str, Sequence[str]],
+    *,
+    ack_deadline_ms: int = 0,
+    max_attempts: Optional[int] = None,
+    backoff: Optional[pb.Backoff] = None,
+    max_in_flight: int = 0,
+    dead_letter_channel: str = "",
+) -> pb.ConsumerConfig:
+    """A `ConsumerConfig` (for `create_consumer` or `Worker(create_if_missing=...)`)."""
+    if isinstance(channels, str):
+        channels = [channels]
+    cfg = pb.ConsumerConfig(name=name, channels=list(channels), ack_deadline_ms=ack_deadline_ms,
+                            max_in_flight=max_in_flight, dead_letter_channel=dead_letter_channel)
+    if max_attempts is not None:
+        cfg.max_attempts = max_attempts
+    if backoff is not None:
+        cfg.backoff.CopyFrom(backoff)
+    return cfg
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Subscription:
+    """The async iterator returned by `Client.subscribe`: `Event`s and `Gap`s."""
+
+    def __init__(self, client: Client, request: pb.SubscribeRequest, reconnect: bool, backoff: Backoff) -> None:
+        self._client = client
+        self._request = request
+        self._reconnect = reconnect
+        self._backoff = backoff
+        self._gen = self._run()
+        self.id: Optional[str] = None
+        """Id of the current server-side subscription (changes on each re-subscription)."""
+        self.reconnects = 0
+        """Re-subscriptions made so far."""
+        self._started = asyncio.Event()
+
+    def __aiter__(self) -> "Subscription":
+        return self
+
+    async def __anext__(self) -> Union[pb.Event, Gap]:
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        """Ends the subscription (cancels the stream)."""
+        await self._gen.aclose()
+
+    async def started(self) -> str:
+        """Waits until the subscription is live (events published from now on are
+        delivered) and returns its id. Needs the iterator to be consumed concurrently —
+        or call it after the first `__anext__` is pending."""
+        await self._started.wait()
+        assert self.id is not None
+        return self.id
+
+    async def _run(self) -> AsyncIterator[Union[pb.Event, Gap]]:
+        lost_at: Optional[datetime] = None
+        reason = ""
+        failures = 0
+        while True:
+            call = self._client.bus.Subscribe(self._request, metadata=self._client.metadata)
+            try:
+                async for resp in call:
+                    if resp.HasField("events"):
+                        for ev in resp.events.events:
+                            yield ev
+                    else:
+                        self.id = resp.started.subscription_id
+                        self._started.set()
+                        failures = 0
+                        if lost_at is not None:
+                            self.reconnects += 1
+                            gap = Gap(reason=reason, lost_at=lost_at, resumed_at=_now(), reconnects=self.reconnects)
+                            lost_at = None
+                            yield gap
+                return  # ended with OK: unsubscribed
+            except grpc.aio.AioRpcError as e:
+                err = from_rpc_error(e)
+                if not self._reconnect or not (is_transient(err) or isinstance(err, ResourceExhausted)):
+                    raise err from None
+                if lost_at is None and self.id is not None:  # a gap only once we had started
+                    lost_at = _now()
+                    reason = err.message
+            finally:
+                call.cancel()
+            self._started.clear()
+            failures += 1
+            await asyncio.sleep(self._backoff.delay(failures))
+
+
+__all__ = ["Client", "Subscription", "Gap", "Backoff", "publish_request", "consumer_config", "EventBusError"]

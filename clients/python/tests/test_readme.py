@@ -1,0 +1,46 @@
+"""The README's examples, run as written against a daemon of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import List
+
+from conftest import Daemon
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def blocks() -> List[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+async def run(code: str, daemon: Daemon) -> asyncio.subprocess.Process:
+    env = dict(os.environ, EVENTBUS_URL=daemon.url)
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+
+
+async def output(proc: asyncio.subprocess.Process) -> str:
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, out.decode()
+    return out.decode()
+
+
+async def test_readme_examples_run_as_written(own_daemon: Daemon) -> None:
+    publish, subscribe, worker = blocks()
+
+    assert re.match(r"published [0-9a-f-]{36}\n", await output(await run(publish, own_daemon)))
+    assert await output(await run(subscribe, own_daemon)) == "received orders.shipped parcel 7\n"
+
+    proc = await run(worker, own_daemon)
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    assert line.decode() == "billing order 42 attempt 1\n"
+    proc.send_signal(signal.SIGTERM)
+    rest = await output(proc)
+    assert rest.startswith("stopped: WorkerStats(processed=1, failed=0"), rest
