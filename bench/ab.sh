@@ -49,11 +49,15 @@ declare -A PORT
 for side in A B; do
   bin_var=${side}_BIN; env_var=${side}_ENV
   PORT[$side]=$(free_port)
-  rm -rf "$OUT/ab-data-$side"
+  # Each daemon runs in an empty directory: no ./config/default.yaml of this checkout
+  # (an older build would refuse keys it does not know).
+  dir="$PWD/$OUT/ab-$side"
+  rm -rf "$dir"; mkdir -p "$dir"
+  bin=$(realpath "${!bin_var}")
   # shellcheck disable=SC2086
-  env EVENTBUS__DURABLE__DATA_DIR="$OUT/ab-data-$side" ${!env_var:-} "${!bin_var}" \
+  (cd "$dir" && exec env EVENTBUS__DURABLE__DATA_DIR="$dir/data" ${!env_var:-} "$bin" \
     --grpc-addr "127.0.0.1:${PORT[$side]}" --http-addr "127.0.0.1:$(free_port)" --log-level warn \
-    >"$OUT/ab-$side.log" 2>&1 & PIDS+=($!)
+    >"$dir.log" 2>&1) & PIDS+=($!)
 done
 wait_port "${PORT[A]}"; wait_port "${PORT[B]}"
 

@@ -486,7 +486,7 @@ async fn grpc_and_rest_agree_on_stats_channels_subscriptions_and_publish() {
             json!({
                 "id": s.id, "channels": s.channels, "group": (!s.group.is_empty()).then_some(&s.group),
                 "name": s.name, "pending": s.pending, "capacity": s.capacity, "delivered": s.delivered,
-                "dropped": s.dropped, "overflow": overflow, "peer": s.peer,
+                "dropped": s.dropped, "overflow": overflow, "peer": s.peer, "owner": s.owner,
                 "created_at": s.created_at.unwrap().to_string(),
             })
         })
