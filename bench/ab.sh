@@ -32,14 +32,8 @@ WORKLOADS=${WORKLOADS:-"fanout1x16 fanout1x1 pubonly unary durable_stream durabl
 
 cargo build --release --quiet -p eventbus-server -p eventbus-cli
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() {
-  for _ in $(seq 100); do
-    python3 -c "import socket; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "nothing listens on port $1" >&2; exit 1
-}
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
@@ -92,6 +86,8 @@ for name in order:
     sample = runs[name]["A"][0]
     metrics = [m for m in ("delivered_per_sec", "published_per_sec", "consumed_per_sec") if m in sample]
     for m in metrics:
+        if not any(r[m] for r in runs[name]["A"]):
+            continue  # not measured by this workload (a publish-only run delivers nothing)
         a = statistics.median(r[m] for r in runs[name]["A"])
         b = statistics.median(r[m] for r in runs[name]["B"])
         print(f"| {name} | {m} | {a:,.0f} | {b:,.0f} | {b / a:.2f}× |")

@@ -26,14 +26,8 @@ done
 
 cargo build --release --quiet -p eventbus-server -p eventbus-cli -p peers
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() {
-  for _ in $(seq 100); do
-    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "nothing listens on port $1" >&2; exit 1
-}
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 NATS_PORT=$(free_port); REDIS_PORT=$(free_port); GRPC_PORT=$(free_port); HTTP_PORT=$(free_port)
 AOF_PORT=$(free_port); RGRPC_PORT=$(free_port); RHTTP_PORT=$(free_port)

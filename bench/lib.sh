@@ -1,0 +1,13 @@
+# Shared by the bench scripts (sourced from the repository root).
+
+# A free loopback TCP port.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# Waits (10 s at most) until something listens on loopback port $1.
+wait_port() {
+  for _ in $(seq 100); do
+    python3 -c "import socket; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "nothing listens on port $1" >&2; exit 1
+}
