@@ -22,6 +22,8 @@ pub struct Broker {
     pub addr: SocketAddr,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), ServerError>>,
+    /// Stops the broker when the test ends, however it ends.
+    _guard: tokio_util::sync::DropGuard,
 }
 
 pub fn settings() -> Settings {
@@ -43,7 +45,7 @@ impl Broker {
         let addr = server.grpc_addr();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(server.run(shutdown.clone()));
-        Self { addr, shutdown, task }
+        Self { addr, shutdown: shutdown.clone(), task, _guard: shutdown.drop_guard() }
     }
 
     pub fn url(&self) -> String {
@@ -58,12 +60,6 @@ impl Broker {
     pub async fn stop(self) {
         self.shutdown.cancel();
         within(self.task).await.expect("join").expect("server result");
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
     }
 }
 
@@ -110,16 +106,13 @@ where
 
 /// The consumer's state, once nothing is left pending or in flight.
 pub async fn settled(client: &Client, name: &str) -> pb::ConsumerInfo {
-    let mut last = None;
-    eventually(&format!("consumer {name} to settle"), || {
-        let (client, last) = (client.clone(), &mut last);
-        async move {
-            let info = client.consumer(name).await.unwrap();
-            let done = info.pending == 0 && info.in_flight == 0;
-            *last = Some(info);
-            done
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let info = client.consumer(name).await.unwrap();
+        if info.pending == 0 && info.in_flight == 0 {
+            return info;
         }
-    })
-    .await;
-    last.unwrap()
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {name} to settle: {info:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
