@@ -1,9 +1,12 @@
 //! `eventbus`: command-line client for Socle EventBus.
 //!
-//! - `cli`: the command line (clap).
 //! Every call goes through `eventbus_client` (connection, TLS, token, typed errors that
 //! read as one line), like the bench's: one client code path.
-//! - `publish`, `subscribe`, `admin`: the commands; `bench` runs `eventbus_bench`.
+//!
+//! - `cli`: the command line (clap), including the connection options.
+//! - `publish`, `subscribe`, `admin`, `durable`: the commands.
+//! - `bench` runs `eventbus_bench`; `durable_bench` the `durable` and `worker`
+//!   workloads, `idle` the idle one.
 //! - `auth`: `auth new-token`, a token and its principals-file entry.
 //! - `output`: how events and tables are printed, for people and for scripts (`--json`).
 

@@ -1,5 +1,7 @@
 //! [`Client`]: one connection to eventbusd, with every RPC of the API as a method.
 
+use std::sync::Arc;
+
 use eventbus_proto::pb::{self, admin_client::AdminClient, event_bus_client::EventBusClient};
 
 use crate::Error;
@@ -28,6 +30,11 @@ use crate::subscribe::{self, SubscribeOptions, Subscription};
 /// ```
 #[derive(Debug, Clone)]
 pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
     connector: Connector,
     bus: EventBusClient<AuthChannel>,
     admin: AdminClient<AuthChannel>,
@@ -42,16 +49,20 @@ impl Client {
     /// A new, separate connection with the same options (the TLS files are not read
     /// again): for spreading load over several connections.
     pub async fn new_connection(&self) -> Result<Self, Error> {
-        self.connector.client().await
+        self.inner.connector.client().await
     }
 
     /// The broker address, as given.
     pub fn server(&self) -> &str {
-        self.connector.server()
+        self.inner.connector.server()
+    }
+
+    fn admin(&self) -> AdminClient<AuthChannel> {
+        self.inner.admin.clone()
     }
 
     pub(crate) fn bus(&self) -> EventBusClient<AuthChannel> {
-        self.bus.clone()
+        self.inner.bus.clone()
     }
 
     /// Publishes one event; answers once the broker has offered it to every matching
@@ -82,24 +93,24 @@ impl Client {
 
     /// Broker totals (`Admin.GetStats`).
     pub async fn stats(&self) -> Result<pb::GetStatsResponse, Error> {
-        Ok(self.admin.clone().get_stats(pb::GetStatsRequest {}).await?.into_inner())
+        Ok(self.admin().get_stats(pb::GetStatsRequest {}).await?.into_inner())
     }
 
     /// Channels with their counters (`Admin.ListChannels`).
     pub async fn channels(&self) -> Result<Vec<pb::ChannelStats>, Error> {
-        Ok(self.admin.clone().list_channels(pb::ListChannelsRequest {}).await?.into_inner().channels)
+        Ok(self.admin().list_channels(pb::ListChannelsRequest {}).await?.into_inner().channels)
     }
 
     /// Open subscriptions (`Admin.ListSubscriptions`).
     pub async fn subscriptions(&self) -> Result<Vec<pb::SubscriptionInfo>, Error> {
-        let list = self.admin.clone().list_subscriptions(pb::ListSubscriptionsRequest {}).await?;
+        let list = self.admin().list_subscriptions(pb::ListSubscriptionsRequest {}).await?;
         Ok(list.into_inner().subscriptions)
     }
 
     /// Closes a subscription by id; [`Error::NotFound`] when there is none.
     pub async fn unsubscribe(&self, subscription_id: impl Into<String>) -> Result<(), Error> {
         let request = pb::UnsubscribeRequest { subscription_id: subscription_id.into() };
-        self.admin.clone().unsubscribe(request).await?;
+        self.admin().unsubscribe(request).await?;
         Ok(())
     }
 
@@ -107,28 +118,28 @@ impl Client {
     /// [`Error::AlreadyExists`] for another one).
     pub async fn create_consumer(&self, config: pb::ConsumerConfig) -> Result<pb::ConsumerInfo, Error> {
         let request = pb::CreateConsumerRequest { config: Some(config) };
-        Ok(self.admin.clone().create_consumer(request).await?.into_inner())
+        Ok(self.admin().create_consumer(request).await?.into_inner())
     }
 
     /// One consumer's definition and counts; [`Error::NotFound`] when unknown.
     pub async fn consumer(&self, name: impl Into<String>) -> Result<pb::ConsumerInfo, Error> {
-        Ok(self.admin.clone().get_consumer(pb::GetConsumerRequest { name: name.into() }).await?.into_inner())
+        Ok(self.admin().get_consumer(pb::GetConsumerRequest { name: name.into() }).await?.into_inner())
     }
 
     /// Every consumer with its counts.
     pub async fn consumers(&self) -> Result<Vec<pb::ConsumerInfo>, Error> {
-        Ok(self.admin.clone().list_consumers(pb::ListConsumersRequest {}).await?.into_inner().consumers)
+        Ok(self.admin().list_consumers(pb::ListConsumersRequest {}).await?.into_inner().consumers)
     }
 
     /// Deletes a consumer, the events it holds and its log.
     pub async fn delete_consumer(&self, name: impl Into<String>) -> Result<(), Error> {
-        self.admin.clone().delete_consumer(pb::DeleteConsumerRequest { name: name.into() }).await?;
+        self.admin().delete_consumer(pb::DeleteConsumerRequest { name: name.into() }).await?;
         Ok(())
     }
 
     /// One page of a consumer's terminal log (follow `next_page_token` for the next).
     pub async fn event_log(&self, request: pb::ListEventLogRequest) -> Result<pb::ListEventLogResponse, Error> {
-        Ok(self.admin.clone().list_event_log(request).await?.into_inner())
+        Ok(self.admin().list_event_log(request).await?.into_inner())
     }
 }
 
@@ -136,10 +147,11 @@ impl Connector {
     /// A [`Client`] on a new connection.
     pub async fn client(&self) -> Result<Client, Error> {
         let channel = self.channel().await?;
-        Ok(Client {
+        let inner = Inner {
             connector: self.clone(),
             bus: EventBusClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE),
             admin: AdminClient::new(channel).max_decoding_message_size(MAX_MESSAGE),
-        })
+        };
+        Ok(Client { inner: Arc::new(inner) })
     }
 }

@@ -65,7 +65,7 @@ async fn n_events_with_concurrency_8_are_each_handled_once_and_acked() {
     shutdown.cancel();
     within(task).await.unwrap().unwrap();
 
-    let calls = calls.lock().unwrap();
+    let calls = calls.lock().unwrap().clone();
     assert_eq!(calls.len(), N);
     assert!(ids.iter().all(|id| calls.get(id).is_some_and(|a| a == &[1])), "each handled once, at attempt 1");
     assert!(peak.load(std::sync::atomic::Ordering::SeqCst) <= 8, "never more than 8 handlers at once");
@@ -107,7 +107,7 @@ async fn a_handler_that_fails_twice_is_acked_at_attempt_3_after_the_backoff() {
     shutdown.cancel();
     within(task).await.unwrap().unwrap();
 
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2, 3]);
     // The consumer's backoff: 20 ms after the first failure, 40 ms after the second.
     assert!(seen[1].1 - seen[0].1 >= Duration::from_millis(20), "{seen:?}");
@@ -203,7 +203,7 @@ async fn a_handler_running_past_the_ack_deadline_is_not_redelivered() {
     eventually("the event acked", || async { client.consumer("billing").await.unwrap().acked == 1 }).await;
     shutdown.cancel();
     within(task).await.unwrap().unwrap();
-    let calls = calls.lock().unwrap();
+    let calls = calls.lock().unwrap().clone();
     assert_eq!(calls.values().collect::<Vec<_>>(), [&vec![1]], "handled once, never redelivered");
     assert_eq!(client.consumer("billing").await.unwrap().redelivered, 0);
 }
@@ -263,7 +263,7 @@ async fn shutdown_lets_running_handlers_finish_and_hands_the_rest_back() {
     shutdown.cancel();
     within(task).await.unwrap().unwrap();
     assert_eq!(second.stats().processed, (N - 2) as u64);
-    let calls = calls.lock().unwrap();
+    let calls = calls.lock().unwrap().clone();
     assert!(ids.iter().all(|id| calls.contains_key(id)), "every event handled");
 }
 
@@ -308,7 +308,7 @@ async fn the_worker_reconnects_after_a_daemon_restart_and_loses_nothing() {
     let broker = Broker::start_with(s).await;
     gate.add_permits(N * 10);
     eventually("every event handled", || async {
-        let calls = calls.lock().unwrap();
+        let calls = calls.lock().unwrap().clone();
         ids.iter().all(|id| calls.contains_key(id))
     })
     .await;
