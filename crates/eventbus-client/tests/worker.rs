@@ -318,3 +318,24 @@ async fn the_worker_reconnects_after_a_daemon_restart_and_loses_nothing() {
     within(task).await.unwrap().unwrap();
     broker.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_counts_as_a_retry() {
+    let broker = Broker::start().await;
+    let client = broker.client().await;
+    client.create_consumer(consumer("billing", "orders.>")).await.unwrap();
+    publish_n(&client, "orders.created", 1).await;
+    let worker = Worker::new(client.clone(), "billing");
+    let (shutdown, task) = spawn(&worker, |d: Delivery| {
+        assert!(d.attempt > 1, "first attempt panics before any await");
+        async {}
+    });
+    eventually("acked at the second attempt", || async { client.consumer("billing").await.unwrap().acked == 1 }).await;
+    shutdown.cancel();
+    within(task).await.unwrap().unwrap();
+    let stats = worker.stats();
+    assert_eq!((stats.processed, stats.failed, stats.retried, stats.in_flight), (1, 1, 1, 0));
+    let log =
+        client.event_log(pb::ListEventLogRequest { consumer: "billing".into(), ..Default::default() }).await.unwrap();
+    assert_eq!(log.entries[0].failures[0].reason, "handler panicked");
+}

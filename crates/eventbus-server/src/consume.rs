@@ -46,7 +46,10 @@ pub(crate) async fn consume(
     let guard = access.open_stream(&caller, StreamUse::Consume(attach.consumer.clone()))?;
     let attached = durable.attach(&attach.consumer, options, create).await.map_err(status)?;
     let client: Arc<dyn ConsumerClient> = Arc::from(attached.client);
-    let watcher = Arc::clone(&client);
+    // Weak: once the request task drops the client, the engine releases it and ends its
+    // deliveries, which ends this stream (a strong reference here would keep both open
+    // until the client gave up waiting for the end).
+    let watcher = Arc::downgrade(&client);
     let consumer = attach.consumer.clone();
     // Requests are served by their own task; when the client's request stream ends (or
     // breaks), the handle drops and what it held is released at once.
@@ -89,10 +92,9 @@ pub(crate) async fn consume(
     // Detached by shutdown or a lost store: say so, so the client reconnects.
     let bus = bus.clone();
     let end = futures::stream::once(async move {
-        if let Some(err) = watcher.closed_reason() {
+        if let Some(err) = watcher.upgrade().and_then(|client| client.closed_reason()) {
             return Some(Err(status(err)));
         }
-        drop(watcher);
         bus.is_shutting_down().then(|| Err(Status::unavailable("shutting down")))
     })
     .filter_map(|end| async move { end });

@@ -250,7 +250,8 @@ impl<'w, H: Handler> Run<'w, H> {
             let handler = Arc::clone(&self.handler);
             self.tasks.spawn(async move {
                 let start = Instant::now();
-                let outcome = AssertUnwindSafe(handler.handle(delivery))
+                // Inside the guarded future: a handler may also panic before its first await.
+                let outcome = AssertUnwindSafe(async move { handler.handle(delivery).await })
                     .catch_unwind()
                     .await
                     .unwrap_or_else(|_| Outcome::retry("handler panicked"));
