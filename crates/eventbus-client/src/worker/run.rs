@@ -147,6 +147,13 @@ impl<'w, H: Handler> Run<'w, H> {
                     if let Ok(done) = done {
                         self.finished(done).await;
                     }
+                    // Whatever else has finished too, in one go: one turn of this loop
+                    // per batch of results, not per event.
+                    while let Some(done) = self.tasks.try_join_next() {
+                        if let Ok(done) = done {
+                            self.finished(done).await;
+                        }
+                    }
                 }
                 message = next_message(&mut self.conn) => self.received(message, drain_until.is_some()).await?,
                 () = sleep_until(self.retry_at), if self.conn.is_none() && drain_until.is_none() => self.connect().await?,
