@@ -1,15 +1,14 @@
-//! The eventbus target: one gRPC connection per publisher and per subscriber.
+//! The eventbus target: one gRPC connection per publisher and per subscriber, through
+//! `eventbus-client`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::client::{AuthChannel, Connector};
 use crate::target::{PublishMode, Publisher, Subscriber, Target};
 use anyhow::Context;
 use bytes::Bytes;
-use eventbus_proto::pb::{self, event_bus_client::EventBusClient, subscribe_response::Kind};
-use tokio::sync::{Mutex, Notify, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
+use eventbus_client::{Client, PublishSender, SubscribeOptions, Subscription, SubscriptionItem, pb};
+use tokio::sync::{Mutex, Notify};
 
 /// Publishes in flight on one `PublishStream` before the sender waits.
 const STREAM_WINDOW: usize = 4096;
@@ -19,12 +18,13 @@ const QUEUE_CAPACITY: u32 = 1_000_000;
 /// A running eventbusd.
 #[derive(Debug, Clone)]
 pub struct EventBusTarget {
-    connector: Connector,
+    client: Client,
 }
 
 impl EventBusTarget {
-    pub fn new(connector: Connector) -> Self {
-        Self { connector }
+    /// `client`'s options, with a new connection for each publisher and subscriber.
+    pub fn new(client: Client) -> Self {
+        Self { client }
     }
 }
 
@@ -37,24 +37,23 @@ impl Target for EventBusTarget {
     }
 
     async fn publisher(&self, mode: PublishMode) -> anyhow::Result<EventBusPublisher> {
-        let mut client = self.connector.event_bus().await?;
+        let client = self.client.new_connection().await?;
         match mode {
             PublishMode::Unary => Ok(EventBusPublisher::Unary(client)),
             PublishMode::Stream => {
-                let (tx, rx) = mpsc::channel(STREAM_WINDOW);
-                let mut responses = client.publish_stream(ReceiverStream::new(rx)).await?.into_inner();
+                let (tx, mut answers) = client.publish_stream(STREAM_WINDOW).await?;
                 let acks = Arc::new(Acks::default());
                 let reader = Arc::clone(&acks);
                 tokio::spawn(async move {
                     loop {
-                        match responses.message().await {
+                        match answers.next().await {
                             Ok(Some(_)) => {
                                 reader.acked.fetch_add(1, Ordering::Release);
                                 reader.changed.notify_waiters();
                             }
                             Ok(None) => break,
-                            Err(status) => {
-                                *reader.error.lock().await = Some(status);
+                            Err(e) => {
+                                *reader.error.lock().await = Some(e);
                                 break;
                             }
                         }
@@ -68,19 +67,13 @@ impl Target for EventBusTarget {
     }
 
     async fn subscriber(&self, subject: &str, group: Option<&str>) -> anyhow::Result<EventBusSubscriber> {
-        let mut client = self.connector.event_bus().await?;
-        let req = pb::SubscribeRequest {
-            channels: vec![subject.to_owned()],
-            group: group.unwrap_or_default().to_owned(),
-            queue_capacity: QUEUE_CAPACITY,
-            name: "bench".into(),
-            ..Default::default()
-        };
-        let mut stream = client.subscribe(req).await?.into_inner();
-        match stream.message().await? {
-            Some(pb::SubscribeResponse { kind: Some(Kind::Started(_)) }) => Ok(EventBusSubscriber { stream }),
-            other => anyhow::bail!("expected `started`, got {other:?}"),
-        }
+        let client = self.client.new_connection().await?;
+        let options = SubscribeOptions::new([subject])
+            .group(group.unwrap_or_default())
+            .queue_capacity(QUEUE_CAPACITY)
+            .name("bench")
+            .reconnect(false);
+        Ok(EventBusSubscriber { subscription: client.subscribe(options).await? })
     }
 }
 
@@ -88,14 +81,14 @@ impl Target for EventBusTarget {
 pub struct Acks {
     acked: AtomicU64,
     changed: Notify,
-    ended: std::sync::atomic::AtomicBool,
-    error: Mutex<Option<tonic::Status>>,
+    ended: AtomicBool,
+    error: Mutex<Option<eventbus_client::Error>>,
 }
 
 #[derive(Debug)]
 pub enum EventBusPublisher {
-    Unary(EventBusClient<AuthChannel>),
-    Stream { tx: mpsc::Sender<pb::PublishRequest>, sent: u64, acks: Arc<Acks> },
+    Unary(Client),
+    Stream { tx: PublishSender, sent: u64, acks: Arc<Acks> },
 }
 
 impl Publisher for EventBusPublisher {
@@ -117,8 +110,8 @@ impl Publisher for EventBusPublisher {
         let Self::Stream { sent, acks, .. } = self else { return Ok(()) };
         loop {
             let changed = acks.changed.notified();
-            if let Some(status) = acks.error.lock().await.take() {
-                anyhow::bail!("publish stream failed: {status}");
+            if let Some(e) = acks.error.lock().await.take() {
+                anyhow::bail!("publish stream failed: {e}");
             }
             if acks.acked.load(Ordering::Acquire) >= *sent {
                 return Ok(());
@@ -133,16 +126,16 @@ impl Publisher for EventBusPublisher {
 
 #[derive(Debug)]
 pub struct EventBusSubscriber {
-    stream: tonic::Streaming<pb::SubscribeResponse>,
+    subscription: Subscription,
 }
 
 impl Subscriber for EventBusSubscriber {
     async fn next(&mut self, out: &mut Vec<Bytes>) -> anyhow::Result<bool> {
         loop {
-            match self.stream.message().await? {
+            match self.subscription.next().await.transpose()? {
                 None => return Ok(false),
-                Some(pb::SubscribeResponse { kind: Some(Kind::Events(batch)) }) => {
-                    out.extend(batch.events.into_iter().map(|e| e.payload));
+                Some(SubscriptionItem::Events(events)) => {
+                    out.extend(events.into_iter().map(|e| e.payload));
                     return Ok(true);
                 }
                 Some(_) => {}

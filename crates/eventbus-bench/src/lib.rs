@@ -4,14 +4,13 @@
 //! that eventbus, NATS and Redis are measured by the same code (`bench/peers` plugs the
 //! other two in).
 //!
-//! - [`client`]: how every client reaches eventbusd (address, TLS, bearer token).
 //! - [`target`]: what a system must offer: publishers and live subscribers.
 //! - [`workload`]: the three workloads (fan-out, latency at a fixed rate, publish-only),
 //!   their command-line arguments and their [`Report`](workload::Report).
 //! - [`durable`]: the durable workload's arguments and report (eventbus and JetStream).
-//! - [`eventbus`]: the eventbus target (unary `Publish` or `PublishStream`).
+//! - [`eventbus`]: the eventbus target (unary `Publish` or `PublishStream`), on
+//!   `eventbus-client` like every other client in the repository.
 
-pub mod client;
 pub mod durable;
 pub mod eventbus;
 pub mod target;

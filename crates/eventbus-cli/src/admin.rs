@@ -1,14 +1,12 @@
 //! `eventbus stats | channels | subscriptions | unsubscribe`.
 
-use eventbus_bench::client::Connector;
-use eventbus_proto::pb;
+use eventbus_client::{Client, pb};
 use serde_json::json;
 
-use crate::connect::status_error;
 use crate::output::{table, time};
 
-pub(crate) async fn stats(server: &Connector, json: bool) -> anyhow::Result<()> {
-    let s = server.admin().await?.get_stats(pb::GetStatsRequest {}).await.map_err(status_error)?.into_inner();
+pub(crate) async fn stats(client: &Client, json: bool) -> anyhow::Result<()> {
+    let s = client.stats().await?;
     let fields: [(&str, String); 9] = [
         ("mode", s.mode.clone()),
         ("instance_id", s.instance_id.clone()),
@@ -41,9 +39,8 @@ pub(crate) async fn stats(server: &Connector, json: bool) -> anyhow::Result<()> 
     Ok(())
 }
 
-pub(crate) async fn channels(server: &Connector, json: bool) -> anyhow::Result<()> {
-    let list = server.admin().await?.list_channels(pb::ListChannelsRequest {}).await.map_err(status_error)?;
-    let channels = list.into_inner().channels;
+pub(crate) async fn channels(client: &Client, json: bool) -> anyhow::Result<()> {
+    let channels = client.channels().await?;
     if json {
         let values: Vec<_> = channels
             .iter()
@@ -85,9 +82,8 @@ fn overflow_name(policy: i32) -> &'static str {
     }
 }
 
-pub(crate) async fn subscriptions(server: &Connector, json: bool) -> anyhow::Result<()> {
-    let list = server.admin().await?.list_subscriptions(pb::ListSubscriptionsRequest {}).await.map_err(status_error)?;
-    let subs = list.into_inner().subscriptions;
+pub(crate) async fn subscriptions(client: &Client, json: bool) -> anyhow::Result<()> {
+    let subs = client.subscriptions().await?;
     if json {
         let values: Vec<_> = subs
             .iter()
@@ -131,9 +127,8 @@ pub(crate) async fn subscriptions(server: &Connector, json: bool) -> anyhow::Res
     Ok(())
 }
 
-pub(crate) async fn unsubscribe(server: &Connector, json: bool, id: &str) -> anyhow::Result<()> {
-    let req = pb::UnsubscribeRequest { subscription_id: id.to_owned() };
-    server.admin().await?.unsubscribe(req).await.map_err(status_error)?;
+pub(crate) async fn unsubscribe(client: &Client, json: bool, id: &str) -> anyhow::Result<()> {
+    client.unsubscribe(id).await?;
     if json {
         println!("{}", json!({ "unsubscribed": id }));
     } else {

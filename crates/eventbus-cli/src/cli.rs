@@ -1,19 +1,61 @@
 //! The command line.
 
+use std::path::PathBuf;
+
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use eventbus_proto::pb::OverflowPolicy;
+use eventbus_client::ClientOptions;
+use eventbus_client::pb::OverflowPolicy;
 
 /// Command-line client for Socle EventBus.
 #[derive(Debug, Parser)]
 #[command(version, about, propagate_version = true)]
 pub(crate) struct Cli {
     #[command(flatten)]
-    pub(crate) connect: eventbus_bench::client::ConnectArgs,
+    pub(crate) connect: ConnectArgs,
     /// Print JSON for scripts instead of text for people.
     #[arg(long, global = true)]
     pub(crate) json: bool,
     #[command(subcommand)]
     pub(crate) command: Command,
+}
+
+/// How to reach the broker (global options), turned into [`ClientOptions`].
+#[derive(Clone, Default, clap::Args)]
+pub(crate) struct ConnectArgs {
+    /// Broker gRPC address; `https://` turns TLS on.
+    #[arg(long, global = true, env = "EVENTBUS_SERVER", default_value = eventbus_client::options::DEFAULT_SERVER)]
+    pub(crate) server: String,
+    /// Bearer token sent with every call.
+    #[arg(long, global = true, env = "EVENTBUS_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub(crate) token: Option<String>,
+    /// PEM file of the CA that signed the broker's certificate (instead of the system's roots).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// PEM client certificate, for a broker that requires one (mTLS); needs --tls-key.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub(crate) tls_key: Option<PathBuf>,
+}
+
+/// Everything but the token.
+impl std::fmt::Debug for ConnectArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectArgs").field("options", &self.options()).finish()
+    }
+}
+
+impl ConnectArgs {
+    pub(crate) fn options(&self) -> ClientOptions {
+        ClientOptions {
+            token: self.token.clone(),
+            tls_ca: self.tls_ca.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            ..ClientOptions::new(self.server.clone())
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -148,6 +190,9 @@ pub(crate) enum BenchWorkload {
     /// Durable publish (each answered once committed) from concurrent publishers, then
     /// consume with batched acks.
     Durable(eventbus_bench::durable::DurableArgs),
+    /// Like `durable`, but consumed by an `eventbus-client` Worker with a no-op handler
+    /// (its overhead over the raw consume loop of `durable`).
+    Worker(crate::durable_bench::WorkerArgs),
 }
 
 #[derive(Debug, Args)]

@@ -2,16 +2,11 @@
 
 use std::io::Write as _;
 
-use anyhow::Context;
-use eventbus_bench::client::Connector;
-use eventbus_proto::pb::{self, consume_request, consume_response};
+use eventbus_client::{Client, ConsumeMessage, pb};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::cli::{AckMode, ConsumeArgs, ConsumerCommand, CreateArgs, LogArgs};
-use crate::connect::status_error;
 use crate::output::{self, table, time};
 
 fn info_json(i: &pb::ConsumerInfo) -> serde_json::Value {
@@ -40,27 +35,20 @@ fn print_info(json: bool, i: &pb::ConsumerInfo) {
     }
 }
 
-pub(crate) async fn consumer(server: &Connector, json: bool, cmd: ConsumerCommand) -> anyhow::Result<()> {
-    let mut admin = server.admin().await?;
+pub(crate) async fn consumer(client: &Client, json: bool, cmd: ConsumerCommand) -> anyhow::Result<()> {
     match cmd {
         ConsumerCommand::Create(a) => {
-            let info = admin
-                .create_consumer(pb::CreateConsumerRequest { config: Some(config(a)) })
-                .await
-                .map_err(status_error)?;
-            print_info(json, &info.into_inner());
+            print_info(json, &client.create_consumer(config(a)).await?);
         }
         ConsumerCommand::Info { name } => {
-            let info = admin.get_consumer(pb::GetConsumerRequest { name }).await.map_err(status_error)?;
-            print_info(json, &info.into_inner());
+            print_info(json, &client.consumer(name).await?);
         }
         ConsumerCommand::List => {
-            let list = admin.list_consumers(pb::ListConsumersRequest {}).await.map_err(status_error)?.into_inner();
+            let consumers = client.consumers().await?;
             if json {
-                println!("{}", serde_json::Value::Array(list.consumers.iter().map(info_json).collect()));
+                println!("{}", serde_json::Value::Array(consumers.iter().map(info_json).collect()));
             } else {
-                let rows: Vec<Vec<String>> = list
-                    .consumers
+                let rows: Vec<Vec<String>> = consumers
                     .iter()
                     .map(|i| {
                         let c = i.config.clone().unwrap_or_default();
@@ -80,7 +68,7 @@ pub(crate) async fn consumer(server: &Connector, json: bool, cmd: ConsumerComman
             }
         }
         ConsumerCommand::Delete { name } => {
-            admin.delete_consumer(pb::DeleteConsumerRequest { name: name.clone() }).await.map_err(status_error)?;
+            client.delete_consumer(name.clone()).await?;
             println!("deleted {name}");
         }
     }
@@ -103,12 +91,16 @@ fn config(a: CreateArgs) -> pb::ConsumerConfig {
     }
 }
 
-fn req(kind: consume_request::Kind) -> pb::ConsumeRequest {
-    pb::ConsumeRequest { kind: Some(kind) }
+/// A manual-mode command.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Manual {
+    Ack(String),
+    Nack { id: String, reason: String },
+    Term { id: String, reason: String },
 }
 
 /// Parses a manual-mode command line: `ack ID`, `nack ID [reason]`, `term ID [reason]`.
-pub(crate) fn parse_command(line: &str) -> Result<consume_request::Kind, String> {
+pub(crate) fn parse_command(line: &str) -> Result<Manual, String> {
     let mut words = line.trim().splitn(3, ' ');
     let (verb, id) = (words.next().unwrap_or_default(), words.next().unwrap_or_default().to_owned());
     let reason = words.next().unwrap_or_default().to_owned();
@@ -116,16 +108,14 @@ pub(crate) fn parse_command(line: &str) -> Result<consume_request::Kind, String>
         return Err(format!("expected `ack|nack|term EVENT_ID [reason]`, got {line:?}"));
     }
     match verb {
-        "ack" => Ok(consume_request::Kind::Ack(pb::Ack { event_ids: vec![id] })),
-        "nack" => Ok(consume_request::Kind::Nack(pb::Nack { event_id: id, reason, delay_ms: 0 })),
-        "term" => Ok(consume_request::Kind::Term(pb::Term { event_id: id, reason })),
+        "ack" => Ok(Manual::Ack(id)),
+        "nack" => Ok(Manual::Nack { id, reason }),
+        "term" => Ok(Manual::Term { id, reason }),
         other => Err(format!("unknown command {other:?}: use ack, nack or term")),
     }
 }
 
-pub(crate) async fn consume(server: &Connector, json: bool, a: ConsumeArgs) -> anyhow::Result<()> {
-    let mut client = server.event_bus().await?;
-    let (tx, rx) = mpsc::channel(1024);
+pub(crate) async fn consume(client: &Client, json: bool, a: ConsumeArgs) -> anyhow::Result<()> {
     // With --count, never hold more than will be printed.
     let max_in_flight = match (a.count, a.max_in_flight) {
         (Some(n), 0) => u32::try_from(n).unwrap_or(u32::MAX),
@@ -133,8 +123,8 @@ pub(crate) async fn consume(server: &Connector, json: bool, a: ConsumeArgs) -> a
         (None, m) => m,
     };
     let attach = pb::Attach { consumer: a.name.clone(), max_in_flight, ..Default::default() };
-    tx.send(req(consume_request::Kind::Attach(attach))).await.context("cannot send attach")?;
-    let mut responses = client.consume(ReceiverStream::new(rx)).await.map_err(status_error)?.into_inner();
+    let mut stream = client.consume(attach).await?;
+    let tx = stream.sender();
     if a.ack == AckMode::Manual {
         let tx = tx.clone();
         tokio::spawn(async move {
@@ -143,13 +133,17 @@ pub(crate) async fn consume(server: &Connector, json: bool, a: ConsumeArgs) -> a
                 if line.trim().is_empty() {
                     continue;
                 }
-                match parse_command(&line) {
-                    Ok(kind) => {
-                        if tx.send(req(kind)).await.is_err() {
-                            return;
-                        }
+                let sent = match parse_command(&line) {
+                    Ok(Manual::Ack(id)) => tx.ack(vec![id]).await,
+                    Ok(Manual::Nack { id, reason }) => tx.nack(id, reason, None).await,
+                    Ok(Manual::Term { id, reason }) => tx.term(id, reason).await,
+                    Err(e) => {
+                        eprintln!("{e}");
+                        continue;
                     }
-                    Err(e) => eprintln!("{e}"),
+                };
+                if sent.is_err() {
+                    return;
                 }
             }
         });
@@ -158,22 +152,22 @@ pub(crate) async fn consume(server: &Connector, json: bool, a: ConsumeArgs) -> a
     loop {
         let message = tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(()),
-            m = responses.message() => m.map_err(status_error)?,
+            m = stream.next() => m?,
         };
         let Some(message) = message else {
             eprintln!("consumer stream closed by the broker");
             return Ok(());
         };
-        match message.kind {
-            Some(consume_response::Kind::Attached(at)) => {
-                let pending = at.consumer.map_or(0, |c| c.pending + c.in_flight);
+        match message {
+            ConsumeMessage::Attached(c) => {
+                let pending = c.pending + c.in_flight;
                 eprintln!("attached to {} ({pending} unfinished events)", a.name);
             }
-            Some(consume_response::Kind::Deliveries(d)) => {
+            ConsumeMessage::Deliveries(deliveries) => {
                 let mut acks = Vec::new();
                 {
                     let mut out = std::io::stdout().lock();
-                    for delivery in &d.deliveries {
+                    for delivery in &deliveries {
                         let Some(event) = &delivery.event else { continue };
                         let line = if json {
                             let mut v = output::event_json(event);
@@ -191,24 +185,22 @@ pub(crate) async fn consume(server: &Connector, json: bool, a: ConsumeArgs) -> a
                 }
                 received += acks.len() as u64;
                 if a.ack == AckMode::Auto {
-                    let _ = tx.send(req(consume_request::Kind::Ack(pb::Ack { event_ids: acks }))).await;
+                    let _ = tx.ack(acks).await;
                 }
                 if a.count.is_some_and(|n| received >= n) {
                     // Closing our side detaches; the broker then ends its side, which
                     // tells us the acks sent before were received.
                     drop(tx);
-                    let drain = async { while let Ok(Some(_)) = responses.message().await {} };
-                    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
+                    stream.close(std::time::Duration::from_secs(5)).await;
                     return Ok(());
                 }
             }
-            None => {}
+            _ => {}
         }
     }
 }
 
-pub(crate) async fn log(server: &Connector, json: bool, a: LogArgs) -> anyhow::Result<()> {
-    let mut admin = server.admin().await?;
+pub(crate) async fn log(client: &Client, json: bool, a: LogArgs) -> anyhow::Result<()> {
     let status = match a.status.as_deref() {
         None | Some("all") => pb::EventStatus::Unspecified,
         Some("completed") => pb::EventStatus::Completed,
@@ -224,7 +216,7 @@ pub(crate) async fn log(server: &Connector, json: bool, a: LogArgs) -> anyhow::R
             limit: a.limit,
             page_token: std::mem::take(&mut token),
         };
-        let page = admin.list_event_log(request).await.map_err(status_error)?.into_inner();
+        let page = client.event_log(request).await?;
         for e in &page.entries {
             let status = if e.status == pb::EventStatus::DeadLettered as i32 { "dead_lettered" } else { "completed" };
             let reasons: Vec<&str> = e.failures.iter().map(|f| f.reason.as_str()).collect();
@@ -263,11 +255,11 @@ mod tests {
 
     #[test]
     fn manual_commands_parse() {
-        assert!(matches!(parse_command("ack e1"), Ok(consume_request::Kind::Ack(a)) if a.event_ids == ["e1"]));
+        assert_eq!(parse_command("ack e1"), Ok(Manual::Ack("e1".into())));
         assert!(
-            matches!(parse_command("nack e1 out of stock"), Ok(consume_request::Kind::Nack(n)) if n.reason == "out of stock")
+            matches!(parse_command("nack e1 out of stock"), Ok(Manual::Nack { reason, .. }) if reason == "out of stock")
         );
-        assert!(matches!(parse_command("term e1"), Ok(consume_request::Kind::Term(t)) if t.event_id == "e1"));
+        assert!(matches!(parse_command("term e1"), Ok(Manual::Term { id, .. }) if id == "e1"));
         assert!(parse_command("ack").is_err());
         assert!(parse_command("skip e1").is_err());
     }

@@ -1,40 +1,58 @@
 //! `eventbus bench durable`: durable publish throughput and latency (every publish
 //! waits for its capture to be committed), then consume throughput with batched acks
 //! (until the broker has applied every ack).
+//!
+//! `eventbus bench worker`: the same publish phase, then consumed by an
+//! `eventbus_client::Worker` with a no-op handler, to compare with `durable`'s raw loop.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use eventbus_bench::PublishMode;
-use eventbus_bench::client::{AuthChannel, Connector};
 use eventbus_bench::durable::{DurableArgs, DurableReport, Histogram, STREAM_WINDOW, latency_histogram};
-use eventbus_proto::pb::{self, consume_request, consume_response, event_bus_client::EventBusClient};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use eventbus_client::{Client, ConsumeMessage, Delivery, Outcome, Worker, pb};
+use tokio_util::sync::CancellationToken;
 
-pub(crate) async fn run(server: &Connector, json: bool, a: &DurableArgs) -> anyhow::Result<()> {
+/// Bound on a consume phase that stops making progress.
+const STALL: Duration = Duration::from_secs(10);
+
+/// `eventbus bench worker`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct WorkerArgs {
+    #[command(flatten)]
+    durable: DurableArgs,
+    /// Handlers the worker runs at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Events the worker holds at once (its max_in_flight).
+    #[arg(long, default_value_t = 10_000)]
+    queue_capacity: u32,
+}
+
+/// A fresh consumer on a fresh channel, filled with `a.count` events.
+struct Filled {
+    name: String,
+    publish_secs: f64,
+    latency: Histogram<u64>,
+}
+
+async fn fill(client: &Client, a: &DurableArgs) -> anyhow::Result<Filled> {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     let name = format!("bench-{nanos}");
     let channel = format!("bench.durable.{nanos}");
-    let mut admin = server.admin().await?;
     let config = pb::ConsumerConfig {
         name: name.clone(),
         channels: vec![channel.clone()],
         max_in_flight: 10_000,
         ..Default::default()
     };
-    admin.create_consumer(pb::CreateConsumerRequest { config: Some(config) }).await.context("create consumer")?;
+    client.create_consumer(config).await.context("create consumer")?;
 
-    // Phase 1: publish, every publish answered (OK = committed).
-    let req = pb::PublishRequest {
-        channel: channel.clone(),
-        payload: bytes::Bytes::from(vec![0xAB; a.payload]),
-        ..Default::default()
-    };
+    let req = pb::PublishRequest { channel, payload: bytes::Bytes::from(vec![0xAB; a.payload]), ..Default::default() };
     let mut clients = Vec::new();
     for _ in 0..a.publishers.max(1) {
-        clients.push(server.event_bus().await?);
+        clients.push(client.new_connection().await?);
     }
     let start = Instant::now();
     let n = clients.len() as u64;
@@ -51,64 +69,90 @@ pub(crate) async fn run(server: &Connector, json: bool, a: &DurableArgs) -> anyh
     for t in tasks {
         latency.add(&t.await??)?;
     }
-    let publish_secs = start.elapsed().as_secs_f64();
-    // Phase 2: consume everything, acking each batch.
-    let mut client = server.event_bus().await?;
-    let (tx, rx) = mpsc::channel(1024);
-    let attach = pb::Attach { consumer: name.clone(), max_batch: a.max_batch, ..Default::default() };
-    tx.send(pb::ConsumeRequest { kind: Some(consume_request::Kind::Attach(attach)) }).await?;
-    let start = Instant::now();
-    let mut responses = client.consume(ReceiverStream::new(rx)).await?.into_inner();
-    let mut consumed = 0u64;
-    while consumed < a.count {
-        let msg =
-            tokio::time::timeout(Duration::from_secs(10), responses.message()).await.context("consume stalled")??;
-        match msg.and_then(|m| m.kind) {
-            Some(consume_response::Kind::Deliveries(d)) => {
-                consumed += d.deliveries.len() as u64;
-                let ids = d.deliveries.into_iter().filter_map(|d| d.event.map(|e| e.id)).collect();
-                tx.send(pb::ConsumeRequest { kind: Some(consume_request::Kind::Ack(pb::Ack { event_ids: ids })) })
-                    .await?;
-            }
-            Some(consume_response::Kind::Attached(_)) => {}
-            None => anyhow::bail!("the consume stream ended after {consumed} events"),
-        }
-    }
-    // Acks are applied after they are sent (redis mode: one script per batch), so the
-    // clock stops once the broker counts every one of them, not at the last delivery.
+    Ok(Filled { name, publish_secs: start.elapsed().as_secs_f64(), latency })
+}
+
+/// Acks are applied after they are sent (redis mode: one script per batch), so the
+/// clock stops once the broker counts every one of them, not at the last delivery.
+async fn until_acked(client: &Client, name: &str, count: u64) -> anyhow::Result<()> {
     let waiting = Instant::now();
     loop {
-        let info = admin.get_consumer(pb::GetConsumerRequest { name: name.clone() }).await?.into_inner();
-        if info.acked >= a.count {
-            break;
+        let info = client.consumer(name).await?;
+        if info.acked >= count {
+            return Ok(());
         }
         anyhow::ensure!(
-            waiting.elapsed() < Duration::from_secs(10),
-            "acks stalled: {} of {} applied after 10 s",
+            waiting.elapsed() < STALL,
+            "acks stalled: {} of {count} applied after {} s",
             info.acked,
-            a.count
+            STALL.as_secs()
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let consume_secs = start.elapsed().as_secs_f64();
-    drop(tx);
-    admin.delete_consumer(pb::DeleteConsumerRequest { name }).await?;
+}
 
-    let report = DurableReport { system: "eventbus", args: a, publish_secs, latency, consumed, consume_secs };
+fn print(json: bool, report: &DurableReport<'_>) {
     if json {
         println!("{}", report.to_json());
     } else {
         print!("{}", report.human());
     }
+}
+
+pub(crate) async fn run(client: &Client, json: bool, a: &DurableArgs) -> anyhow::Result<()> {
+    let Filled { name, publish_secs, latency } = fill(client, a).await?;
+    // Consume everything, acking each batch.
+    let consumer = client.new_connection().await?;
+    let attach = pb::Attach { consumer: name.clone(), max_batch: a.max_batch, ..Default::default() };
+    let start = Instant::now();
+    let mut stream = consumer.consume(attach).await?;
+    let acks = stream.sender();
+    let mut consumed = 0u64;
+    while consumed < a.count {
+        match tokio::time::timeout(STALL, stream.next()).await.context("consume stalled")?? {
+            Some(ConsumeMessage::Deliveries(d)) => {
+                consumed += d.len() as u64;
+                acks.ack(d.into_iter().filter_map(|d| d.event.map(|e| e.id)).collect()).await?;
+            }
+            Some(_) => {}
+            None => anyhow::bail!("the consume stream ended after {consumed} events"),
+        }
+    }
+    until_acked(client, &name, a.count).await?;
+    let consume_secs = start.elapsed().as_secs_f64();
+    drop((acks, stream));
+    client.delete_consumer(name).await?;
+    print(json, &DurableReport { system: "eventbus", args: a, publish_secs, latency, consumed, consume_secs });
+    Ok(())
+}
+
+pub(crate) async fn run_worker(client: &Client, json: bool, w: &WorkerArgs) -> anyhow::Result<()> {
+    let a = &w.durable;
+    let Filled { name, publish_secs, latency } = fill(client, a).await?;
+    let worker = Worker::new(client.new_connection().await?, name.clone())
+        .concurrency(w.concurrency)
+        .queue_capacity(w.queue_capacity)
+        .max_batch(a.max_batch);
+    let shutdown = CancellationToken::new();
+    let start = Instant::now();
+    let running = {
+        let (worker, shutdown) = (worker.clone(), shutdown.clone());
+        tokio::spawn(async move { worker.run(|_: Delivery| async { Outcome::Ack }, shutdown).await })
+    };
+    let done = until_acked(client, &name, a.count).await;
+    let consume_secs = start.elapsed().as_secs_f64();
+    shutdown.cancel();
+    running.await??;
+    done?;
+    client.delete_consumer(name).await?;
+    let consumed = worker.stats().processed;
+    let report = DurableReport { system: "eventbus-worker", args: a, publish_secs, latency, consumed, consume_secs };
+    print(json, &report);
     Ok(())
 }
 
 /// `share` unary publishes, one at a time; latency is each call's.
-async fn publish_unary(
-    mut client: EventBusClient<AuthChannel>,
-    req: pb::PublishRequest,
-    share: u64,
-) -> anyhow::Result<Histogram<u64>> {
+async fn publish_unary(client: Client, req: pb::PublishRequest, share: u64) -> anyhow::Result<Histogram<u64>> {
     let mut latency = latency_histogram();
     for _ in 0..share {
         let t = Instant::now();
@@ -120,13 +164,8 @@ async fn publish_unary(
 
 /// `share` publishes on one `PublishStream`, up to [`STREAM_WINDOW`] unanswered (the
 /// broker answers a stream in order); latency is from sending to the answer.
-async fn publish_stream(
-    mut client: EventBusClient<AuthChannel>,
-    req: pb::PublishRequest,
-    share: u64,
-) -> anyhow::Result<Histogram<u64>> {
-    let (tx, rx) = mpsc::channel(STREAM_WINDOW);
-    let mut answers = client.publish_stream(ReceiverStream::new(rx)).await?.into_inner();
+async fn publish_stream(client: Client, req: pb::PublishRequest, share: u64) -> anyhow::Result<Histogram<u64>> {
+    let (tx, mut answers) = client.publish_stream(STREAM_WINDOW).await?;
     let mut latency = latency_histogram();
     let mut sent_at = VecDeque::with_capacity(STREAM_WINDOW);
     let (mut sent, mut answered) = (0, 0);
@@ -137,7 +176,7 @@ async fn publish_stream(
             sent += 1;
             continue;
         }
-        answers.message().await?.context("the publish stream ended before every publish was answered")?;
+        answers.next().await?.context("the publish stream ended before every publish was answered")?;
         let t = sent_at.pop_front().context("an answer without a publish")?;
         latency.saturating_record(t.elapsed().as_nanos() as u64);
         answered += 1;

@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use eventbus_bench::client::Connector;
-use eventbus_proto::pb::{self, subscribe_response::Kind};
+use eventbus_client::{Client, SubscribeOptions};
 use serde_json::json;
 
 /// Streams per connection (HTTP/2 servers commonly cap concurrent streams at 200).
@@ -52,26 +51,19 @@ fn sample(pid: u32) -> anyhow::Result<Sample> {
     Ok(Sample { cpu_secs, rss_bytes: rss_kb * 1024 })
 }
 
-pub(crate) async fn run(server: &Connector, json: bool, a: &IdleArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(client: &Client, json: bool, a: &IdleArgs) -> anyhow::Result<()> {
     let baseline = sample(a.pid)?;
     let mut streams = Vec::with_capacity(a.subscriptions);
-    let mut client = None;
+    let mut connection = client.clone();
     for i in 0..a.subscriptions {
         if i % STREAMS_PER_CONNECTION == 0 {
-            client = Some(server.event_bus().await?);
+            connection = client.new_connection().await?;
         }
-        let Some(client) = client.as_mut() else { unreachable!("set at i = 0") };
-        let req = pb::SubscribeRequest {
-            channels: vec![format!("idle.{i}")],
-            queue_capacity: a.queue_capacity,
-            name: "idle-bench".into(),
-            ..Default::default()
-        };
-        let mut stream = client.subscribe(req).await?.into_inner();
-        match stream.message().await? {
-            Some(pb::SubscribeResponse { kind: Some(Kind::Started(_)) }) => streams.push(stream),
-            other => anyhow::bail!("expected `started`, got {other:?}"),
-        }
+        let options = SubscribeOptions::new([format!("idle.{i}")])
+            .queue_capacity(a.queue_capacity)
+            .name("idle-bench")
+            .reconnect(false);
+        streams.push(connection.subscribe(options).await?);
     }
     let before = sample(a.pid)?;
     tokio::time::sleep(Duration::from_secs_f64(a.duration)).await;

@@ -1,16 +1,18 @@
 //! `eventbus`: command-line client for Socle EventBus.
 //!
-//! - `cli`: the command line (clap).
-//! - `connect`: turning gRPC errors into one readable line (connections themselves are
-//!   `eventbus_bench::client`'s, shared with the bench: address, TLS, bearer token).
-//! - `publish`, `subscribe`, `admin`: the commands; `bench` runs `eventbus_bench`.
+//! Every call goes through `eventbus_client` (connection, TLS, token, typed errors that
+//! read as one line), like the bench's: one client code path.
+//!
+//! - `cli`: the command line (clap), including the connection options.
+//! - `publish`, `subscribe`, `admin`, `durable`: the commands.
+//! - `bench` runs `eventbus_bench`; `durable_bench` the `durable` and `worker`
+//!   workloads, `idle` the idle one.
 //! - `auth`: `auth new-token`, a token and its principals-file entry.
 //! - `output`: how events and tables are printed, for people and for scripts (`--json`).
 
 mod admin;
 mod auth;
 mod cli;
-mod connect;
 mod durable;
 mod durable_bench;
 mod idle;
@@ -21,18 +23,19 @@ mod subscribe;
 use std::process::ExitCode;
 
 use clap::Parser;
-use eventbus_bench::client::Connector;
+use eventbus_client::Client;
 
 use crate::cli::{Cli, Command};
 
 /// `eventbus bench`: one run, reported as text or one JSON object.
-async fn bench(server: &Connector, json: bool, workload: &cli::BenchWorkload) -> anyhow::Result<()> {
+async fn bench(client: &Client, json: bool, workload: &cli::BenchWorkload) -> anyhow::Result<()> {
     let workload = match workload {
-        cli::BenchWorkload::Idle(args) => return idle::run(server, json, args).await,
-        cli::BenchWorkload::Durable(args) => return durable_bench::run(server, json, args).await,
+        cli::BenchWorkload::Idle(args) => return idle::run(client, json, args).await,
+        cli::BenchWorkload::Durable(args) => return durable_bench::run(client, json, args).await,
+        cli::BenchWorkload::Worker(args) => return durable_bench::run_worker(client, json, args).await,
         cli::BenchWorkload::Traffic(workload) => workload,
     };
-    let target = eventbus_bench::eventbus::EventBusTarget::new(server.clone());
+    let target = eventbus_bench::eventbus::EventBusTarget::new(client.clone());
     let report = eventbus_bench::run(&target, workload, true).await?;
     if json {
         println!("{}", report.to_json());
@@ -66,18 +69,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Auth { command } = &cli.command {
         return auth::run(json, command);
     }
-    let server = Connector::new(&cli.connect)?;
+    let client = Client::connect(cli.connect.options()).await?;
     match cli.command {
-        Command::Publish(args) => publish::run(&server, json, args).await,
-        Command::Subscribe(args) => subscribe::run(&server, json, args).await,
-        Command::Stats => admin::stats(&server, json).await,
-        Command::Channels => admin::channels(&server, json).await,
-        Command::Subscriptions => admin::subscriptions(&server, json).await,
-        Command::Unsubscribe { id } => admin::unsubscribe(&server, json, &id).await,
-        Command::Consumer { command } => durable::consumer(&server, json, command).await,
-        Command::Consume(args) => durable::consume(&server, json, args).await,
-        Command::Log(args) => durable::log(&server, json, args).await,
-        Command::Bench { workload } => bench(&server, json, &workload).await,
+        Command::Publish(args) => publish::run(&client, json, args).await,
+        Command::Subscribe(args) => subscribe::run(&client, json, args).await,
+        Command::Stats => admin::stats(&client, json).await,
+        Command::Channels => admin::channels(&client, json).await,
+        Command::Subscriptions => admin::subscriptions(&client, json).await,
+        Command::Unsubscribe { id } => admin::unsubscribe(&client, json, &id).await,
+        Command::Consumer { command } => durable::consumer(&client, json, command).await,
+        Command::Consume(args) => durable::consume(&client, json, args).await,
+        Command::Log(args) => durable::log(&client, json, args).await,
+        Command::Bench { workload } => bench(&client, json, &workload).await,
         Command::Auth { .. } => unreachable!("answered above, without a connection"),
     }
 }

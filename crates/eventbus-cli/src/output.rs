@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use base64::Engine as _;
-use eventbus_proto::pb;
+use eventbus_client::pb;
 use serde_json::{Value, json};
 
 pub(crate) fn time(t: Option<&prost_types::Timestamp>) -> String {

@@ -3,20 +3,16 @@
 use std::io::Read as _;
 
 use anyhow::{Context, bail};
-use eventbus_bench::client::{AuthChannel, Connector};
-use eventbus_proto::pb;
+use eventbus_client::{Client, pb};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::cli::PublishArgs;
-use crate::connect::status_error;
 
 /// Requests read ahead of the broker's answers with `--lines`.
 const LINES_IN_FLIGHT: usize = 1024;
 
-pub(crate) async fn run(server: &Connector, json: bool, args: PublishArgs) -> anyhow::Result<()> {
-    let mut client = server.event_bus().await?;
+pub(crate) async fn run(client: &Client, json: bool, args: PublishArgs) -> anyhow::Result<()> {
     let template = pb::PublishRequest {
         channel: args.channel.clone(),
         metadata: args.metadata.iter().cloned().collect(),
@@ -30,7 +26,7 @@ pub(crate) async fn run(server: &Connector, json: bool, args: PublishArgs) -> an
         if args.payload.as_deref() != Some("-") {
             bail!("--lines reads standard input: give `-` as the payload");
         }
-        return publish_lines(&mut client, json, template).await;
+        return publish_lines(client, json, template).await;
     }
     let payload = match args.payload.as_deref() {
         None => Vec::new(),
@@ -42,7 +38,7 @@ pub(crate) async fn run(server: &Connector, json: bool, args: PublishArgs) -> an
         Some(text) => text.as_bytes().to_vec(),
     };
     let req = pb::PublishRequest { payload: payload.into(), ..template };
-    let resp = client.publish(req).await.map_err(status_error)?.into_inner();
+    let resp = client.publish(req).await?;
     print_published(json, &args.channel, &resp);
     Ok(())
 }
@@ -76,13 +72,9 @@ fn print_published(json: bool, channel: &str, resp: &pb::PublishResponse) {
 }
 
 /// One event per stdin line over a single PublishStream, read and answered concurrently.
-async fn publish_lines(
-    client: &mut pb::event_bus_client::EventBusClient<AuthChannel>,
-    json: bool,
-    template: pb::PublishRequest,
-) -> anyhow::Result<()> {
+async fn publish_lines(client: &Client, json: bool, template: pb::PublishRequest) -> anyhow::Result<()> {
     let channel = template.channel.clone();
-    let (tx, rx) = tokio::sync::mpsc::channel(LINES_IN_FLIGHT);
+    let (tx, mut responses) = client.publish_stream(LINES_IN_FLIGHT).await?;
     let reader = tokio::spawn(async move {
         let mut lines = BufReader::new(tokio::io::stdin()).lines();
         while let Some(line) = lines.next_line().await? {
@@ -93,9 +85,8 @@ async fn publish_lines(
         }
         Ok::<_, std::io::Error>(())
     });
-    let mut responses = client.publish_stream(ReceiverStream::new(rx)).await.map_err(status_error)?.into_inner();
     let (mut events, mut delivered, mut failed) = (0u64, 0u64, 0u64);
-    while let Some(resp) = responses.message().await.map_err(status_error)? {
+    while let Some(resp) = responses.next().await? {
         events += 1;
         delivered += u64::from(resp.delivered_count);
         failed += u64::from(resp.failed_count);

@@ -2,15 +2,12 @@
 
 use std::io::Write as _;
 
-use eventbus_bench::client::Connector;
-use eventbus_proto::pb::{self, subscribe_response::Kind};
+use eventbus_client::{Client, SubscribeOptions, SubscriptionItem, pb};
 
 use crate::cli::SubscribeArgs;
-use crate::connect::status_error;
 use crate::output;
 
-pub(crate) async fn run(server: &Connector, json: bool, args: SubscribeArgs) -> anyhow::Result<()> {
-    let mut client = server.event_bus().await?;
+pub(crate) async fn run(client: &Client, json: bool, args: SubscribeArgs) -> anyhow::Result<()> {
     let req = pb::SubscribeRequest {
         channels: args.patterns.clone(),
         group: args.group.clone().unwrap_or_default(),
@@ -19,7 +16,8 @@ pub(crate) async fn run(server: &Connector, json: bool, args: SubscribeArgs) -> 
         max_batch: args.max_batch,
         name: args.name.clone(),
     };
-    let mut stream = client.subscribe(req).await.map_err(status_error)?.into_inner();
+    // One subscription, as always: a loss ends the command with its error.
+    let mut subscription = client.subscribe(SubscribeOptions::from(req).reconnect(false)).await?;
     let mut received = 0u64;
     if args.count == Some(0) {
         return Ok(());
@@ -27,19 +25,19 @@ pub(crate) async fn run(server: &Connector, json: bool, args: SubscribeArgs) -> 
     loop {
         let message = tokio::select! {
             _ = tokio::signal::ctrl_c() => return Ok(()),
-            message = stream.message() => message,
+            item = subscription.next() => item,
         };
-        match message.map_err(status_error)? {
+        match message.transpose()? {
             None => {
                 note("subscription closed by the broker");
                 return Ok(());
             }
-            Some(pb::SubscribeResponse { kind: Some(Kind::Started(started)) }) => {
-                note(&format!("subscribed {} to {}", started.subscription_id, args.patterns.join(" ")));
+            Some(SubscriptionItem::Started { subscription_id }) => {
+                note(&format!("subscribed {subscription_id} to {}", args.patterns.join(" ")));
             }
-            Some(pb::SubscribeResponse { kind: Some(Kind::Events(batch)) }) => {
+            Some(SubscriptionItem::Events(events)) => {
                 let mut out = std::io::stdout().lock();
-                for event in &batch.events {
+                for event in &events {
                     let line = if json { output::event_json(event).to_string() } else { output::event_line(event) };
                     if writeln!(out, "{line}").is_err() {
                         return Ok(()); // stdout closed (e.g. `| head`): nothing left to do
@@ -54,7 +52,7 @@ pub(crate) async fn run(server: &Connector, json: bool, args: SubscribeArgs) -> 
                     return Ok(());
                 }
             }
-            Some(pb::SubscribeResponse { kind: None }) => {}
+            Some(_) => {}
         }
     }
 }

@@ -1,62 +1,112 @@
 //! Reaching eventbusd: the address, TLS and the bearer token, in one place for every
-//! client the `eventbus` CLI and its bench build.
+//! client in the repository (the library, the `eventbus` CLI and its bench).
 //!
-//! [`ConnectArgs`] are the command-line options; [`Connector::new`] checks them and
-//! reads the certificate files once; each [`Connector::channel`] is a new connection
-//! whose every call carries `authorization: Bearer <token>` when a token was given.
-//! The token never appears in `Debug` output or in an error.
+//! [`ClientOptions`] say where and how; [`Connector::new`] checks them and reads the
+//! certificate files once; each [`Connector::channel`] is a new connection whose every
+//! call carries `authorization: Bearer <token>` when a token was given. The token never
+//! appears in `Debug` output or in an error.
+//!
+//! Error messages name the options as the `eventbus` command line spells them
+//! (`--tls-cert`, `--token`), the one place where people type them.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
-use eventbus_proto::pb::{admin_client::AdminClient, event_bus_client::EventBusClient};
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+use crate::Error;
+
+/// Default broker address: a local eventbusd on its default gRPC port.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:50051";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Batches can carry large payloads; accept far more than gRPC's default 4 MiB.
-const MAX_MESSAGE: usize = 256 << 20;
+pub(crate) const MAX_MESSAGE: usize = 256 << 20;
 
-/// How to reach the broker (global options of `eventbus`).
-#[derive(Clone, Default, clap::Args)]
-pub struct ConnectArgs {
+/// How to reach the broker: address, bearer token and TLS files.
+///
+/// ```
+/// use eventbus_client::ClientOptions;
+///
+/// let options = ClientOptions::new("https://broker:50051")
+///     .token("ebt_0123")
+///     .tls_ca("/etc/eventbus/ca.crt");
+/// assert!(!format!("{options:?}").contains("ebt_0123"), "the token is never shown");
+/// ```
+#[derive(Clone)]
+pub struct ClientOptions {
     /// Broker gRPC address; `https://` turns TLS on.
-    #[arg(long, global = true, env = "EVENTBUS_SERVER", default_value = "http://127.0.0.1:50051")]
     pub server: String,
-    /// Bearer token sent with every call.
-    #[arg(long, global = true, env = "EVENTBUS_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    /// Bearer token sent with every call (`authorization: Bearer <token>`).
     pub token: Option<String>,
     /// PEM file of the CA that signed the broker's certificate (instead of the system's roots).
-    #[arg(long, global = true, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
-    /// PEM client certificate, for a broker that requires one (mTLS); needs --tls-key.
-    #[arg(long, global = true, value_name = "FILE")]
+    /// PEM client certificate, for a broker that requires one (mTLS); needs `tls_key`.
     pub tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, global = true, value_name = "FILE")]
+    /// PEM private key of `tls_cert`.
     pub tls_key: Option<PathBuf>,
+    /// Bound on establishing a connection.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self::new(DEFAULT_SERVER)
+    }
 }
 
 /// Everything but the token.
-impl std::fmt::Debug for ConnectArgs {
+impl std::fmt::Debug for ClientOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnectArgs")
+        f.debug_struct("ClientOptions")
             .field("server", &self.server)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
+            .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
 }
 
-impl ConnectArgs {
-    /// Plain `http://` at `server`, no token: for tests and the bench's own defaults.
-    pub fn plain(server: impl Into<String>) -> Self {
-        Self { server: server.into(), ..Self::default() }
+impl ClientOptions {
+    /// Options for `server` (e.g. `http://127.0.0.1:50051`), no token, no TLS files.
+    pub fn new(server: impl Into<String>) -> Self {
+        Self {
+            server: server.into(),
+            token: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            connect_timeout: CONNECT_TIMEOUT,
+        }
+    }
+
+    /// Sends `token` as `authorization: Bearer <token>` with every call.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Trusts the CA in this PEM file (instead of the system's roots); needs `https://`.
+    pub fn tls_ca(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_ca = Some(path.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM) to a broker that requires one (mTLS).
+    pub fn tls_identity(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls_cert = Some(cert.into());
+        self.tls_key = Some(key.into());
+        self
+    }
+
+    /// Bounds establishing a connection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
     }
 }
 
@@ -75,13 +125,14 @@ impl std::fmt::Debug for Bearer {
 
 impl Bearer {
     /// The header value for `token`; refused (without repeating it) when it cannot be one.
-    pub fn new(token: Option<&str>) -> anyhow::Result<Self> {
+    pub fn new(token: Option<&str>) -> Result<Self, Error> {
         let Some(token) = token else { return Ok(Self(None)) };
+        let invalid = |why: &str| Error::Options(format!("invalid --token (EVENTBUS_TOKEN): {why}"));
         if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
-            bail!("invalid --token (EVENTBUS_TOKEN): a token is printable ASCII without spaces");
+            return Err(invalid("a token is printable ASCII without spaces"));
         }
-        let mut value: AsciiMetadataValue = MetadataValue::try_from(format!("Bearer {token}"))
-            .map_err(|_| anyhow::anyhow!("invalid --token (EVENTBUS_TOKEN): not a valid header value"))?;
+        let mut value: AsciiMetadataValue =
+            MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| invalid("not a valid header value"))?;
         // Kept out of tonic's and hyper's debug output.
         value.set_sensitive(true);
         Ok(Self(Some(value)))
@@ -107,17 +158,21 @@ pub struct Connector {
 
 impl Connector {
     /// Checks the options and reads the TLS files (each error names its option or file).
-    pub fn new(args: &ConnectArgs) -> anyhow::Result<Self> {
-        let server = args.server.clone();
-        let bearer = Bearer::new(args.token.as_deref())?;
+    pub fn new(options: &ClientOptions) -> Result<Self, Error> {
+        let server = options.server.clone();
+        let bearer = Bearer::new(options.token.as_deref())?;
         let endpoint = Endpoint::from_shared(server.clone())
-            .with_context(|| format!("invalid server address {server:?} (expected e.g. http://127.0.0.1:50051)"))?
-            .connect_timeout(CONNECT_TIMEOUT)
+            .map_err(|_| {
+                Error::Options(format!("invalid server address {server:?} (expected e.g. http://127.0.0.1:50051)"))
+            })?
+            .connect_timeout(options.connect_timeout)
             .tcp_nodelay(true)
             .initial_stream_window_size(8 << 20)
             .initial_connection_window_size(16 << 20);
-        let endpoint = match tls_config(args)? {
-            Some(tls) => endpoint.tls_config(tls).context("cannot use these TLS settings")?,
+        let endpoint = match tls_config(options)? {
+            Some(tls) => endpoint
+                .tls_config(tls)
+                .map_err(|e| Error::Options(format!("cannot use these TLS settings: {}", root_cause(&e))))?,
             None => endpoint,
         };
         Ok(Self { server, endpoint, bearer })
@@ -129,43 +184,38 @@ impl Connector {
     }
 
     /// A new connection.
-    pub async fn channel(&self) -> anyhow::Result<AuthChannel> {
+    pub async fn channel(&self) -> Result<AuthChannel, Error> {
         let channel = self
             .endpoint
             .connect()
             .await
-            .map_err(|e| anyhow::anyhow!("cannot connect to {}: {}", self.server, root_cause(&e)))?;
+            .map_err(|e| Error::Connect { server: self.server.clone(), reason: root_cause(&e) })?;
         Ok(InterceptedService::new(channel, self.bearer.clone()))
-    }
-
-    /// An `EventBus` client on a new connection.
-    pub async fn event_bus(&self) -> anyhow::Result<EventBusClient<AuthChannel>> {
-        Ok(EventBusClient::new(self.channel().await?).max_decoding_message_size(MAX_MESSAGE))
-    }
-
-    /// An `Admin` client on a new connection.
-    pub async fn admin(&self) -> anyhow::Result<AdminClient<AuthChannel>> {
-        Ok(AdminClient::new(self.channel().await?).max_decoding_message_size(MAX_MESSAGE))
     }
 }
 
 /// `None` for `http://`; for `https://`, the CA given or the system's roots, and the
 /// client certificate if any.
-fn tls_config(args: &ConnectArgs) -> anyhow::Result<Option<ClientTlsConfig>> {
-    let identity = match (&args.tls_cert, &args.tls_key) {
+fn tls_config(options: &ClientOptions) -> Result<Option<ClientTlsConfig>, Error> {
+    let identity = match (&options.tls_cert, &options.tls_key) {
         (Some(cert), Some(key)) => Some(Identity::from_pem(read(cert, "--tls-cert")?, read(key, "--tls-key")?)),
-        (Some(_), None) => bail!("--tls-cert needs --tls-key (the client certificate's private key)"),
-        (None, Some(_)) => bail!("--tls-key needs --tls-cert (the client certificate)"),
+        (Some(_), None) => {
+            return Err(Error::Options("--tls-cert needs --tls-key (the client certificate's private key)".into()));
+        }
+        (None, Some(_)) => return Err(Error::Options("--tls-key needs --tls-cert (the client certificate)".into())),
         (None, None) => None,
     };
-    let https = args.server.get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
+    let https = options.server.get(..8).is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
     if !https {
-        if args.tls_ca.is_some() || identity.is_some() {
-            bail!("--tls-ca, --tls-cert and --tls-key need a TLS server address: use https:// (got {})", args.server);
+        if options.tls_ca.is_some() || identity.is_some() {
+            return Err(Error::Options(format!(
+                "--tls-ca, --tls-cert and --tls-key need a TLS server address: use https:// (got {})",
+                options.server
+            )));
         }
         return Ok(None);
     }
-    let tls = match &args.tls_ca {
+    let tls = match &options.tls_ca {
         Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca, "--tls-ca")?)),
         None => ClientTlsConfig::new().with_enabled_roots(),
     };
@@ -175,8 +225,8 @@ fn tls_config(args: &ConnectArgs) -> anyhow::Result<Option<ClientTlsConfig>> {
     }))
 }
 
-fn read(path: &Path, option: &str) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("cannot read {option} file {}", path.display()))
+fn read(path: &Path, option: &str) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| Error::Options(format!("cannot read {option} file {}: {e}", path.display())))
 }
 
 /// The innermost error: "Connection refused (os error 111)" rather than "transport error".
@@ -194,8 +244,8 @@ mod tests {
 
     use super::*;
 
-    fn args(server: &str) -> ConnectArgs {
-        ConnectArgs::plain(server)
+    fn args(server: &str) -> ClientOptions {
+        ClientOptions::new(server)
     }
 
     #[test]
@@ -211,7 +261,7 @@ mod tests {
 
     #[test]
     fn the_token_is_never_shown() {
-        let a = ConnectArgs { token: Some("ebt_s3cret".into()), ..args("http://127.0.0.1:1") };
+        let a = args("http://127.0.0.1:1").token("ebt_s3cret");
         let connector = Connector::new(&a).unwrap();
         for shown in [format!("{a:?}"), format!("{connector:?}")] {
             assert!(!shown.contains("s3cret"), "{shown}");
@@ -224,18 +274,18 @@ mod tests {
 
     #[test]
     fn tls_options_are_checked() {
-        let cert_only = ConnectArgs { tls_cert: Some("c.pem".into()), ..args("https://broker:50051") };
+        let cert_only = ClientOptions { tls_cert: Some("c.pem".into()), ..args("https://broker:50051") };
         let err = Connector::new(&cert_only).unwrap_err().to_string();
         assert!(err.contains("--tls-cert needs --tls-key"), "{err}");
-        let key_only = ConnectArgs { tls_key: Some("k.pem".into()), ..args("https://broker:50051") };
+        let key_only = ClientOptions { tls_key: Some("k.pem".into()), ..args("https://broker:50051") };
         assert!(Connector::new(&key_only).unwrap_err().to_string().contains("--tls-key needs --tls-cert"));
 
-        let plain = ConnectArgs { tls_ca: Some("ca.pem".into()), ..args("http://broker:50051") };
+        let plain = args("http://broker:50051").tls_ca("ca.pem");
         let err = Connector::new(&plain).unwrap_err().to_string();
         assert!(err.contains("use https://"), "{err}");
 
-        let missing = ConnectArgs { tls_ca: Some("/no/such/ca.pem".into()), ..args("https://broker:50051") };
-        let err = format!("{:#}", Connector::new(&missing).unwrap_err());
+        let missing = args("https://broker:50051").tls_ca("/no/such/ca.pem");
+        let err = Connector::new(&missing).unwrap_err().to_string();
         assert!(err.contains("--tls-ca file /no/such/ca.pem"), "{err}");
 
         assert!(Connector::new(&args("https://broker:50051")).is_ok(), "system roots by default");

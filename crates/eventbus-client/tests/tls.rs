@@ -9,8 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use eventbus_bench::client::{ConnectArgs, Connector};
-use eventbus_proto::pb;
+use eventbus_client::{Client, ClientOptions, Error};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::body::Body;
 use tonic::codegen::http;
@@ -83,25 +82,22 @@ async fn mtls_handshake_and_the_token_reach_the_server() {
     let server = tokio::spawn(server);
 
     let path = |f: &str| Some(dir.join(f));
-    let mtls = ConnectArgs {
+    let mtls = ClientOptions {
         token: Some("ebt_s3cret".into()),
         tls_ca: path("ca.crt"),
         tls_cert: path("client.crt"),
         tls_key: path("client.key"),
-        ..ConnectArgs::plain(format!("https://127.0.0.1:{}", addr.port()))
+        ..ClientOptions::new(format!("https://127.0.0.1:{}", addr.port()))
     };
-    let call = |args: ConnectArgs| async move {
-        let mut admin = Connector::new(&args)?.admin().await?;
-        Ok::<_, anyhow::Error>(admin.get_stats(pb::GetStatsRequest {}).await)
-    };
-    let status = call(mtls.clone()).await.unwrap().unwrap_err();
-    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+    let call = |options: ClientOptions| async move { Client::connect(options).await?.stats().await };
+    let err = call(mtls.clone()).await.unwrap_err();
+    assert!(matches!(&err, Error::Other(s) if s.code() == tonic::Code::Unimplemented), "{err:?}");
     assert_eq!(*recorder.0.lock().unwrap(), ["Bearer ebt_s3cret"]);
 
     // Without the client certificate, or without trusting the CA: no call gets through.
-    let no_cert = ConnectArgs { tls_cert: None, tls_key: None, ..mtls.clone() };
-    assert!(!matches!(call(no_cert).await, Ok(Err(ref s)) if s.code() == tonic::Code::Unimplemented));
-    let system_roots = ConnectArgs { tls_ca: None, ..mtls };
+    let no_cert = ClientOptions { tls_cert: None, tls_key: None, ..mtls.clone() };
+    assert!(!matches!(call(no_cert).await, Err(Error::Other(ref s)) if s.code() == tonic::Code::Unimplemented));
+    let system_roots = ClientOptions { tls_ca: None, ..mtls };
     assert!(call(system_roots).await.is_err_and(|e| e.to_string().contains("cannot connect")));
     assert_eq!(recorder.0.lock().unwrap().len(), 1);
     server.abort();

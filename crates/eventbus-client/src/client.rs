@@ -1,0 +1,157 @@
+//! [`Client`]: one connection to eventbusd, with every RPC of the API as a method.
+
+use std::sync::Arc;
+
+use eventbus_proto::pb::{self, admin_client::AdminClient, event_bus_client::EventBusClient};
+
+use crate::Error;
+use crate::consume::ConsumeStream;
+use crate::options::{AuthChannel, ClientOptions, Connector, MAX_MESSAGE};
+use crate::publish::{self, PublishAnswers, PublishSender};
+use crate::subscribe::{self, SubscribeOptions, Subscription};
+
+/// A connection to eventbusd. Cheap to clone: clones share the connection (HTTP/2
+/// multiplexes their calls), which reconnects by itself after the broker comes back.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), eventbus_client::Error> {
+/// use eventbus_client::{Client, ClientOptions, pb};
+///
+/// let client = Client::connect(ClientOptions::new("http://127.0.0.1:50051").token("ebt_0123")).await?;
+/// let answer = client
+///     .publish(pb::PublishRequest {
+///         channel: "orders.created".into(),
+///         payload: b"{\"id\":42}".to_vec().into(),
+///         ..Default::default()
+///     })
+///     .await?;
+/// println!("published {}", answer.event_id);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    connector: Connector,
+    bus: EventBusClient<AuthChannel>,
+    admin: AdminClient<AuthChannel>,
+}
+
+impl Client {
+    /// Checks `options` (token, TLS files), then connects.
+    pub async fn connect(options: ClientOptions) -> Result<Self, Error> {
+        Connector::new(&options)?.client().await
+    }
+
+    /// A new, separate connection with the same options (the TLS files are not read
+    /// again): for spreading load over several connections.
+    pub async fn new_connection(&self) -> Result<Self, Error> {
+        self.inner.connector.client().await
+    }
+
+    /// The broker address, as given.
+    pub fn server(&self) -> &str {
+        self.inner.connector.server()
+    }
+
+    fn admin(&self) -> AdminClient<AuthChannel> {
+        self.inner.admin.clone()
+    }
+
+    pub(crate) fn bus(&self) -> EventBusClient<AuthChannel> {
+        self.inner.bus.clone()
+    }
+
+    /// Publishes one event; answers once the broker has offered it to every matching
+    /// subscription and stored it for every matching durable consumer.
+    pub async fn publish(&self, request: pb::PublishRequest) -> Result<pb::PublishResponse, Error> {
+        Ok(self.bus().publish(request).await?.into_inner())
+    }
+
+    /// Opens a `PublishStream`: send many publishes without waiting, read the answers
+    /// (one per publish, in order) from the other half. At most `window` publishes wait
+    /// to be sent before [`PublishSender::send`] waits.
+    pub async fn publish_stream(&self, window: usize) -> Result<(PublishSender, PublishAnswers), Error> {
+        publish::open(self.bus(), window).await
+    }
+
+    /// Subscribes, and waits until the subscription is live: anything published after
+    /// this returns is delivered. The [`Subscription`] reconnects and subscribes again
+    /// by itself, reporting each [`Gap`](crate::SubscriptionItem::Gap).
+    pub async fn subscribe(&self, options: impl Into<SubscribeOptions>) -> Result<Subscription, Error> {
+        subscribe::open(self.clone(), options.into()).await
+    }
+
+    /// Attaches to a durable consumer: the raw `Consume` stream, for callers that ack
+    /// by hand. [`Worker`](crate::Worker) does all of it for you.
+    pub async fn consume(&self, attach: pb::Attach) -> Result<ConsumeStream, Error> {
+        ConsumeStream::open(self.bus(), attach).await
+    }
+
+    /// Broker totals (`Admin.GetStats`).
+    pub async fn stats(&self) -> Result<pb::GetStatsResponse, Error> {
+        Ok(self.admin().get_stats(pb::GetStatsRequest {}).await?.into_inner())
+    }
+
+    /// Channels with their counters (`Admin.ListChannels`).
+    pub async fn channels(&self) -> Result<Vec<pb::ChannelStats>, Error> {
+        Ok(self.admin().list_channels(pb::ListChannelsRequest {}).await?.into_inner().channels)
+    }
+
+    /// Open subscriptions (`Admin.ListSubscriptions`).
+    pub async fn subscriptions(&self) -> Result<Vec<pb::SubscriptionInfo>, Error> {
+        let list = self.admin().list_subscriptions(pb::ListSubscriptionsRequest {}).await?;
+        Ok(list.into_inner().subscriptions)
+    }
+
+    /// Closes a subscription by id; [`Error::NotFound`] when there is none.
+    pub async fn unsubscribe(&self, subscription_id: impl Into<String>) -> Result<(), Error> {
+        let request = pb::UnsubscribeRequest { subscription_id: subscription_id.into() };
+        self.admin().unsubscribe(request).await?;
+        Ok(())
+    }
+
+    /// Creates a durable consumer (idempotent for an identical definition,
+    /// [`Error::AlreadyExists`] for another one).
+    pub async fn create_consumer(&self, config: pb::ConsumerConfig) -> Result<pb::ConsumerInfo, Error> {
+        let request = pb::CreateConsumerRequest { config: Some(config) };
+        Ok(self.admin().create_consumer(request).await?.into_inner())
+    }
+
+    /// One consumer's definition and counts; [`Error::NotFound`] when unknown.
+    pub async fn consumer(&self, name: impl Into<String>) -> Result<pb::ConsumerInfo, Error> {
+        Ok(self.admin().get_consumer(pb::GetConsumerRequest { name: name.into() }).await?.into_inner())
+    }
+
+    /// Every consumer with its counts.
+    pub async fn consumers(&self) -> Result<Vec<pb::ConsumerInfo>, Error> {
+        Ok(self.admin().list_consumers(pb::ListConsumersRequest {}).await?.into_inner().consumers)
+    }
+
+    /// Deletes a consumer, the events it holds and its log.
+    pub async fn delete_consumer(&self, name: impl Into<String>) -> Result<(), Error> {
+        self.admin().delete_consumer(pb::DeleteConsumerRequest { name: name.into() }).await?;
+        Ok(())
+    }
+
+    /// One page of a consumer's terminal log (follow `next_page_token` for the next).
+    pub async fn event_log(&self, request: pb::ListEventLogRequest) -> Result<pb::ListEventLogResponse, Error> {
+        Ok(self.admin().list_event_log(request).await?.into_inner())
+    }
+}
+
+impl Connector {
+    /// A [`Client`] on a new connection.
+    pub async fn client(&self) -> Result<Client, Error> {
+        let channel = self.channel().await?;
+        let inner = Inner {
+            connector: self.clone(),
+            bus: EventBusClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE),
+            admin: AdminClient::new(channel).max_decoding_message_size(MAX_MESSAGE),
+        };
+        Ok(Client { inner: Arc::new(inner) })
+    }
+}
