@@ -242,7 +242,11 @@ impl Worker {
         }
     }
 
-    /// Handlers running at once (at least 1).
+    /// Handlers running at once (at least 1). They run as futures of the worker's own
+    /// task, concurrently (one awaits while another goes on), not in parallel on
+    /// several threads: a handler with CPU-heavy or blocking work should move it to
+    /// `tokio::task::spawn_blocking` (or a task it spawns) and await that, so that acks,
+    /// deadline extensions and the other handlers keep going.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.settings.concurrency = n.max(1);
         self

@@ -1,5 +1,11 @@
 //! The worker's loop. One task owns all the state (no locks): deliveries in, handler
 //! results in, timers for acks, deadline extension, reconnection and the drain.
+//!
+//! Handlers run as futures polled by this task (a `FuturesUnordered`), not as spawned
+//! tasks: no task allocation, no cross-thread wake-up and no result channel per event,
+//! which made the worker cost as much as the broker per event. Handlers are concurrent
+//! (one awaits while another runs); CPU-heavy work belongs in `spawn_blocking` or a
+//! task the handler spawns and awaits ([`Worker::concurrency`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -8,8 +14,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use eventbus_proto::pb;
-use futures::FutureExt as _;
-use tokio::task::JoinSet;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt as _, StreamExt as _};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
@@ -65,7 +72,7 @@ pub(super) struct Run<'w, H> {
     next_extend: Instant,
     queue: VecDeque<pb::Delivery>,
     held: HashMap<String, Held>,
-    tasks: JoinSet<Done>,
+    tasks: FuturesUnordered<BoxFuture<'static, Done>>,
     acks: Vec<String>,
     flush_at: Option<Instant>,
 }
@@ -91,7 +98,7 @@ impl<'w, H: Handler> Run<'w, H> {
             next_extend: now + FAR,
             queue: VecDeque::new(),
             held: HashMap::new(),
-            tasks: JoinSet::new(),
+            tasks: FuturesUnordered::new(),
             acks: Vec::new(),
             flush_at: None,
         }
@@ -101,11 +108,7 @@ impl<'w, H: Handler> Run<'w, H> {
         let result = self.serve(&shutdown).await;
         // Whatever happened: stop what still runs (the drain gave up on it), send the
         // acks gathered, and detach cleanly.
-        self.tasks.abort_all();
-        let mut aborted = 0;
-        while self.tasks.join_next().await.is_some() {
-            aborted += 1;
-        }
+        let aborted = std::mem::take(&mut self.tasks).len() as u64;
         self.worker.counters.in_flight.fetch_sub(aborted, Ordering::Relaxed);
         if let Some(m) = &self.metrics {
             m.in_flight.sub(aborted as i64);
@@ -143,16 +146,12 @@ impl<'w, H: Handler> Run<'w, H> {
                     self.release_ids(ids, "worker shutdown timeout: handler still running").await;
                     return Ok(());
                 }
-                Some(done) = self.tasks.join_next() => {
-                    if let Ok(done) = done {
-                        self.finished(done).await;
-                    }
+                Some(done) = self.tasks.next() => {
+                    self.finished(done).await;
                     // Whatever else has finished too, in one go: one turn of this loop
                     // per batch of results, not per event.
-                    while let Some(done) = self.tasks.try_join_next() {
-                        if let Ok(done) = done {
-                            self.finished(done).await;
-                        }
+                    while let Some(Some(done)) = self.tasks.next().now_or_never() {
+                        self.finished(done).await;
                     }
                 }
                 message = next_message(&mut self.conn) => self.received(message, drain_until.is_some()).await?,
@@ -255,7 +254,7 @@ impl<'w, H: Handler> Run<'w, H> {
             let copy = want_events.then(|| event.clone());
             let delivery = Delivery { event, attempt, deadline: d.deadline };
             let handler = Arc::clone(&self.handler);
-            self.tasks.spawn(async move {
+            self.tasks.push(Box::pin(async move {
                 let start = Instant::now();
                 // Inside the guarded future: a handler may also panic before its first await.
                 let outcome = AssertUnwindSafe(async move { handler.handle(delivery).await })
@@ -263,7 +262,7 @@ impl<'w, H: Handler> Run<'w, H> {
                     .await
                     .unwrap_or_else(|_| Outcome::retry("handler panicked"));
                 Done { id, attempt, outcome, elapsed: start.elapsed(), event: copy }
-            });
+            }));
             started += 1;
         }
         if started > 0 {
