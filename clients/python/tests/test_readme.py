@@ -13,6 +13,7 @@ from typing import List
 from conftest import Daemon
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+TOP_README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def blocks() -> List[str]:
@@ -44,3 +45,10 @@ async def test_readme_examples_run_as_written(own_daemon: Daemon) -> None:
     proc.send_signal(signal.SIGTERM)
     rest = await output(proc)
     assert rest.startswith("stopped: WorkerStats(processed=1, failed=0"), rest
+
+
+def test_the_top_readme_shows_only_examples_run_here() -> None:
+    shown = re.findall(r"```python\n(.*?)```", TOP_README.read_text(), re.S)
+    assert shown, "the repository README shows a Python example"
+    for block in shown:
+        assert block in blocks(), "a Python example of the repository README is not one of the tested ones"
