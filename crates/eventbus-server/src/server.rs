@@ -115,17 +115,13 @@ impl Server {
         };
         let counters = EdgeCounters::new(&settings.eventbus.metrics.prefix)?;
         let access = Access::new(auth, counters.clone());
-        if !settings.auth.enabled {
-            for (what, addr) in [("gRPC", grpc_addr), ("HTTP", http_addr)] {
-                if !addr.ip().is_loopback() {
-                    warn!(
-                        listener = what,
-                        %addr,
-                        "authentication is off (auth.enabled: false) on a listener other hosts can reach: \
-                         anyone who reaches it can publish, subscribe and administer (README \"Security\")"
-                    );
-                }
-            }
+        let reachable = reachable_from_other_hosts(&[grpc_addr, http_addr]);
+        if !settings.auth.enabled && !reachable.is_empty() {
+            warn!(
+                listeners = %reachable.join(", "),
+                "authentication is off (auth.enabled: false) on listeners other hosts can reach: anyone who \
+                 reaches them can publish, subscribe and administer (README \"Security\")"
+            );
         }
         let transport_stop = CancellationToken::new();
         let supervisor = Supervisor::new();
@@ -295,6 +291,12 @@ impl Server {
         info!("eventbusd stopped");
         Ok(())
     }
+}
+
+/// The listeners, among `addrs`, that another host can reach: what an open broker
+/// should warn about.
+fn reachable_from_other_hosts(addrs: &[SocketAddr]) -> Vec<String> {
+    addrs.iter().filter(|addr| !addr.ip().is_loopback()).map(ToString::to_string).collect()
 }
 
 /// Re-reads the TLS files, the principals file and the JWT keys (SIGHUP). A part that
@@ -486,4 +488,18 @@ async fn drain(
         bus.close_all();
     }
     stopped.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_listeners_off_loopback_are_reachable() {
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap_or_else(|e| panic!("{s}: {e}"));
+        let loopback = [addr("127.0.0.1:50051"), addr("[::1]:8080")];
+        assert!(reachable_from_other_hosts(&loopback).is_empty());
+        let open = [addr("0.0.0.0:50051"), addr("127.0.0.1:8080"), addr("[::]:8081")];
+        assert_eq!(reachable_from_other_hosts(&open), ["0.0.0.0:50051", "[::]:8081"]);
+    }
 }
