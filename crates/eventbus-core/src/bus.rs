@@ -20,6 +20,11 @@ use crate::transport::{Fanout, LocalFanout, Transport, TransportError, Transport
 
 /// Most channels and patterns in one subscription.
 pub const MAX_SUBSCRIBE_CHANNELS: usize = 64;
+/// Longest `ordering_key` or `idempotency_key`, in bytes: each is kept per event (and,
+/// for idempotency, for the whole dedup window), so a long one costs memory and disk.
+pub const MAX_KEY_BYTES: usize = 256;
+/// Longest publisher-given `source`, in bytes: it travels with every copy of the event.
+pub const MAX_SOURCE_BYTES: usize = 1024;
 /// Largest `max_batch` a subscriber may ask for.
 pub const MAX_BATCH_LIMIT: usize = 10_000;
 /// Longest group or subscription name, in bytes.
@@ -277,6 +282,18 @@ impl Bus {
     fn prepare(&self, mut input: PublishInput, max_payload_bytes: usize) -> Result<(Event, PublishKeys), Error> {
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
+        }
+        for (field, value, limit) in [
+            ("ordering_key", &input.ordering_key, MAX_KEY_BYTES),
+            ("idempotency_key", &input.idempotency_key, MAX_KEY_BYTES),
+            ("source", &input.source, MAX_SOURCE_BYTES),
+        ] {
+            if value.len() > limit {
+                return Err(Error::InvalidOption {
+                    field,
+                    message: format!("{} bytes is over the limit of {limit}", value.len()),
+                });
+            }
         }
         let keys = PublishKeys {
             ordering: std::mem::take(&mut input.ordering_key),
@@ -719,6 +736,25 @@ mod tests {
 
     fn input(channel: &str, payload: &'static [u8]) -> PublishInput {
         PublishInput { channel: channel.into(), payload: payload.into(), ..Default::default() }
+    }
+
+    #[tokio::test]
+    async fn keys_and_source_are_capped_before_anything_is_kept() {
+        let bus = Bus::new(BusConfig::default());
+        let long = |n: usize| "k".repeat(n);
+        let cases = [
+            ("ordering_key", PublishInput { ordering_key: long(MAX_KEY_BYTES + 1), ..input("a", b"x") }),
+            ("idempotency_key", PublishInput { idempotency_key: long(MAX_KEY_BYTES + 1), ..input("a", b"x") }),
+            ("source", PublishInput { source: long(MAX_SOURCE_BYTES + 1), ..input("a", b"x") }),
+        ];
+        for (field, input) in cases {
+            let err = bus.publish(input).await.unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{field}");
+            assert!(err.to_string().contains(field), "{err}");
+        }
+        let at_limit =
+            PublishInput { ordering_key: long(MAX_KEY_BYTES), source: long(MAX_SOURCE_BYTES), ..input("a", b"x") };
+        assert!(bus.publish(at_limit).await.is_ok());
     }
 
     /// A loopback "remote" transport: records watch/unwatch and feeds publishes back

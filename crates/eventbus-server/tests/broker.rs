@@ -350,3 +350,25 @@ async fn oversized_publish_stream_request_ends_the_stream_resource_exhausted_nam
     }
     server.stop().await;
 }
+
+/// README "Errors": long keys and sources are refused before anything keeps them (a
+/// 1 MiB idempotency key used to cost megabytes of memory and disk for the dedup window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_keys_and_source_are_invalid_arguments() {
+    let server = start().await;
+    let mut client = server.client().await;
+    let huge = "k".repeat(1 << 20);
+    for (field, req) in [
+        ("idempotency_key", pb::PublishRequest { idempotency_key: huge.clone(), ..event("keys.a", &b"x"[..]) }),
+        ("ordering_key", pb::PublishRequest { ordering_key: huge.clone(), ..event("keys.a", &b"x"[..]) }),
+        ("source", pb::PublishRequest { source: huge.clone(), ..event("keys.a", &b"x"[..]) }),
+    ] {
+        let status = match client.publish(req).await {
+            Ok(answer) => panic!("{field}: accepted: {answer:?}"),
+            Err(status) => status,
+        };
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{field}: {status:?}");
+        assert!(status.message().contains(field) && status.message().len() < 200, "{}", status.message());
+    }
+    server.stop().await;
+}

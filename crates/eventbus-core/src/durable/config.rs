@@ -83,14 +83,24 @@ impl ConsumerConfig {
 
     /// Checks names and ranges; returns the parsed filters.
     pub fn validate(&self) -> Result<Vec<Pattern>, ConfigError> {
+        // "." and ".." would read as paths in logs, URLs and file names: a name has at
+        // least one character that is not a dot.
         let name_ok = !self.name.is_empty()
             && self.name.len() <= 128
-            && self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+            && self.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            && self.name.bytes().any(|b| b != b'.');
         if !name_ok {
             return Err(ConfigError::BadName { name: self.name.clone() });
         }
         if self.channels.is_empty() {
             return Err(ConfigError::NoChannels { name: self.name.clone() });
+        }
+        // The same bound as a Subscribe: a consumer is a subscription that persists.
+        if self.channels.len() > crate::bus::MAX_SUBSCRIBE_CHANNELS {
+            return Err(ConfigError::TooManyChannels {
+                count: self.channels.len(),
+                limit: crate::bus::MAX_SUBSCRIBE_CHANNELS,
+            });
         }
         let filters = self.channels.iter().map(|c| Pattern::parse(c)).collect::<Result<Vec<_>, _>>()?;
         if self.ack_deadline_ms == 0 {
@@ -152,11 +162,30 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
 
+/// `name` quoted, cut after 64 bytes: an error message must stay small whatever a client
+/// sent (it travels in a gRPC header).
+fn shown(name: &str) -> String {
+    const SHOWN: usize = 64;
+    if name.len() <= SHOWN {
+        return format!("{name:?}");
+    }
+    let mut end = SHOWN;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}… ({} bytes)", &name[..end], name.len())
+}
+
 /// What is wrong with a consumer definition.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    #[error("consumer name {name:?} must be 1 to 128 characters of letters, digits, '-', '_' or '.'")]
+    #[error(
+        "consumer name {} must be 1 to 128 characters of letters, digits, '-', '_' or '.', not only dots",
+        shown(name)
+    )]
     BadName { name: String },
+    #[error("a consumer has at most {limit} channels or patterns, not {count}")]
+    TooManyChannels { count: usize, limit: usize },
     #[error("consumer {name:?} needs at least one channel or pattern")]
     NoChannels { name: String },
     #[error(transparent)]
@@ -193,6 +222,27 @@ mod tests {
         let bad = ConsumerConfig { backoff: Backoff { multiplier: 0.5, ..Backoff::default() }, ..ok.clone() };
         assert!(bad.validate().unwrap_err().to_string().contains("multiplier"));
         assert_eq!(ok.dead_letter_channel_for("orders.created"), "dlq.orders.created");
+    }
+
+    #[test]
+    fn dots_alone_are_no_name_and_channels_are_capped_like_a_subscribe() {
+        for name in [".", "..", "..."] {
+            let bad = ConsumerConfig::new(name, vec!["a".into()]);
+            assert!(matches!(bad.validate(), Err(ConfigError::BadName { .. })), "{name:?}");
+        }
+        assert!(ConsumerConfig::new("v1.billing", vec!["a".into()]).validate().is_ok());
+        let channels = |n: usize| (0..n).map(|i| format!("c{i}")).collect::<Vec<_>>();
+        assert!(ConsumerConfig::new("wide", channels(64)).validate().is_ok());
+        let err = ConsumerConfig::new("wide", channels(65)).validate().unwrap_err();
+        assert_eq!(err, ConfigError::TooManyChannels { count: 65, limit: 64 });
+    }
+
+    #[test]
+    fn a_huge_bad_name_is_cut_in_the_message() {
+        let huge = "é".repeat(100_000);
+        let message = ConsumerConfig::new(huge, vec!["a".into()]).validate().unwrap_err().to_string();
+        assert!(message.len() < 300, "{} bytes", message.len());
+        assert!(message.contains("(200000 bytes)"), "{message}");
     }
 
     #[test]
