@@ -254,6 +254,10 @@ pub struct ServerSettings {
     pub http_addr: SocketAddr,
     /// Bound on the shutdown flush.
     pub shutdown_timeout_ms: u64,
+    /// After the flush, how long open connections get to close before eventbusd exits.
+    pub close_grace_ms: u64,
+    /// Serve gRPC reflection (the schema, for grpcurl and similar tools).
+    pub reflection: bool,
     /// TLS on both listeners (README "Security").
     pub tls: TlsSettings,
 }

@@ -28,10 +28,6 @@ use crate::metrics::{EdgeCounters, Metrics};
 use crate::request_limit::{PayloadLimit, PublishLimit};
 use crate::tls::{Protocols, Tls, TlsError};
 
-/// After the drain, how long open connections get to close before the server stops
-/// regardless (a client holding a publish stream open must not block exit forever).
-const CLOSE_GRACE: Duration = Duration::from_secs(5);
-
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -236,8 +232,9 @@ impl Server {
             AdminServer::new(AdminService::new(bus.clone(), access.clone())),
             authenticate.clone(),
         );
-        let reflection_v1 = InterceptedService::new(reflection_v1, authenticate.clone());
-        let reflection_v1alpha = InterceptedService::new(reflection_v1alpha, authenticate);
+        let reflection = settings.server.reflection;
+        let reflection_v1 = reflection.then(|| InterceptedService::new(reflection_v1, authenticate.clone()));
+        let reflection_v1alpha = reflection.then(|| InterceptedService::new(reflection_v1alpha, authenticate));
 
         let stopped = CancellationToken::new();
         let grpc_tls = tls.clone().map(|tls| (tls, Protocols::Grpc));
@@ -259,8 +256,8 @@ impl Server {
         let drain = drain(bus.clone(), shutdown, settings.shutdown_timeout(), on_stop, stopped.clone());
         let grpc_server = tonic::transport::Server::builder()
             .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
+            .add_optional_service(reflection_v1)
+            .add_optional_service(reflection_v1alpha)
             .add_service(event_bus)
             .add_service(admin)
             .serve_with_incoming_shutdown(incoming, drain);
@@ -270,9 +267,12 @@ impl Server {
             .with_graceful_shutdown(stopped.clone().cancelled_owned());
 
         info!(%grpc_addr, %http_addr, mode = bus.mode(), instance_id = bus.instance_id(), "eventbusd started");
+        // After the drain, how long open connections get to close before the server
+        // stops regardless (a client holding a publish stream open must not block exit).
+        let close_grace = Duration::from_millis(settings.server.close_grace_ms);
         let grace = async {
             stopped.cancelled().await;
-            tokio::time::sleep(CLOSE_GRACE).await;
+            tokio::time::sleep(close_grace).await;
         };
         let serve_both = async {
             let (grpc_result, http_result) = tokio::join!(grpc_server, http_server.into_future());
@@ -281,7 +281,7 @@ impl Server {
         };
         tokio::select! {
             result = serve_both => result?,
-            () = grace => warn!(grace = ?CLOSE_GRACE, "connections still open after shutdown; closing them"),
+            () = grace => warn!(grace = ?close_grace, "connections still open after shutdown; closing them"),
         }
         if let Some(durable) = bus.durable()
             && let Err(err) = durable.flush().await

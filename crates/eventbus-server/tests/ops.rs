@@ -276,6 +276,24 @@ async fn reflection_lists_the_services() {
     server.stop().await;
 }
 
+/// `server.reflection: false` hides the schema (README "Configuration").
+#[tokio::test]
+async fn reflection_can_be_turned_off() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+
+    let server = start_with(|s| s.server.reflection = false).await;
+    let mut client = ServerReflectionClient::new(server.channel().await);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let refused = client.server_reflection_info(tokio_stream::iter([req])).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused:?}");
+    server.stop().await;
+}
+
 /// Names of every metric family the server exports (histogram series included).
 async fn exported_names(server: &TestServer) -> HashSet<String> {
     let text = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
