@@ -114,18 +114,9 @@ async fn a_subscriber_reports_the_gap_of_a_daemon_restart_and_subscribes_again()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_authenticates_every_call() {
     const TOKEN: &str = "ebt_billing_0123456789abcdef";
-    let dir = tempfile::tempdir().unwrap();
-    let principals = dir.path().join("principals.yaml");
-    let yaml = format!(
-        "principals:\n  - name: billing\n    token_sha256: {}\n    permissions: {{ publish: {{ allow: ['orders.>'] }}, \
-         subscribe: {{ allow: ['orders.>'] }}, consumers: {{ allow: ['*'] }}, manage_consumers: ['*'] }}\n",
-        eventbus_auth::token_sha256(TOKEN)
-    );
-    std::fs::write(&principals, yaml).unwrap();
-    let mut s = settings();
-    s.auth.enabled = true;
-    s.auth.principals_file = principals.to_string_lossy().into_owned();
-    let broker = Broker::start_with(s).await;
+    let permissions = "{ publish: { allow: ['orders.>'] }, subscribe: { allow: ['orders.>'] }, \
+                       consumers: { allow: ['*'] }, manage_consumers: ['*'] }";
+    let (broker, _dir) = broker_with_principal("billing", TOKEN, permissions).await;
 
     let client = Client::connect(ClientOptions::new(broker.url()).token(TOKEN)).await.unwrap();
     let mut sub = client.subscribe(SubscribeOptions::new(["orders.*"])).await.unwrap();
@@ -144,18 +135,9 @@ async fn the_token_authenticates_every_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_with_the_token_works_its_consumer() {
     const TOKEN: &str = "ebt_worker_0123456789abcdef";
-    let dir = tempfile::tempdir().unwrap();
-    let principals = dir.path().join("principals.yaml");
-    let yaml = format!(
-        "principals:\n  - name: w\n    token_sha256: {}\n    permissions: {{ publish: {{ allow: ['>'] }}, \
-         subscribe: {{ allow: ['>'] }}, consumers: {{ allow: ['billing'] }}, manage_consumers: ['billing'] }}\n",
-        eventbus_auth::token_sha256(TOKEN)
-    );
-    std::fs::write(&principals, yaml).unwrap();
-    let mut s = settings();
-    s.auth.enabled = true;
-    s.auth.principals_file = principals.to_string_lossy().into_owned();
-    let broker = Broker::start_with(s).await;
+    let permissions = "{ publish: { allow: ['>'] }, subscribe: { allow: ['>'] }, \
+                       consumers: { allow: ['billing'] }, manage_consumers: ['billing'] }";
+    let (broker, _dir) = broker_with_principal("w", TOKEN, permissions).await;
     let client = Client::connect(ClientOptions::new(broker.url()).token(TOKEN)).await.unwrap();
     client.create_consumer(consumer("billing", "orders.>")).await.unwrap();
     publish_n(&client, "orders.created", 3).await;
@@ -174,4 +156,20 @@ async fn a_worker_with_the_token_works_its_consumer() {
     let err = within(other.run(|_: eventbus_client::Delivery| async {}, Default::default())).await.unwrap_err();
     assert!(matches!(err, Error::PermissionDenied(_) | Error::NotFound(_)), "{err}");
     let _ = pb::Event::default();
+}
+
+/// A broker with authentication on and one principal `name`, holding `token` and
+/// `permissions` (YAML flow mapping). Keep the directory while the broker runs.
+async fn broker_with_principal(name: &str, token: &str, permissions: &str) -> (Broker, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let principals = dir.path().join("principals.yaml");
+    let yaml = format!(
+        "principals:\n  - name: {name}\n    token_sha256: {}\n    permissions: {permissions}\n",
+        eventbus_auth::token_sha256(token)
+    );
+    std::fs::write(&principals, yaml).unwrap();
+    let mut s = settings();
+    s.auth.enabled = true;
+    s.auth.principals_file = principals.to_string_lossy().into_owned();
+    (Broker::start_with(s).await, dir)
 }
