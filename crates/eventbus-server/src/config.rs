@@ -258,6 +258,12 @@ pub struct ServerSettings {
     pub close_grace_ms: u64,
     /// Serve gRPC reflection (the schema, for grpcurl and similar tools).
     pub reflection: bool,
+    /// Connections each listener serves at once; past it new ones are closed at once.
+    pub max_connections: usize,
+    /// HTTP/2 ping interval on gRPC connections (0 = none).
+    pub keepalive_interval_ms: u64,
+    /// How long a ping may go unanswered before the connection is closed.
+    pub keepalive_timeout_ms: u64,
     /// TLS on both listeners (README "Security").
     pub tls: TlsSettings,
 }
@@ -533,6 +539,7 @@ impl Settings {
             }
         }
         at_least("durable.log_max_entries", self.durable.log_max_entries, 1)?;
+        at_least("server.max_connections", self.server.max_connections, 1)?;
         let tls = &self.server.tls;
         if tls.cert_file.is_empty() != tls.key_file.is_empty() {
             let (key, value) = if tls.key_file.is_empty() {

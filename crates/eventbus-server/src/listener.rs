@@ -5,7 +5,8 @@
 //! Handshakes run beside the accept loop, so a client that opens a socket and says
 //! nothing holds one handshake slot until its deadline, never the listener. Accept
 //! errors (out of file descriptors, say) are logged, counted and backed off instead of
-//! retried at once.
+//! retried at once. Each listener serves at most `server.max_connections` connections:
+//! past it, a new one is closed at once and counted (README "Operations").
 
 use std::io;
 use std::net::SocketAddr;
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -41,11 +42,26 @@ pub struct PeerInfo {
     pub cert_subjects: Arc<[String]>,
 }
 
-/// An accepted connection, plain or TLS.
+/// An accepted connection, plain or TLS. Its place under the listener's connection
+/// limit is given back when it is dropped (the connection closed).
 #[derive(Debug)]
 pub(crate) struct Conn {
     io: Io,
     peer: PeerInfo,
+    _slot: Slot,
+}
+
+/// A place under `server.max_connections`, with the open-connections gauge.
+#[derive(Debug)]
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    open: prometheus::IntGauge,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
 }
 
 #[derive(Debug)]
@@ -68,12 +84,14 @@ impl Incoming {
         what: &'static str,
         listener: TcpListener,
         tls: Option<(Arc<Tls>, Protocols)>,
+        max_connections: usize,
         counters: EdgeCounters,
         stop: CancellationToken,
     ) -> io::Result<Self> {
         let local = listener.local_addr()?;
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(accept_loop(what, listener, tls, counters, tx, stop));
+        let limits = Limits { slots: Arc::new(Semaphore::new(max_connections)), max_connections };
+        tokio::spawn(accept_loop(what, listener, tls, limits, counters, tx, stop));
         Ok(Self { rx, local })
     }
 
@@ -90,10 +108,17 @@ impl Incoming {
     }
 }
 
+/// The connection limit of one listener.
+struct Limits {
+    slots: Arc<Semaphore>,
+    max_connections: usize,
+}
+
 async fn accept_loop(
     what: &'static str,
     listener: TcpListener,
     tls: Option<(Arc<Tls>, Protocols)>,
+    limits: Limits,
     counters: EdgeCounters,
     tx: mpsc::Sender<Conn>,
     stop: CancellationToken,
@@ -102,6 +127,9 @@ async fn accept_loop(
     let mut backoff = Duration::ZERO;
     let mut last_warning: Option<Instant> = None;
     let mut unreported = 0u64;
+    let mut last_full_warning: Option<Instant> = None;
+    let open = counters.connections_open.with_label_values(&[what]);
+    let refused = counters.connections_refused.with_label_values(&[what]);
     loop {
         let accepted = tokio::select! {
             () = stop.cancelled() => return,
@@ -130,13 +158,29 @@ async fn accept_loop(
                 }
             }
         };
+        let Ok(permit) = limits.slots.clone().try_acquire_owned() else {
+            // Closed at once (dropped): a client told "no" retries elsewhere or later,
+            // one left waiting in the backlog holds a file descriptor for nothing.
+            refused.inc();
+            if last_full_warning.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
+                warn!(
+                    listener = what,
+                    max_connections = limits.max_connections,
+                    "connection limit reached: refusing new connections"
+                );
+                last_full_warning = Some(Instant::now());
+            }
+            continue;
+        };
+        open.inc();
+        let slot = Slot { _permit: permit, open: open.clone() };
         // Small stream messages must not wait for more: latency over coalescing.
         if let Err(err) = tcp.set_nodelay(true) {
             debug!(%addr, %err, "cannot set TCP_NODELAY; dropping the connection");
             continue;
         }
         let Some((tls, protocols)) = &tls else {
-            let conn = Conn { io: Io::Plain(tcp), peer: PeerInfo { addr, cert_subjects: Arc::new([]) } };
+            let conn = Conn { io: Io::Plain(tcp), peer: PeerInfo { addr, cert_subjects: Arc::new([]) }, _slot: slot };
             if tx.send(conn).await.is_err() {
                 return;
             }
@@ -175,7 +219,7 @@ async fn accept_loop(
                 .map(certificate_subjects)
                 .unwrap_or_default();
             let peer = PeerInfo { addr, cert_subjects: subjects.into() };
-            let _ = tx.send(Conn { io: Io::Tls(Box::new(stream)), peer }).await;
+            let _ = tx.send(Conn { io: Io::Tls(Box::new(stream)), peer, _slot: slot }).await;
         });
     }
 }

@@ -74,6 +74,8 @@ impl Metrics {
         self.registry.register(Box::new(edge.handshake_failures.clone()))?;
         self.registry.register(Box::new(edge.auth_failures.clone()))?;
         self.registry.register(Box::new(edge.permission_denied.clone()))?;
+        self.registry.register(Box::new(edge.connections_open.clone()))?;
+        self.registry.register(Box::new(edge.connections_refused.clone()))?;
         Ok(())
     }
 
@@ -114,6 +116,10 @@ pub(crate) struct EdgeCounters {
     pub(crate) auth_failures: IntCounterVec,
     /// Requests refused for want of a right, per operation.
     pub(crate) permission_denied: IntCounterVec,
+    /// Connections open, per listener.
+    pub(crate) connections_open: IntGaugeVec,
+    /// Connections closed at once because the listener was at `server.max_connections`.
+    pub(crate) connections_refused: IntCounterVec,
 }
 
 impl EdgeCounters {
@@ -141,6 +147,15 @@ impl EdgeCounters {
                 "permission_denied_total",
                 "Requests refused for want of a permission, per operation.",
                 "operation",
+            )?,
+            connections_open: IntGaugeVec::new(
+                Opts::new(format!("{prefix}_connections_open"), "Connections open, per listener."),
+                &["listener"],
+            )?,
+            connections_refused: counter(
+                "connections_refused_total",
+                "Connections closed at once because the listener was at server.max_connections.",
+                "listener",
             )?,
         })
     }

@@ -238,11 +238,13 @@ impl Server {
 
         let stopped = CancellationToken::new();
         let grpc_tls = tls.clone().map(|tls| (tls, Protocols::Grpc));
-        let incoming = Incoming::start("grpc", grpc, grpc_tls, counters.clone(), stopped.clone())
+        let max_connections = settings.server.max_connections;
+        let incoming = Incoming::start("grpc", grpc, grpc_tls, max_connections, counters.clone(), stopped.clone())
             .map_err(ServerError::Http)?
             .into_stream();
         let http_tls = tls.map(|tls| (tls, Protocols::Http));
-        let http = Incoming::start("http", http, http_tls, counters, stopped.clone()).map_err(ServerError::Http)?;
+        let http = Incoming::start("http", http, http_tls, max_connections, counters, stopped.clone())
+            .map_err(ServerError::Http)?;
         // gRPC health follows readiness (a stopped background task, a Redis outage,
         // then shutdown).
         tokio::spawn(follow_readiness(
@@ -254,7 +256,12 @@ impl Server {
         ));
         let on_stop = Stopping { readiness: readiness.clone(), health, supervisor };
         let drain = drain(bus.clone(), shutdown, settings.shutdown_timeout(), on_stop, stopped.clone());
+        // Pings find connections whose peer vanished without a FIN (a crashed host, a
+        // dropped NAT entry) and close them.
+        let keepalive = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
         let grpc_server = tonic::transport::Server::builder()
+            .http2_keepalive_interval(keepalive(settings.server.keepalive_interval_ms))
+            .http2_keepalive_timeout(keepalive(settings.server.keepalive_timeout_ms))
             .add_service(health_service)
             .add_optional_service(reflection_v1)
             .add_optional_service(reflection_v1alpha)

@@ -514,3 +514,47 @@ async fn grpc_and_rest_agree_on_stats_channels_subscriptions_and_publish() {
     assert_eq!(rest, expected);
     server.stop().await;
 }
+
+/// README "Configuration", `server.max_connections`: past the limit a new connection is
+/// closed at once and counted; once a connection closes, a new one is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_are_refused_and_counted() {
+    let server = start_with(|s| s.server.max_connections = 2).await;
+    let mut first = server.client().await;
+    let mut second = server.client().await;
+    first.publish(event("limit.a", &b"1"[..])).await.unwrap();
+    second.publish(event("limit.a", &b"2"[..])).await.unwrap();
+
+    let third = server.endpoint().connect_timeout(std::time::Duration::from_secs(2)).connect().await;
+    let refused = match third {
+        Err(_) => true,
+        Ok(channel) => eventbus_proto::pb::event_bus_client::EventBusClient::new(channel)
+            .publish(event("limit.a", &b"3"[..]))
+            .await
+            .is_err(),
+    };
+    assert!(refused, "a third connection is not served");
+    let text = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
+    let sample = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name) && l.contains("listener=\"grpc\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    assert!(sample("socle_eventbus_connections_refused_total").is_some_and(|n| n >= 1.0), "{text}");
+    assert_eq!(sample("socle_eventbus_connections_open"), Some(2.0), "{text}");
+
+    drop(first);
+    eventually("a closed connection to free its place", || async {
+        match server.endpoint().connect_timeout(std::time::Duration::from_secs(2)).connect().await {
+            Ok(channel) => eventbus_proto::pb::event_bus_client::EventBusClient::new(channel)
+                .publish(event("limit.a", &b"4"[..]))
+                .await
+                .is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    drop(second);
+    server.stop().await;
+}
