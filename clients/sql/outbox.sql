@@ -12,7 +12,8 @@ create table if not exists eventbus_outbox (
     channel       text        not null,
     -- The event's body, as is.
     payload       bytea       not null,
-    -- The event's metadata: a JSON object of string values, e.g. {"trace_id": "abc"}.
+    -- The event's metadata: a JSON object of string values, e.g. {"trace_id": "abc"}
+    -- (a value of another type is sent as its JSON text).
     metadata      jsonb       not null default '{}',
     -- The payload's media type (e.g. `application/json`); empty = unspecified.
     content_type  text        not null default '',

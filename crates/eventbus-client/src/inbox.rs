@@ -12,8 +12,7 @@ use crate::{Delivery, Handler, Outcome};
 
 /// The user's handler inside the inbox: `Fn(Delivery, &Transaction) -> BoxFuture<Outcome>`.
 /// Write the side effect with the transaction; the wrapper commits it with the mark.
-pub type InboxHandler =
-    dyn for<'a> Fn(Delivery, &'a Transaction<'a>) -> BoxFuture<'a, Outcome> + Send + Sync + 'static;
+pub type InboxHandler = dyn for<'a> Fn(Delivery, &'a Transaction<'a>) -> BoxFuture<'a, Outcome> + Send + Sync + 'static;
 
 /// A [`Handler`] for the [`Worker`](crate::Worker) that runs the user's handler in a
 /// database transaction which also records the event in the inbox table:

@@ -103,7 +103,7 @@ pub use eventbus_proto::pb;
 pub use options::ClientOptions;
 pub use publish::{PublishAnswers, PublishSender};
 pub use subscribe::{SubscribeOptions, Subscription, SubscriptionItem};
+pub use worker::{Delivery, Handler, IntoOutcome, Outcome, Worker, WorkerMetrics, WorkerStats};
 /// The PostgreSQL crates the `postgres` feature is built on, for matching versions.
 #[cfg(feature = "postgres")]
 pub use {deadpool_postgres, tokio_postgres};
-pub use worker::{Delivery, Handler, IntoOutcome, Outcome, Worker, WorkerMetrics, WorkerStats};

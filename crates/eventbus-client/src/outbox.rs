@@ -23,6 +23,10 @@ use crate::{Backoff, Client, pb};
 /// The channel the DDL's trigger notifies, with the table's name as payload.
 pub const NOTIFY_CHANNEL: &str = "eventbus_outbox";
 
+/// How often an idle relay deletes published rows past the retention (the delete scans
+/// the published rows: not on every wake-up).
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
 /// Why the relay could not start, or why one round failed (logged, then retried).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -31,7 +35,7 @@ pub enum RelayError {
     #[error("invalid table name {0:?}: use letters, digits and _ (at most 63), not starting with a digit")]
     InvalidTable(String),
     /// The database URL does not parse.
-    #[error("invalid database url: {0}")]
+    #[error("database url: {0}")]
     InvalidUrl(#[source] tokio_postgres::Error),
     /// The database refused or dropped a call: the relay reconnects.
     #[error("database: {0}")]
@@ -70,8 +74,8 @@ pub struct RelayOptions {
     /// The safety poll: how long the relay waits for a notification before looking
     /// anyway (a notification lost while the listening connection was down).
     pub idle: Duration,
-    /// Published rows older than this are deleted (checked when the relay is idle);
-    /// zero keeps them.
+    /// Published rows older than this are deleted (when the relay is idle, at most once
+    /// a minute); zero keeps them.
     pub retention: Duration,
     /// Delays between attempts while the database or the broker is away.
     pub backoff: Backoff,
@@ -93,6 +97,13 @@ impl RelayOptions {
             backoff: Backoff::default(),
             publish_timeout: Duration::from_secs(30),
         }
+    }
+
+    /// Checks the table name and parses the database URL (connecting nothing), so a
+    /// typo is reported before anything is started.
+    pub fn check(&self) -> Result<tokio_postgres::Config, RelayError> {
+        check_identifier(&self.table)?;
+        tokio_postgres::Config::from_str(&self.database_url).map_err(RelayError::InvalidUrl)
     }
 }
 
@@ -133,7 +144,12 @@ struct TableMetrics {
 }
 
 /// The outbox relay. Run several side by side for availability: rows are shared out
-/// by the database's row locks.
+/// by the database's row locks (one relay keeps the id order on the wire; several
+/// publish their batches side by side).
+///
+/// A row the broker refuses (say, an invalid channel) fails its whole batch, which is
+/// retried with backoff and logged with the broker's reason until the row is fixed:
+/// the relay never skips a row.
 ///
 /// ```no_run
 /// # async fn demo(client: eventbus_client::Client) -> Result<(), eventbus_client::outbox::RelayError> {
@@ -156,7 +172,6 @@ pub struct Relay {
 #[derive(Debug)]
 struct Queries {
     claim: String,
-    mark: String,
     prune: String,
 }
 
@@ -167,18 +182,19 @@ struct Row {
 }
 
 impl Relay {
-    /// Checks the table name and the database URL; connects nothing yet.
+    /// Checks the options ([`RelayOptions::check`]); connects nothing yet.
     pub fn new(client: Client, options: RelayOptions) -> Result<Self, RelayError> {
-        check_identifier(&options.table)?;
-        let config = tokio_postgres::Config::from_str(&options.database_url).map_err(RelayError::InvalidUrl)?;
+        let config = options.check()?;
         let t = &options.table;
         let queries = Queries {
+            // Claim and mark in one statement: the mark only counts once the transaction
+            // commits, which it does only after the broker said OK to every row.
             claim: format!(
-                "select id, channel, payload, metadata, content_type, ordering_key, \
-                 extract(epoch from now() - created_at)::float8 from {t} \
-                 where published_at is null order by id limit $1 for update skip locked"
+                "update {t} set published_at = now() where id = any(array(\
+                 select id from {t} where published_at is null order by id limit $1 for update skip locked)) \
+                 returning id, channel, payload, metadata, content_type, ordering_key, \
+                 extract(epoch from now() - created_at)::float8"
             ),
-            mark: format!("update {t} set published_at = now() where id = any($1)"),
             prune: format!(
                 "delete from {t} where published_at is not null \
                  and published_at < now() - make_interval(secs => $1)"
@@ -190,8 +206,10 @@ impl Relay {
     /// Counts published rows and the lag on `metrics` (registered once per registry).
     pub fn metrics(mut self, metrics: &RelayMetrics) -> Self {
         let t = [self.options.table.as_str()];
-        self.metrics =
-            Some(TableMetrics { published: metrics.published.with_label_values(&t), lag: metrics.lag.with_label_values(&t) });
+        self.metrics = Some(TableMetrics {
+            published: metrics.published.with_label_values(&t),
+            lag: metrics.lag.with_label_values(&t),
+        });
         self
     }
 
@@ -254,7 +272,7 @@ impl Relay {
     /// Rounds on one connection until shutdown (`Ok`) or a database error (`Err`).
     async fn serve(&self, mut db: Database, wake: &Notify, shutdown: &CancellationToken) -> Result<(), RelayError> {
         let mut broker_failures = 0;
-        let mut pruned = false;
+        let mut last_prune: Option<tokio::time::Instant> = None;
         loop {
             if shutdown.is_cancelled() {
                 return Ok(());
@@ -266,9 +284,6 @@ impl Relay {
             match round {
                 Ok(n) => {
                     broker_failures = 0;
-                    if n > 0 {
-                        pruned = false;
-                    }
                     if n == self.options.batch {
                         continue; // more are likely waiting
                     }
@@ -281,11 +296,11 @@ impl Relay {
                     continue;
                 }
             }
-            if !pruned && !self.options.retention.is_zero() {
+            if !self.options.retention.is_zero() && last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
                 let secs = self.options.retention.as_secs_f64();
                 let deleted = db.client.execute(&self.queries.prune, &[&secs]).await?;
                 tracing::debug!(table = %self.options.table, deleted, "outbox relay: pruned published rows");
-                pruned = true;
+                last_prune = Some(tokio::time::Instant::now());
             }
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -296,30 +311,33 @@ impl Relay {
         }
     }
 
-    /// One transaction: claim, publish, mark, commit. Returns how many rows went out.
+    /// One transaction: claim (and mark), publish, commit. Returns how many rows went out.
     async fn round(&self, db: &mut tokio_postgres::Client) -> Result<usize, RelayError> {
         let tx = db.transaction().await?;
         let limit = i64::try_from(self.options.batch).unwrap_or(i64::MAX);
         let claimed = tx.query(&self.queries.claim, &[&limit]).await?;
-        let Some(oldest) = claimed.first() else {
+        let Some(oldest) = claimed.iter().map(|row| row.try_get::<_, f64>(6)).max_by(|a, b| match (a, b) {
+            (Ok(a), Ok(b)) => a.total_cmp(b),
+            _ => std::cmp::Ordering::Equal,
+        }) else {
             if let Some(m) = &self.metrics {
                 m.lag.set(0.0);
             }
             return Ok(0);
         };
         if let Some(m) = &self.metrics {
-            m.lag.set(oldest.try_get::<_, f64>(6)?);
+            m.lag.set(oldest?);
         }
-        let rows = claimed.iter().map(|row| self.to_publish(row)).collect::<Result<Vec<_>, _>>()?;
-        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        let mut rows = claimed.iter().map(|row| self.to_publish(row)).collect::<Result<Vec<_>, _>>()?;
+        rows.sort_unstable_by_key(|r| r.id); // `returning` keeps no order
+        let n = rows.len();
         let timeout = self.options.publish_timeout;
-        tokio::time::timeout(timeout, self.publish(rows)).await.map_err(|_| RelayError::BrokerTimeout(ids.len()))??;
-        tx.execute(&self.queries.mark, &[&ids]).await?;
+        tokio::time::timeout(timeout, self.publish(rows)).await.map_err(|_| RelayError::BrokerTimeout(n))??;
         tx.commit().await?;
         if let Some(m) = &self.metrics {
-            m.published.inc_by(ids.len() as u64);
+            m.published.inc_by(n as u64);
         }
-        Ok(ids.len())
+        Ok(n)
     }
 
     /// Publishes `rows` in order on one stream; `Ok` once the broker answered OK to all.
@@ -390,5 +408,21 @@ async fn pause(delay: Duration, shutdown: &CancellationToken) {
     tokio::select! {
         () = shutdown.cancelled() => {}
         () = tokio::time::sleep(delay) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_identifiers_are_accepted_as_table_names() {
+        for ok in ["eventbus_outbox", "_t", "Outbox2"] {
+            assert!(check_identifier(ok).is_ok(), "{ok}");
+        }
+        let long = "t".repeat(64);
+        for bad in ["", "2t", "a.b", "t; drop table x", "\"t\"", "é", long.as_str()] {
+            assert!(matches!(check_identifier(bad), Err(RelayError::InvalidTable(_))), "{bad}");
+        }
     }
 }

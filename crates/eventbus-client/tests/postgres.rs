@@ -143,6 +143,16 @@ async fn assert_each_delivered_once(pg: &Pg, client: &Client, counts: &Counts, n
     assert!((0..n).all(|i| counts.contains_key(&i.to_string())), "every payload delivered");
 }
 
+/// Stops the tasks, the broker, and drops the test's schema.
+async fn finish(tasks: Vec<(CancellationToken, tokio::task::JoinHandle<()>)>, broker: Broker, pg: Pg) {
+    for (stop, task) in tasks {
+        stop.cancel();
+        within(task).await.unwrap();
+    }
+    broker.stop().await;
+    pg.drop_schema().await;
+}
+
 fn published_total(registry: &prometheus::Registry) -> u64 {
     let text = prometheus::TextEncoder::new().encode_to_string(&registry.gather()).unwrap();
     let line = text.lines().find(|l| l.starts_with("socle_eventbus_relay_published_total{")).unwrap_or("x 0");
@@ -167,12 +177,7 @@ async fn two_relays_on_one_table_publish_every_row_exactly_once() {
     assert_each_delivered_once(&pg, &client, &counts, N).await;
     assert_eq!(published_total(&r1) + published_total(&r2), N as u64, "each row counted once");
 
-    for (stop, task) in [(stop1, relay1), (stop2, relay2), (stop_worker, worker)] {
-        stop.cancel();
-        within(task).await.unwrap();
-    }
-    broker.stop().await;
-    pg.drop_schema().await;
+    finish(vec![(stop1, relay1), (stop2, relay2), (stop_worker, worker)], broker, pg).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,12 +213,7 @@ async fn a_relay_killed_mid_batch_and_restarted_loses_and_duplicates_nothing() {
     assert_each_delivered_once(&pg, &client, &counts, N).await;
     assert_eq!(settled(&client, "sink").await.redelivered, 0);
 
-    for (stop, task) in [(stop, restarted), (stop_worker, worker)] {
-        stop.cancel();
-        within(task).await.unwrap();
-    }
-    broker.stop().await;
-    pg.drop_schema().await;
+    finish(vec![(stop, restarted), (stop_worker, worker)], broker, pg).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,24 +240,12 @@ async fn rows_wait_while_the_broker_is_down_and_go_out_after() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // The same port and the store as the stopped broker left it (a copy, see worker.rs).
-    let restarted = tempfile::tempdir().unwrap();
-    for file in std::fs::read_dir(data.path()).unwrap() {
-        let file = file.unwrap();
-        std::fs::copy(file.path(), restarted.path().join(file.file_name())).unwrap();
-    }
-    s.server.grpc_addr = addr;
-    s.durable.data_dir = restarted.path().to_string_lossy().into_owned();
-    let broker = Broker::start_with(s).await;
+    // The same port and the store as the stopped broker left it.
+    let (broker, _store) = Broker::restart(addr, s, data.path()).await;
     let (counts, stop_worker, worker) = spawn_counting_worker(&client);
     assert_each_delivered_once(&pg, &client, &counts, N).await;
 
-    for (stop, task) in [(stop_relay, relay_task), (stop_worker, worker)] {
-        stop.cancel();
-        within(task).await.unwrap();
-    }
-    broker.stop().await;
-    pg.drop_schema().await;
+    finish(vec![(stop_relay, relay_task), (stop_worker, worker)], broker, pg).await;
 }
 
 /// An inbox whose handler records each call and writes one side effect, then answers
