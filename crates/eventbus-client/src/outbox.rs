@@ -23,8 +23,9 @@ use crate::{Backoff, Client, pb};
 /// The channel the DDL's trigger notifies, with the table's name as payload.
 pub const NOTIFY_CHANNEL: &str = "eventbus_outbox";
 
-/// How often an idle relay deletes published rows past the retention (the delete scans
-/// the published rows: not on every wake-up).
+/// How often, at most, an idle relay deletes published rows past the retention (the
+/// delete scans the published rows: not on every wake-up); a shorter retention prunes
+/// as often as the retention itself.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// Why the relay could not start, or why one round failed (logged, then retried).
@@ -75,7 +76,7 @@ pub struct RelayOptions {
     /// anyway (a notification lost while the listening connection was down).
     pub idle: Duration,
     /// Published rows older than this are deleted (when the relay is idle, at most once
-    /// a minute); zero keeps them.
+    /// a minute or once per retention, if shorter); zero keeps them.
     pub retention: Duration,
     /// Delays between attempts while the database or the broker is away.
     pub backoff: Backoff,
@@ -296,7 +297,9 @@ impl Relay {
                     continue;
                 }
             }
-            if !self.options.retention.is_zero() && last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+            if !self.options.retention.is_zero()
+                && last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY.min(self.options.retention))
+            {
                 let secs = self.options.retention.as_secs_f64();
                 let deleted = db.client.execute(&self.queries.prune, &[&secs]).await?;
                 tracing::debug!(table = %self.options.table, deleted, "outbox relay: pruned published rows");

@@ -248,6 +248,29 @@ async fn rows_wait_while_the_broker_is_down_and_go_out_after() {
     finish(vec![(stop_relay, relay_task), (stop_worker, worker)], broker, pg).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_rows_are_deleted_after_the_retention_and_only_they() {
+    let Some(pg) = Pg::start().await else { return };
+    let broker = Broker::start().await;
+    let client = broker.client().await;
+    let mut options = RelayOptions::new(pg.url.clone());
+    options.retention = Duration::from_millis(200);
+    options.idle = Duration::from_millis(50);
+    let (stop, task) = spawn_relay(Relay::new(client.clone(), options).unwrap());
+    pg.insert(0, 10).await;
+    eventually("published rows deleted", || async { pg.count("select count(*) from eventbus_outbox").await == 0 })
+        .await;
+    // A row the broker refuses (invalid channel) stays, unpublished, however old.
+    pg.db.execute("insert into eventbus_outbox (channel, payload) values ('bad channel!', 'x')", &[]).await.unwrap();
+    pg.db.execute("update eventbus_outbox set created_at = now() - interval '1 day'", &[]).await.unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_millis(500);
+    while tokio::time::Instant::now() < until {
+        assert_eq!(pg.unpublished().await, 1, "the refused row is kept");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    finish(vec![(stop, task)], broker, pg).await;
+}
+
 /// An inbox whose handler records each call and writes one side effect, then answers
 /// what `outcome(attempt)` says.
 fn inbox(pg: &Pg, calls: &Arc<AtomicUsize>, outcome: fn(u32) -> Outcome) -> Inbox {
