@@ -90,11 +90,33 @@ pub(crate) enum Command {
         #[command(subcommand)]
         workload: BenchWorkload,
     },
+    /// Publish the rows of a PostgreSQL outbox table (`clients/sql/outbox.sql`), serving
+    /// /metrics, until SIGINT or SIGTERM.
+    Relay(RelayArgs),
     /// Credentials for the broker's principals file (no connection is made).
     Auth {
         #[command(subcommand)]
         command: AuthCommand,
     },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RelayArgs {
+    /// `postgres://user:password@host:port/database` (or `host=… dbname=…`).
+    #[arg(long, env = "EVENTBUS_DATABASE_URL", hide_env_values = true)]
+    pub(crate) database_url: String,
+    /// The outbox table (a plain identifier, found by the connection's search_path).
+    #[arg(long, default_value = "eventbus_outbox")]
+    pub(crate) table: String,
+    /// Rows claimed and published per transaction.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) batch: u32,
+    /// Where to serve /metrics (`socle_eventbus_relay_*`).
+    #[arg(long, default_value = "127.0.0.1:9187")]
+    pub(crate) metrics_addr: std::net::SocketAddr,
+    /// Delete published rows older than this many seconds (0 keeps them).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) retention_secs: u64,
 }
 
 #[derive(Debug, Subcommand)]

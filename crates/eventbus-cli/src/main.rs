@@ -7,6 +7,7 @@
 //! - `publish`, `subscribe`, `admin`, `durable`: the commands.
 //! - `bench` runs `eventbus_bench`; `durable_bench` the `durable` and `worker`
 //!   workloads, `idle` the idle one.
+//! - `relay`: the PostgreSQL outbox relay with its /metrics listener.
 //! - `auth`: `auth new-token`, a token and its principals-file entry.
 //! - `output`: how events and tables are printed, for people and for scripts (`--json`).
 
@@ -18,6 +19,7 @@ mod durable_bench;
 mod idle;
 mod output;
 mod publish;
+mod relay;
 mod subscribe;
 
 use std::process::ExitCode;
@@ -69,6 +71,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Auth { command } = &cli.command {
         return auth::run(json, command);
     }
+    if let Command::Relay(args) = cli.command {
+        return relay::run(cli.connect.options(), args).await;
+    }
     let client = Client::connect(cli.connect.options()).await?;
     match cli.command {
         Command::Publish(args) => publish::run(&client, json, args).await,
@@ -81,6 +86,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Consume(args) => durable::consume(&client, json, args).await,
         Command::Log(args) => durable::log(&client, json, args).await,
         Command::Bench { workload } => bench(&client, json, &workload).await,
-        Command::Auth { .. } => unreachable!("answered above, without a connection"),
+        Command::Auth { .. } | Command::Relay(_) => unreachable!("answered above"),
     }
 }

@@ -14,6 +14,8 @@
 //! - [`Worker`] (`worker`): the push worker for durable consumers — concurrency,
 //!   retries, dead letters, batched acks, deadline extension, reconnection, drain,
 //!   hooks, stats and `socle_push_worker_*` metrics.
+//! - `outbox` and `inbox` (feature `postgres`): the transactional outbox relay and the
+//!   inbox handler wrapper on PostgreSQL (SPEC §13; DDL in `clients/sql/`).
 //! - [`Error`]: one typed error; [`Backoff`]: delays between reconnections.
 //!
 //! # Example
@@ -83,7 +85,11 @@ mod backoff;
 mod client;
 mod consume;
 mod error;
+#[cfg(feature = "postgres")]
+pub mod inbox;
 pub mod options;
+#[cfg(feature = "postgres")]
+pub mod outbox;
 mod publish;
 mod subscribe;
 mod worker;
@@ -98,3 +104,6 @@ pub use options::ClientOptions;
 pub use publish::{PublishAnswers, PublishSender};
 pub use subscribe::{SubscribeOptions, Subscription, SubscriptionItem};
 pub use worker::{Delivery, Handler, IntoOutcome, Outcome, Worker, WorkerMetrics, WorkerStats};
+/// The PostgreSQL crates the `postgres` feature is built on, for matching versions.
+#[cfg(feature = "postgres")]
+pub use {deadpool_postgres, tokio_postgres};

@@ -296,16 +296,7 @@ async fn the_worker_reconnects_after_a_daemon_restart_and_loses_nothing() {
     let addr = broker.addr;
     broker.stop().await;
     // The restarted daemon: same port, the store as the stopped one left it on disk.
-    // (A copy: in-process, the stopped server's connection tasks may keep its store
-    // open until the clients close them; a real process exits and frees it.)
-    let restarted = tempfile::tempdir().unwrap();
-    for file in std::fs::read_dir(data.path()).unwrap() {
-        let file = file.unwrap();
-        std::fs::copy(file.path(), restarted.path().join(file.file_name())).unwrap();
-    }
-    s.server.grpc_addr = addr;
-    s.durable.data_dir = restarted.path().to_string_lossy().into_owned();
-    let broker = Broker::start_with(s).await;
+    let (broker, _store) = Broker::restart(addr, s, data.path()).await;
     gate.add_permits(N * 10);
     eventually("every event handled", || async {
         let calls = calls.lock().unwrap().clone();

@@ -56,6 +56,25 @@ impl Broker {
         Client::connect(ClientOptions::new(self.url())).await.unwrap()
     }
 
+    /// Starts a broker again on `addr` with `settings` and the store the stopped one
+    /// left in `data`. (A copy: in-process, the stopped server's connection tasks may
+    /// keep its store open until the clients close them; a real process exits and
+    /// frees it.) Keep the returned directory as long as the broker runs.
+    pub async fn restart(
+        addr: SocketAddr,
+        mut settings: Settings,
+        data: &std::path::Path,
+    ) -> (Self, tempfile::TempDir) {
+        let restarted = tempfile::tempdir().unwrap();
+        for file in std::fs::read_dir(data).unwrap() {
+            let file = file.unwrap();
+            std::fs::copy(file.path(), restarted.path().join(file.file_name())).unwrap();
+        }
+        settings.server.grpc_addr = addr;
+        settings.durable.data_dir = restarted.path().to_string_lossy().into_owned();
+        (Self::start_with(settings).await, restarted)
+    }
+
     /// Stops the broker and waits for it to finish.
     pub async fn stop(self) {
         self.shutdown.cancel();

@@ -1,0 +1,431 @@
+//! The transactional outbox relay (SPEC §13): publishes the rows applications write in
+//! an outbox table (`clients/sql/outbox.sql`) in their own transactions.
+//!
+//! Each round claims the oldest unpublished rows (`for update skip locked`, so several
+//! relays share a table, each row going to one), publishes them in id order on one
+//! `PublishStream` with `idempotency_key = outbox:<table>:<id>`, and marks them published
+//! in the claiming transaction. A crash anywhere leaves the rows unpublished and locked
+//! by nobody: the next round publishes them again, and the broker drops the repeats
+//! within its dedup window. A `LISTEN eventbus_outbox` connection wakes the relay when a
+//! row is committed; a slow timer covers missed notifications.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, Opts, Registry};
+use tokio::sync::Notify;
+use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Backoff, Client, pb};
+
+/// The channel the DDL's trigger notifies, with the table's name as payload.
+pub const NOTIFY_CHANNEL: &str = "eventbus_outbox";
+
+/// How often, at most, an idle relay deletes published rows past the retention (the
+/// delete scans the published rows: not on every wake-up); a shorter retention prunes
+/// as often as the retention itself.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// Why the relay could not start, or why one round failed (logged, then retried).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The table name is not a plain SQL identifier.
+    #[error("invalid table name {0:?}: use letters, digits and _ (at most 63), not starting with a digit")]
+    InvalidTable(String),
+    /// The database URL does not parse.
+    #[error("database url: {0}")]
+    InvalidUrl(#[source] tokio_postgres::Error),
+    /// The database refused or dropped a call: the relay reconnects.
+    #[error("database: {0}")]
+    Database(#[from] tokio_postgres::Error),
+    /// The listening connection was lost: the relay reconnects.
+    #[error("database: the LISTEN connection was lost")]
+    ListenerLost,
+    /// The broker refused a publish or was away: the claimed rows stay unpublished.
+    #[error("broker: {0}")]
+    Broker(#[from] crate::Error),
+    /// The broker did not answer every publish of a batch in time.
+    #[error("broker: no answer to {0} publishes within the publish timeout")]
+    BrokerTimeout(usize),
+}
+
+/// Checks that `name` is a plain, unquoted SQL identifier, safe to put in a query.
+pub(crate) fn check_identifier(name: &str) -> Result<(), RelayError> {
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if first_ok && name.len() <= 63 && chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        Ok(())
+    } else {
+        Err(RelayError::InvalidTable(name.to_owned()))
+    }
+}
+
+/// What the relay reads and how it behaves. [`RelayOptions::new`] has the defaults.
+#[derive(Debug, Clone)]
+pub struct RelayOptions {
+    /// `postgres://user:password@host:port/database` (or the key=value form).
+    pub database_url: String,
+    /// The outbox table (a plain identifier; the connection's `search_path` finds it).
+    pub table: String,
+    /// Rows claimed and published per transaction: larger batches, fewer round trips.
+    pub batch: usize,
+    /// The safety poll: how long the relay waits for a notification before looking
+    /// anyway (a notification lost while the listening connection was down).
+    pub idle: Duration,
+    /// Published rows older than this are deleted (when the relay is idle, at most once
+    /// a minute or once per retention, if shorter); zero keeps them.
+    pub retention: Duration,
+    /// Delays between attempts while the database or the broker is away.
+    pub backoff: Backoff,
+    /// How long the broker may take to answer one batch before the round is abandoned
+    /// (and the rows published again later).
+    pub publish_timeout: Duration,
+}
+
+impl RelayOptions {
+    /// Table `eventbus_outbox`, batches of 500, a 5 s safety poll, published rows kept,
+    /// the default [`Backoff`], 30 s to publish a batch.
+    pub fn new(database_url: impl Into<String>) -> Self {
+        Self {
+            database_url: database_url.into(),
+            table: NOTIFY_CHANNEL.to_owned(),
+            batch: 500,
+            idle: Duration::from_secs(5),
+            retention: Duration::ZERO,
+            backoff: Backoff::default(),
+            publish_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Checks the table name and parses the database URL (connecting nothing), so a
+    /// typo is reported before anything is started.
+    pub fn check(&self) -> Result<tokio_postgres::Config, RelayError> {
+        check_identifier(&self.table)?;
+        tokio_postgres::Config::from_str(&self.database_url).map_err(RelayError::InvalidUrl)
+    }
+}
+
+/// `socle_eventbus_relay_*` metrics, labelled by table.
+#[derive(Debug, Clone)]
+pub struct RelayMetrics {
+    published: IntCounterVec,
+    lag: GaugeVec,
+}
+
+impl RelayMetrics {
+    /// Creates the metrics and registers them on `registry`.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let metrics = Self {
+            published: IntCounterVec::new(
+                Opts::new("socle_eventbus_relay_published_total", "Outbox rows published and marked."),
+                &["table"],
+            )?,
+            lag: GaugeVec::new(
+                Opts::new(
+                    "socle_eventbus_relay_lag_seconds",
+                    "Age of the oldest unpublished outbox row at the relay's last claim (0 when none was waiting).",
+                ),
+                &["table"],
+            )?,
+        };
+        registry.register(Box::new(metrics.published.clone()))?;
+        registry.register(Box::new(metrics.lag.clone()))?;
+        Ok(metrics)
+    }
+}
+
+/// One table's series, resolved once.
+#[derive(Debug, Clone)]
+struct TableMetrics {
+    published: IntCounter,
+    lag: Gauge,
+}
+
+/// The outbox relay. Run several side by side for availability: rows are shared out
+/// by the database's row locks (one relay keeps the id order on the wire; several
+/// publish their batches side by side).
+///
+/// A row the broker refuses (say, an invalid channel) fails its whole batch, which is
+/// retried with backoff and logged with the broker's reason until the row is fixed:
+/// the relay never skips a row.
+///
+/// ```no_run
+/// # async fn demo(client: eventbus_client::Client) -> Result<(), eventbus_client::outbox::RelayError> {
+/// use eventbus_client::outbox::{Relay, RelayOptions};
+///
+/// let relay = Relay::new(client, RelayOptions::new("postgres://app@127.0.0.1/app"))?;
+/// relay.run(tokio_util::sync::CancellationToken::new()).await; // until cancelled
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Relay {
+    client: Client,
+    options: RelayOptions,
+    config: tokio_postgres::Config,
+    metrics: Option<TableMetrics>,
+    queries: Arc<Queries>,
+}
+
+/// The relay's SQL, with the checked table name in it.
+#[derive(Debug)]
+struct Queries {
+    claim: String,
+    prune: String,
+}
+
+/// One claimed row.
+struct Row {
+    id: i64,
+    request: pb::PublishRequest,
+}
+
+impl Relay {
+    /// Checks the options ([`RelayOptions::check`]); connects nothing yet.
+    pub fn new(client: Client, options: RelayOptions) -> Result<Self, RelayError> {
+        let config = options.check()?;
+        let t = &options.table;
+        let queries = Queries {
+            // Claim and mark in one statement: the mark only counts once the transaction
+            // commits, which it does only after the broker said OK to every row.
+            claim: format!(
+                "update {t} set published_at = now() where id = any(array(\
+                 select id from {t} where published_at is null order by id limit $1 for update skip locked)) \
+                 returning id, channel, payload, metadata, content_type, ordering_key, \
+                 extract(epoch from now() - created_at)::float8"
+            ),
+            prune: format!(
+                "delete from {t} where published_at is not null \
+                 and published_at < now() - make_interval(secs => $1)"
+            ),
+        };
+        Ok(Self { client, options, config, metrics: None, queries: Arc::new(queries) })
+    }
+
+    /// Counts published rows and the lag on `metrics` (registered once per registry).
+    pub fn metrics(mut self, metrics: &RelayMetrics) -> Self {
+        let t = [self.options.table.as_str()];
+        self.metrics = Some(TableMetrics {
+            published: metrics.published.with_label_values(&t),
+            lag: metrics.lag.with_label_values(&t),
+        });
+        self
+    }
+
+    /// Publishes rows until `shutdown` is cancelled, then returns after the round in
+    /// progress (a cancelled round rolls back: its rows go out again later). Errors are
+    /// logged and retried with backoff; no row is ever dropped.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        let mut failures = 0;
+        while !shutdown.is_cancelled() {
+            let wake = Arc::new(Notify::new());
+            let outcome = match self.connect(&wake, &shutdown).await {
+                Ok(db) => self.serve(db, &wake, &shutdown).await,
+                Err(err) => Err(err),
+            };
+            match outcome {
+                Ok(()) => return,
+                Err(err) => {
+                    tracing::warn!(table = %self.options.table, error = %err, "outbox relay: database unavailable, reconnecting");
+                }
+            }
+            pause(self.options.backoff.delay(failures), &shutdown).await;
+            failures = failures.saturating_add(1);
+        }
+    }
+
+    /// Opens the working connection and the listening one; notifications for this
+    /// table wake `wake`. Both connections end when the returned client is dropped.
+    async fn connect(&self, wake: &Arc<Notify>, shutdown: &CancellationToken) -> Result<Database, RelayError> {
+        let (client, connection) = self.config.connect(NoTls).await?;
+        let worker = tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(error = %err, "outbox relay: connection closed");
+            }
+        });
+        let (listener, mut connection) = self.config.connect(NoTls).await?;
+        let (table, notify, stop) = (self.options.table.clone(), wake.clone(), shutdown.clone());
+        let lost = CancellationToken::new();
+        let lost_guard = lost.clone();
+        let listening = tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            loop {
+                let message = tokio::select! {
+                    () = stop.cancelled() => return,
+                    m = futures::StreamExt::next(&mut messages) => m,
+                };
+                match message {
+                    Some(Ok(AsyncMessage::Notification(n))) if n.payload() == table => notify.notify_one(),
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => break,
+                }
+            }
+            lost_guard.cancel();
+        });
+        listener.batch_execute(&format!("listen {NOTIFY_CHANNEL}")).await?;
+        // Rows committed before the LISTEN took effect: look once at start.
+        wake.notify_one();
+        Ok(Database { client, _listener: listener, lost, _tasks: TaskGuard(vec![worker, listening]) })
+    }
+
+    /// Rounds on one connection until shutdown (`Ok`) or a database error (`Err`).
+    async fn serve(&self, mut db: Database, wake: &Notify, shutdown: &CancellationToken) -> Result<(), RelayError> {
+        let mut broker_failures = 0;
+        let mut last_prune: Option<tokio::time::Instant> = None;
+        loop {
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
+            let round = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                r = self.round(&mut db.client) => r,
+            };
+            match round {
+                Ok(n) => {
+                    broker_failures = 0;
+                    if n == self.options.batch {
+                        continue; // more are likely waiting
+                    }
+                }
+                Err(RelayError::Database(err)) => return Err(err.into()),
+                Err(err) => {
+                    tracing::warn!(table = %self.options.table, error = %err, "outbox relay: publish failed, rows stay unpublished");
+                    pause(self.options.backoff.delay(broker_failures), shutdown).await;
+                    broker_failures = broker_failures.saturating_add(1);
+                    continue;
+                }
+            }
+            if !self.options.retention.is_zero()
+                && last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY.min(self.options.retention))
+            {
+                let secs = self.options.retention.as_secs_f64();
+                let deleted = db.client.execute(&self.queries.prune, &[&secs]).await?;
+                tracing::debug!(table = %self.options.table, deleted, "outbox relay: pruned published rows");
+                last_prune = Some(tokio::time::Instant::now());
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = db.lost.cancelled() => return Err(RelayError::ListenerLost),
+                () = wake.notified() => {}
+                () = tokio::time::sleep(self.options.idle) => {}
+            }
+        }
+    }
+
+    /// One transaction: claim (and mark), publish, commit. Returns how many rows went out.
+    async fn round(&self, db: &mut tokio_postgres::Client) -> Result<usize, RelayError> {
+        let tx = db.transaction().await?;
+        let limit = i64::try_from(self.options.batch).unwrap_or(i64::MAX);
+        let claimed = tx.query(&self.queries.claim, &[&limit]).await?;
+        let Some(oldest) = claimed.iter().map(|row| row.try_get::<_, f64>(6)).max_by(|a, b| match (a, b) {
+            (Ok(a), Ok(b)) => a.total_cmp(b),
+            _ => std::cmp::Ordering::Equal,
+        }) else {
+            if let Some(m) = &self.metrics {
+                m.lag.set(0.0);
+            }
+            return Ok(0);
+        };
+        if let Some(m) = &self.metrics {
+            m.lag.set(oldest?);
+        }
+        let mut rows = claimed.iter().map(|row| self.to_publish(row)).collect::<Result<Vec<_>, _>>()?;
+        rows.sort_unstable_by_key(|r| r.id); // `returning` keeps no order
+        let n = rows.len();
+        let timeout = self.options.publish_timeout;
+        tokio::time::timeout(timeout, self.publish(rows)).await.map_err(|_| RelayError::BrokerTimeout(n))??;
+        tx.commit().await?;
+        if let Some(m) = &self.metrics {
+            m.published.inc_by(n as u64);
+        }
+        Ok(n)
+    }
+
+    /// Publishes `rows` in order on one stream; `Ok` once the broker answered OK to all.
+    async fn publish(&self, rows: Vec<Row>) -> Result<(), RelayError> {
+        let n = rows.len();
+        let (sender, mut answers) = self.client.publish_stream(n).await?;
+        // The window holds the whole batch: every send completes without waiting.
+        for row in rows {
+            sender.send(row.request).await?;
+        }
+        sender.close();
+        for _ in 0..n {
+            if answers.next().await?.is_none() {
+                let status = tonic::Status::unavailable("the publish stream ended before every answer");
+                return Err(crate::Error::from(status).into());
+            }
+        }
+        Ok(())
+    }
+
+    fn to_publish(&self, row: &tokio_postgres::Row) -> Result<Row, RelayError> {
+        let id: i64 = row.try_get(0)?;
+        let metadata: serde_json::Value = row.try_get(3)?;
+        let metadata = match metadata {
+            serde_json::Value::Object(map) => map
+                .into_iter()
+                .map(|(k, v)| match v {
+                    serde_json::Value::String(s) => (k, s),
+                    other => (k, other.to_string()),
+                })
+                .collect(),
+            _ => Default::default(),
+        };
+        let request = pb::PublishRequest {
+            channel: row.try_get(1)?,
+            payload: row.try_get::<_, Vec<u8>>(2)?.into(),
+            metadata,
+            content_type: row.try_get(4)?,
+            ordering_key: row.try_get::<_, Option<String>>(5)?.unwrap_or_default(),
+            idempotency_key: format!("outbox:{}:{id}", self.options.table),
+            ..Default::default()
+        };
+        Ok(Row { id, request })
+    }
+}
+
+/// The relay's two connections to the database.
+struct Database {
+    client: tokio_postgres::Client,
+    /// Kept open for LISTEN; its notifications arrive through the listening task.
+    _listener: tokio_postgres::Client,
+    /// Cancelled when the listening connection is lost.
+    lost: CancellationToken,
+    _tasks: TaskGuard,
+}
+
+/// Aborts the connection tasks when the relay lets go of its connections.
+struct TaskGuard(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        self.0.iter().for_each(tokio::task::JoinHandle::abort);
+    }
+}
+
+/// Waits `delay`, or less if `shutdown` comes first.
+async fn pause(delay: Duration, shutdown: &CancellationToken) {
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        () = tokio::time::sleep(delay) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_identifiers_are_accepted_as_table_names() {
+        for ok in ["eventbus_outbox", "_t", "Outbox2"] {
+            assert!(check_identifier(ok).is_ok(), "{ok}");
+        }
+        let long = "t".repeat(64);
+        for bad in ["", "2t", "a.b", "t; drop table x", "\"t\"", "é", long.as_str()] {
+            assert!(matches!(check_identifier(bad), Err(RelayError::InvalidTable(_))), "{bad}");
+        }
+    }
+}
