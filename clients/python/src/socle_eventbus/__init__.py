@@ -3,6 +3,8 @@
 - `Client`: connect (token, TLS), `publish`, `publish_stream`, `subscribe` (reconnects by
   itself and yields a `Gap` after each re-subscription), admin calls.
 - `Worker`: the push worker for durable consumers (handler → `Ack` / `Retry` / `Term`).
+- `socle_eventbus.inbox.Inbox` (extra `postgres`, psycopg 3): a handler wrapper that
+  records each event id in `eventbus_inbox` in the handler's own transaction.
 - Errors: `EventBusError` and one subclass per gRPC status code callers branch on.
 - `pb`: the message classes generated from `proto/eventbus/v1/eventbus.proto` when the
   package was built (`pb.Event`, `pb.DeadLetter`, ...).
