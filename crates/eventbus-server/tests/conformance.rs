@@ -447,6 +447,22 @@ async fn term(h: &mut Harness) {
     assert!(log.iter().all(|e| e.status == LogStatus::DeadLettered && e.attempts == 1), "{log:?}");
 }
 
+/// README "Dead letters": a channel too long for the `dlq.` prefix (16 tokens) gets the
+/// documented shortened dead-letter channel, in both engines.
+async fn dead_letter_of_a_sixteen_token_channel(h: &mut Harness) {
+    let channel = (1..=16).map(|i| format!("t{i}")).collect::<Vec<_>>().join(".");
+    h.create(consumer("deep", &["t1.>"])).await;
+    let mut a = h.attach("deep").await;
+    h.publish(&channel, "x").await;
+    let got = one(&mut a.deliveries).await;
+    a.client.term(got.event.id.clone(), "too deep".into()).await;
+    let (letter_channel, body, _) = h.letter().await;
+    assert_eq!(letter_channel, eventbus_core::durable::default_dead_letter_channel(&channel));
+    assert!(eventbus_core::name::validate_channel(&letter_channel).is_ok(), "{letter_channel}");
+    assert!(letter_channel.starts_with("dlq.t1."), "{letter_channel}");
+    assert_eq!(body, "deep|1|too deep");
+}
+
 async fn ordering_keys(h: &mut Harness) {
     h.create(consumer("inbox", &["orders"])).await;
     let a1 = h.publish_keyed("orders", "a1", Some("a"), None).await.0;
@@ -741,6 +757,7 @@ conformance! {
     backoff: embedded_backoff, redis_backoff;
     max_attempts_dead_letter: embedded_max_attempts_dead_letter, redis_max_attempts_dead_letter;
     term: embedded_term, redis_term;
+    dead_letter_of_a_sixteen_token_channel: embedded_dead_letter_of_a_sixteen_token_channel, redis_dead_letter_of_a_sixteen_token_channel;
     ordering_keys: embedded_ordering_keys, redis_ordering_keys;
     idempotency: embedded_idempotency, redis_idempotency;
     log_paging: embedded_log_paging, redis_log_paging;
