@@ -7,12 +7,16 @@ import asyncio
 import pytest
 
 from socle_eventbus import (
+    Ack,
     AlreadyExists,
     Client,
+    Delivery,
     Gap,
     InvalidArgument,
     NotFound,
+    Term,
     Unavailable,
+    Worker,
     pb,
     publish_request,
 )
@@ -71,6 +75,50 @@ async def test_admin_calls(daemon: Daemon, name: str) -> None:
         await client.delete_consumer(name)
         with pytest.raises(NotFound):
             await client.get_consumer(name)
+
+
+async def test_consumer_operations(daemon: Daemon, name: str) -> None:
+    """README "Consumer operations": pending while paused, resume, redrive by id and the
+    oldest, each logged `redriven`; exclusive and linear backoff round-trip."""
+    async with await Client.connect(daemon.url) as client:
+        linear = pb.Backoff(kind=pb.BACKOFF_KIND_LINEAR)
+        info = await client.create_consumer(name, [f"{name}.>"], exclusive=True, backoff=linear)
+        assert info.config.exclusive and info.config.backoff.kind == pb.BACKOFF_KIND_LINEAR
+        assert (await client.pause(name)).paused
+        ids = [(await client.publish(f"{name}.job", str(i).encode())).event_id for i in range(3)]
+        page = await client.pending(name, limit=2)
+        assert [e.event.id for e in page.entries] == ids[:2] and page.next_page_token
+        assert all(e.state == pb.PENDING_STATE_READY and e.attempt == 0 for e in page.entries)
+        assert [e.event.id async for e in client.pending_all(name)] == ids
+
+        fixed = {"yet": False}
+
+        async def handle(d: Delivery):  # type: ignore[no-untyped-def]
+            return Ack() if fixed["yet"] else Term("bug")
+
+        async def counts(redrivable: int, acked: int) -> bool:
+            got = await client.get_consumer(name)
+            return (got.redrivable, got.acked) == (redrivable, acked)
+
+        async with Worker(client, name, handle):
+            assert not (await client.resume(name)).paused
+            await eventually(lambda: counts(3, 0), what="3 dead letters")
+            fixed["yet"] = True
+            one = await client.redrive(name, [ids[0]])
+            assert (one.redriven, one.remaining) == (1, 2)
+            again = await client.redrive(name, [ids[0]])
+            assert (again.redriven, again.remaining) == (0, 2)
+            rest = await client.redrive(name)
+            assert (rest.redriven, rest.remaining) == (2, 0)
+            await eventually(lambda: counts(0, 3), what="3 acked")
+        log = (await client.event_log(name, status=pb.EVENT_STATUS_REDRIVEN)).entries
+        assert sorted(e.event_id for e in log) == sorted(ids)
+        assert (await client.get_consumer(name)).redriven == 3
+        with pytest.raises(InvalidArgument):
+            await client.pending(name, page_token="bogus")
+        for call in (client.pending, client.redrive, client.pause, client.resume):
+            with pytest.raises(NotFound):
+                await call(f"{name}-ghost")  # type: ignore[operator]
 
 
 async def test_unsubscribe_ends_the_iterator(daemon: Daemon, name: str) -> None:

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use eventbus_core::NameError;
+use eventbus_core::{NameError, quoted};
 
 /// Loading or reloading the principals file, the JWT keys or the settings failed.
 #[derive(Debug, thiserror::Error)]
@@ -106,9 +106,9 @@ pub struct Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.reason {
-            RefusalReason::NotCovered => write!(f, "not allowed to subscribe to {:?}", self.filter),
+            RefusalReason::NotCovered => write!(f, "not allowed to subscribe to {}", quoted(&self.filter)),
             RefusalReason::Denied { deny } => {
-                write!(f, "not allowed to subscribe to {:?}: it overlaps the denied {deny:?}", self.filter)
+                write!(f, "not allowed to subscribe to {}: it overlaps the denied {deny:?}", quoted(&self.filter))
             }
         }
     }

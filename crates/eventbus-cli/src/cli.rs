@@ -75,7 +75,7 @@ pub(crate) enum Command {
         /// Subscription id, as `subscriptions` shows it.
         id: String,
     },
-    /// Durable consumers: create, list, info, delete.
+    /// Durable consumers: create, list, info, delete; pending, redrive, pause, resume.
     Consumer {
         #[command(subcommand)]
         command: ConsumerCommand,
@@ -140,6 +140,39 @@ pub(crate) enum ConsumerCommand {
     Info { name: String },
     /// Delete a consumer, the events it holds and its log.
     Delete { name: String },
+    /// A consumer's unfinished events, oldest first: state, attempt, next delivery, last failure.
+    Pending(PendingArgs),
+    /// Put dead-lettered events back to the consumer with their attempts reset.
+    Redrive(RedriveArgs),
+    /// Stop delivering (events are still captured and kept; clients stay attached).
+    Pause { name: String },
+    /// Deliver again after `pause`.
+    Resume { name: String },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PendingArgs {
+    pub(crate) name: String,
+    /// Entries per page (at most 1000).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) limit: u32,
+    /// Follow every page.
+    #[arg(long)]
+    pub(crate) all: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RedriveArgs {
+    pub(crate) name: String,
+    /// Dead-lettered events to put back (default: the oldest --limit).
+    #[arg(value_name = "EVENT_ID")]
+    pub(crate) event_ids: Vec<String>,
+    /// Without event ids: how many, oldest first (0: the broker's maximum, 10000).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) limit: u32,
+    /// Without event ids: repeat until none is left (or none moves).
+    #[arg(long, conflicts_with = "event_ids")]
+    pub(crate) all: bool,
 }
 
 #[derive(Debug, Args)]
@@ -160,12 +193,38 @@ pub(crate) struct CreateArgs {
     pub(crate) backoff_multiplier: f64,
     #[arg(long, default_value_t = 0)]
     pub(crate) backoff_max_ms: u64,
+    /// How retry delays grow: initial × multiplier^(attempt−1), or initial × attempt;
+    /// both capped at --backoff-max-ms.
+    #[arg(long, value_enum, default_value_t = BackoffKind::Exponential)]
+    pub(crate) backoff_kind: BackoffKind,
+    /// One attached client receives at a time; the next takes over when it leaves.
+    #[arg(long)]
+    pub(crate) exclusive: bool,
+    /// Most unfinished events kept; beyond it publishes are not captured for this
+    /// consumer (default 1,000,000; 0 = unlimited).
+    #[arg(long)]
+    pub(crate) max_pending: Option<u64>,
     /// Unacknowledged events per client (0: 1000).
     #[arg(long, default_value_t = 0)]
     pub(crate) max_in_flight: u32,
     /// Where dead letters go (default: dlq.<channel>).
     #[arg(long)]
     pub(crate) dead_letter_channel: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BackoffKind {
+    Exponential,
+    Linear,
+}
+
+impl From<BackoffKind> for eventbus_client::pb::BackoffKind {
+    fn from(k: BackoffKind) -> Self {
+        match k {
+            BackoffKind::Exponential => Self::Exponential,
+            BackoffKind::Linear => Self::Linear,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -192,7 +251,7 @@ pub(crate) struct ConsumeArgs {
 #[derive(Debug, Args)]
 pub(crate) struct LogArgs {
     pub(crate) name: String,
-    /// completed, dead_lettered or all.
+    /// completed, dead_lettered, redriven or all.
     #[arg(long)]
     pub(crate) status: Option<String>,
     /// Entries per page.
@@ -257,6 +316,9 @@ pub(crate) struct SubscribeArgs {
     /// Queue capacity (0: the server default).
     #[arg(long, default_value_t = 0)]
     pub(crate) queue_capacity: u32,
+    /// Queue bound in bytes (0: the server default).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) max_queue_bytes: u64,
     /// What to do when the queue is full (default: the server's).
     #[arg(long, value_enum)]
     pub(crate) overflow: Option<Overflow>,

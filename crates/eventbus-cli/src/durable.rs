@@ -1,4 +1,5 @@
-//! `eventbus consumer create|list|info|delete`, `eventbus consume`, `eventbus log`.
+//! `eventbus consumer create|list|info|delete`, `eventbus consume`, `eventbus log`
+//! (`consumer pending|redrive|pause|resume` are in `consumer_ops`).
 
 use std::io::Write as _;
 
@@ -7,7 +8,17 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::cli::{AckMode, ConsumeArgs, ConsumerCommand, CreateArgs, LogArgs};
+use crate::consumer_ops;
 use crate::output::{self, table, time};
+
+/// `Backoff.kind` as the REST routes and the configuration spell it.
+fn backoff_kind_name(kind: i32) -> &'static str {
+    match pb::BackoffKind::try_from(kind) {
+        Ok(pb::BackoffKind::Exponential) => "exponential",
+        Ok(pb::BackoffKind::Linear) => "linear",
+        Err(_) => "unknown",
+    }
+}
 
 fn info_json(i: &pb::ConsumerInfo) -> serde_json::Value {
     let c = i.config.clone().unwrap_or_default();
@@ -15,14 +26,17 @@ fn info_json(i: &pb::ConsumerInfo) -> serde_json::Value {
     json!({
         "name": c.name, "channels": c.channels, "ack_deadline_ms": c.ack_deadline_ms,
         "max_attempts": c.max_attempts, "max_in_flight": c.max_in_flight,
-        "backoff": {"initial_ms": b.initial_ms, "multiplier": b.multiplier, "max_ms": b.max_ms},
-        "dead_letter_channel": c.dead_letter_channel,
+        "backoff": {"initial_ms": b.initial_ms, "multiplier": b.multiplier, "max_ms": b.max_ms,
+                    "kind": backoff_kind_name(b.kind)},
+        "dead_letter_channel": c.dead_letter_channel, "exclusive": c.exclusive, "paused": i.paused,
         "pending": i.pending, "in_flight": i.in_flight, "clients": i.clients,
         "acked": i.acked, "dead_lettered": i.dead_lettered, "redelivered": i.redelivered,
+        "redrivable": i.redrivable, "redriven": i.redriven, "dropped": i.dropped,
+        "max_pending": c.max_pending,
     })
 }
 
-fn print_info(json: bool, i: &pb::ConsumerInfo) {
+pub(crate) fn print_info(json: bool, i: &pb::ConsumerInfo) {
     if json {
         println!("{}", info_json(i));
         return;
@@ -52,6 +66,8 @@ pub(crate) async fn consumer(client: &Client, json: bool, cmd: ConsumerCommand) 
                     .iter()
                     .map(|i| {
                         let c = i.config.clone().unwrap_or_default();
+                        let kind = backoff_kind_name(c.backoff.unwrap_or_default().kind);
+                        let yes_no = |b: bool| if b { "yes" } else { "no" }.to_owned();
                         vec![
                             c.name,
                             c.channels.join(","),
@@ -60,10 +76,28 @@ pub(crate) async fn consumer(client: &Client, json: bool, cmd: ConsumerCommand) 
                             i.clients.to_string(),
                             i.acked.to_string(),
                             i.dead_lettered.to_string(),
+                            i.redrivable.to_string(),
+                            i.redriven.to_string(),
+                            yes_no(i.paused),
+                            yes_no(c.exclusive),
+                            kind.to_owned(),
                         ]
                     })
                     .collect();
-                let header = ["NAME", "CHANNELS", "PENDING", "IN FLIGHT", "CLIENTS", "ACKED", "DEAD LETTERED"];
+                let header = [
+                    "NAME",
+                    "CHANNELS",
+                    "PENDING",
+                    "IN FLIGHT",
+                    "CLIENTS",
+                    "ACKED",
+                    "DEAD LETTERED",
+                    "REDRIVABLE",
+                    "REDRIVEN",
+                    "PAUSED",
+                    "EXCLUSIVE",
+                    "BACKOFF",
+                ];
                 print!("{}", table(&header, &rows));
             }
         }
@@ -71,6 +105,10 @@ pub(crate) async fn consumer(client: &Client, json: bool, cmd: ConsumerCommand) 
             client.delete_consumer(name.clone()).await?;
             println!("deleted {name}");
         }
+        ConsumerCommand::Pending(a) => consumer_ops::pending(client, json, a).await?,
+        ConsumerCommand::Redrive(a) => consumer_ops::redrive(client, json, a).await?,
+        ConsumerCommand::Pause { name } => consumer_ops::print_paused(json, &client.pause(name).await?),
+        ConsumerCommand::Resume { name } => consumer_ops::print_paused(json, &client.resume(name).await?),
     }
     Ok(())
 }
@@ -85,9 +123,12 @@ fn config(a: CreateArgs) -> pb::ConsumerConfig {
             initial_ms: a.backoff_initial_ms,
             multiplier: a.backoff_multiplier,
             max_ms: a.backoff_max_ms,
+            kind: pb::BackoffKind::from(a.backoff_kind).into(),
         }),
         max_in_flight: a.max_in_flight,
         dead_letter_channel: a.dead_letter_channel.unwrap_or_default(),
+        exclusive: a.exclusive,
+        max_pending: a.max_pending,
     }
 }
 
@@ -205,7 +246,8 @@ pub(crate) async fn log(client: &Client, json: bool, a: LogArgs) -> anyhow::Resu
         None | Some("all") => pb::EventStatus::Unspecified,
         Some("completed") => pb::EventStatus::Completed,
         Some("dead_lettered") => pb::EventStatus::DeadLettered,
-        Some(other) => anyhow::bail!("unknown status {other:?}: use completed, dead_lettered or all"),
+        Some("redriven") => pb::EventStatus::Redriven,
+        Some(other) => anyhow::bail!("unknown status {other:?}: use completed, dead_lettered, redriven or all"),
     };
     let mut token = String::new();
     let mut rows = Vec::new();
@@ -218,7 +260,12 @@ pub(crate) async fn log(client: &Client, json: bool, a: LogArgs) -> anyhow::Resu
         };
         let page = client.event_log(request).await?;
         for e in &page.entries {
-            let status = if e.status == pb::EventStatus::DeadLettered as i32 { "dead_lettered" } else { "completed" };
+            let status = match pb::EventStatus::try_from(e.status) {
+                Ok(pb::EventStatus::Completed) => "completed",
+                Ok(pb::EventStatus::DeadLettered) => "dead_lettered",
+                Ok(pb::EventStatus::Redriven) => "redriven",
+                Ok(pb::EventStatus::Unspecified) | Err(_) => "unknown",
+            };
             let reasons: Vec<&str> = e.failures.iter().map(|f| f.reason.as_str()).collect();
             if json {
                 let v = json!({

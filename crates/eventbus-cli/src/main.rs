@@ -4,7 +4,7 @@
 //! read as one line), like the bench's: one client code path.
 //!
 //! - `cli`: the command line (clap), including the connection options.
-//! - `publish`, `subscribe`, `admin`, `durable`: the commands.
+//! - `publish`, `subscribe`, `admin`, `durable`, `consumer_ops`: the commands.
 //! - `bench` runs `eventbus_bench`; `durable_bench` the `durable` and `worker`
 //!   workloads, `idle` the idle one.
 //! - `relay`: the PostgreSQL outbox relay with its /metrics listener.
@@ -14,6 +14,7 @@
 mod admin;
 mod auth;
 mod cli;
+mod consumer_ops;
 mod durable;
 mod durable_bench;
 mod idle;

@@ -12,6 +12,7 @@ pub(crate) async fn run(client: &Client, json: bool, args: SubscribeArgs) -> any
         channels: args.patterns.clone(),
         group: args.group.clone().unwrap_or_default(),
         queue_capacity: args.queue_capacity,
+        max_queue_bytes: args.max_queue_bytes,
         overflow: args.overflow.map_or(pb::OverflowPolicy::Unspecified, Into::into) as i32,
         max_batch: args.max_batch,
         name: args.name.clone(),

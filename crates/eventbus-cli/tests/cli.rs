@@ -343,3 +343,108 @@ async fn commands_work_with_a_token_on_a_broker_without_auth() {
     let out = run(eventbus(&broker, &["--token", "ebt_abc", "stats"])).await;
     assert!(out.ok, "{}", out.stderr);
 }
+
+/// README "Consumer operations" from the command line: create with `--exclusive` and
+/// `--backoff-kind linear`, pause, `pending` (table, JSON, pages), resume, redrive by id
+/// and `--all`, `log --status redriven`, and the new columns of `consumer list`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_operations_end_to_end() {
+    let broker = broker().await;
+    let create = ["--json", "consumer", "create", "pay", "-c", "pay.>", "--exclusive", "--backoff-kind", "linear"];
+    let out = run(eventbus(&broker, &create)).await;
+    assert!(out.ok, "{}", out.stderr);
+    let info: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!((info["exclusive"].as_bool(), info["backoff"]["kind"].as_str()), (Some(true), Some("linear")));
+    assert_eq!((info["paused"].as_bool(), info["redrivable"].as_u64()), (Some(false), Some(0)));
+
+    let out = run(eventbus(&broker, &["consumer", "pause", "pay"])).await;
+    assert_eq!(out.stdout.trim(), "paused pay (0 pending, 0 in flight, 0 clients)", "{}", out.stderr);
+    for (payload, key) in [("p1", "c7"), ("p2", "c7"), ("p3", "")] {
+        let mut args = vec!["publish", "pay.charge", payload];
+        if !key.is_empty() {
+            args.extend(["--ordering-key", key]);
+        }
+        assert!(run(eventbus(&broker, &args)).await.ok);
+    }
+    let out = run(eventbus(&broker, &["consumer", "pending", "pay"])).await;
+    assert!(out.ok, "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(lines[0].starts_with("EVENT ID") && lines[0].ends_with("NEXT DELIVERY  LAST FAILURE"), "{}", out.stdout);
+    let states: Vec<&str> = lines[1..].iter().map(|l| l.split_whitespace().nth(2).unwrap()).collect();
+    assert_eq!(states, ["ready", "blocked_by_ordering_key", "ready"], "{}", out.stdout);
+    let ids: Vec<String> = lines[1..].iter().map(|l| l.split_whitespace().next().unwrap().to_owned()).collect();
+
+    let out = run(eventbus(&broker, &["--json", "consumer", "pending", "pay", "--limit", "2"])).await;
+    assert_eq!(out.stdout.lines().count(), 2, "{}", out.stdout);
+    assert!(out.stderr.contains("--all"), "a hint that more pages exist: {}", out.stderr);
+    let out = run(eventbus(&broker, &["--json", "consumer", "pending", "pay", "--limit", "1", "--all"])).await;
+    let entries: Vec<serde_json::Value> = out.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let listed: Vec<&str> = entries.iter().map(|e| e["event"]["id"].as_str().unwrap()).collect();
+    assert_eq!(listed, ids, "every page, in order");
+    assert!(out.stderr.is_empty(), "{}", out.stderr);
+    assert_eq!((entries[0]["attempt"].as_u64(), entries[0]["event"]["payload"].as_str()), (Some(0), Some("p1")));
+
+    // Resume, then dead-letter all three through the client library.
+    let out = run(eventbus(&broker, &["consumer", "resume", "pay"])).await;
+    assert!(out.stdout.starts_with("resumed pay"), "{}", out.stdout);
+    let client =
+        eventbus_client::Client::connect(eventbus_client::ClientOptions::new(broker.url.clone())).await.unwrap();
+    let mut stream =
+        client.consume(eventbus_client::pb::Attach { consumer: "pay".into(), ..Default::default() }).await.unwrap();
+    let mut termed = 0;
+    while termed < 3 {
+        let message = tokio::time::timeout(DEADLINE, stream.next()).await.expect("timed out").unwrap().unwrap();
+        if let eventbus_client::ConsumeMessage::Deliveries(deliveries) = message {
+            for d in deliveries {
+                stream.sender().term(d.event.unwrap().id, "card declined".into()).await.unwrap();
+                termed += 1;
+            }
+        }
+    }
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while client.consumer("pay").await.unwrap().redrivable < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for 3 dead letters");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let out = run(eventbus(&broker, &["consumer", "redrive", "pay", &ids[1]])).await;
+    assert_eq!(out.stdout.trim(), "redriven 1, remaining 2", "{}", out.stderr);
+    let out = run(eventbus(&broker, &["consumer", "redrive", "pay", &ids[1]])).await;
+    assert_eq!(out.stdout.trim(), "redriven 0, remaining 2", "redriven once");
+    assert!(out.stderr.contains("1 of the given event ids"), "{}", out.stderr);
+    let out = run(eventbus(&broker, &["--json", "consumer", "redrive", "pay", "--all", "--limit", "1"])).await;
+    let answer: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(answer, serde_json::json!({"redriven": 2, "remaining": 0}));
+    let out = run(eventbus(&broker, &["--json", "log", "pay", "--status", "redriven"])).await;
+    let mut redriven: Vec<String> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .inspect(|v| assert_eq!(v["status"], "redriven"))
+        .map(|v| v["event_id"].as_str().unwrap().to_owned())
+        .collect();
+    redriven.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(redriven, expected);
+
+    let out = run(eventbus(&broker, &["consumer", "list"])).await;
+    let header = out.stdout.lines().next().unwrap();
+    for column in ["REDRIVABLE", "REDRIVEN", "PAUSED", "EXCLUSIVE", "BACKOFF"] {
+        assert!(header.contains(column), "{header}");
+    }
+    let row = out.stdout.lines().nth(1).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!((cells[0], &cells[7..]), ("pay", &["0", "3", "no", "yes", "linear"][..]), "{}", out.stdout);
+    let out = run(eventbus(&broker, &["consumer", "info", "pay"])).await;
+    assert!(out.stdout.lines().any(|l| l.starts_with("redriven") && l.ends_with(" 3")), "{}", out.stdout);
+
+    let out = run(eventbus(&broker, &["consumer", "redrive", "ghost"])).await;
+    assert!(!out.ok && out.stderr.contains("ghost") && out.stderr.contains("NotFound"), "{}", out.stderr);
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    let out = run(eventbus(&broker, &["consumer", "redrive", "pay", "e1", "--all"])).await;
+    assert!(!out.ok && out.stderr.contains("cannot be used with"), "{}", out.stderr);
+    let out = run(eventbus(&broker, &["consumer", "create", "x", "-c", "x", "--backoff-kind", "cubic"])).await;
+    assert!(!out.ok && out.stderr.contains("exponential") && out.stderr.contains("linear"), "{}", out.stderr);
+    drop(stream);
+}

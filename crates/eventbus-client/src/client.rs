@@ -141,6 +141,42 @@ impl Client {
     pub async fn event_log(&self, request: pb::ListEventLogRequest) -> Result<pb::ListEventLogResponse, Error> {
         Ok(self.admin().list_event_log(request).await?.into_inner())
     }
+
+    /// One page of a consumer's unfinished events, oldest first, each with its attempt,
+    /// next delivery time, failures and state (`Admin.ListPending`). `limit` 0 = 100, at
+    /// most 1,000; pass the previous page's `next_page_token` (empty = from the oldest).
+    pub async fn pending(
+        &self,
+        consumer: impl Into<String>,
+        limit: u32,
+        page_token: impl Into<String>,
+    ) -> Result<pb::ListPendingResponse, Error> {
+        let request = pb::ListPendingRequest { consumer: consumer.into(), limit, page_token: page_token.into() };
+        Ok(self.admin().list_pending(request).await?.into_inner())
+    }
+
+    /// Puts dead-lettered events back to their consumer with attempts reset
+    /// (`Admin.RedriveDeadLetters`): the ones named by `event_ids`, or with none named
+    /// the oldest `limit` (0 = 10,000). Answers how many went back and how many remain.
+    pub async fn redrive(
+        &self,
+        consumer: impl Into<String>,
+        event_ids: Vec<String>,
+        limit: u32,
+    ) -> Result<pb::RedriveResponse, Error> {
+        let request = pb::RedriveRequest { consumer: consumer.into(), event_ids, limit };
+        Ok(self.admin().redrive_dead_letters(request).await?.into_inner())
+    }
+
+    /// Pauses a consumer: it keeps capturing and delivers nothing until [`resume`](Self::resume).
+    pub async fn pause(&self, name: impl Into<String>) -> Result<pb::ConsumerInfo, Error> {
+        Ok(self.admin().pause_consumer(pb::PauseConsumerRequest { name: name.into() }).await?.into_inner())
+    }
+
+    /// Resumes delivery after [`pause`](Self::pause).
+    pub async fn resume(&self, name: impl Into<String>) -> Result<pb::ConsumerInfo, Error> {
+        Ok(self.admin().resume_consumer(pb::ResumeConsumerRequest { name: name.into() }).await?.into_inner())
+    }
 }
 
 impl Connector {

@@ -16,6 +16,8 @@ const REQUESTS_IN_FLIGHT: usize = 1024;
 /// What the broker sends on a `Consume` stream.
 #[derive(Debug)]
 #[non_exhaustive]
+// `Attached` comes once per stream: its size costs nothing worth a box in every match.
+#[allow(clippy::large_enum_variant)]
 pub enum ConsumeMessage {
     /// The first message: the consumer's definition and counts.
     Attached(pb::ConsumerInfo),

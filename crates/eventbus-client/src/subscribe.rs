@@ -50,6 +50,12 @@ impl SubscribeOptions {
         self
     }
 
+    /// Queue bound in bytes on the broker (0: the server default).
+    pub fn max_queue_bytes(mut self, bytes: u64) -> Self {
+        self.request.max_queue_bytes = bytes;
+        self
+    }
+
     /// What the broker does when the queue is full.
     pub fn overflow(mut self, policy: pb::OverflowPolicy) -> Self {
         self.request.overflow = policy.into();

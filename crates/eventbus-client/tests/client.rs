@@ -82,6 +82,59 @@ async fn admin_calls_see_subscriptions_and_unsubscribe_ends_the_stream() {
     assert!(client.consumers().await.unwrap().is_empty());
 }
 
+/// The next deliveries of a raw consume stream (skipping `attached`).
+async fn deliveries(stream: &mut eventbus_client::ConsumeStream) -> Vec<pb::Delivery> {
+    within(async {
+        loop {
+            match stream.next().await.unwrap().expect("stream open") {
+                eventbus_client::ConsumeMessage::Deliveries(d) => return d,
+                _ => continue,
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_operations_list_pending_pause_resume_and_redrive() {
+    let broker = Broker::start().await;
+    let client = broker.client().await;
+    client.create_consumer(consumer("ops", "jobs.>")).await.unwrap();
+    assert!(client.pause("ops").await.unwrap().paused);
+    let ids = publish_n(&client, "jobs.run", 3).await;
+    let page = client.pending("ops", 2, "").await.unwrap();
+    let listed: Vec<&str> = page.entries.iter().map(|e| e.event.as_ref().unwrap().id.as_str()).collect();
+    assert_eq!(listed, [ids[0].as_str(), ids[1].as_str()]);
+    assert!(page.entries.iter().all(|e| e.state == pb::PendingState::Ready as i32 && e.attempt == 0));
+    let rest = client.pending("ops", 2, page.next_page_token).await.unwrap();
+    assert_eq!((rest.entries.len(), rest.next_page_token.as_str()), (1, ""));
+
+    let mut stream = client.consume(pb::Attach { consumer: "ops".into(), ..Default::default() }).await.unwrap();
+    assert!(!client.resume("ops").await.unwrap().paused);
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        got.extend(deliveries(&mut stream).await);
+    }
+    let tx = stream.sender();
+    for d in &got {
+        tx.term(d.event.as_ref().unwrap().id.clone(), "poison".into()).await.unwrap();
+    }
+    eventually("3 dead letters", || async { client.consumer("ops").await.unwrap().redrivable == 3 }).await;
+    let one = client.redrive("ops", vec![ids[2].clone()], 0).await.unwrap();
+    assert_eq!((one.redriven, one.remaining), (1, 2));
+    let back = deliveries(&mut stream).await;
+    assert_eq!((back[0].event.as_ref().unwrap().id.as_str(), back[0].attempt), (ids[2].as_str(), 1));
+    let rest = client.redrive("ops", Vec::new(), 0).await.unwrap();
+    assert_eq!((rest.redriven, rest.remaining), (2, 0));
+    assert_eq!(client.consumer("ops").await.unwrap().redriven, 3);
+
+    assert!(matches!(client.pending("ghost", 0, "").await, Err(Error::NotFound(_))));
+    assert!(matches!(client.pending("ops", 0, "bogus").await, Err(Error::InvalidArgument(_))));
+    assert!(matches!(client.redrive("ghost", Vec::new(), 0).await, Err(Error::NotFound(_))));
+    assert!(matches!(client.pause("ghost").await, Err(Error::NotFound(_))));
+    assert!(matches!(client.resume("ghost").await, Err(Error::NotFound(_))));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_reports_the_gap_of_a_daemon_restart_and_subscribes_again() {
     let broker = Broker::start().await;

@@ -14,8 +14,10 @@ use crate::error::Error;
 use crate::event::{Event, PublishInput, new_id};
 use crate::name::Pattern;
 use crate::router::{GroupTargets, Router, Targets};
-use crate::stats::{BusCounters, BusStats, ChannelEntry, ChannelStats, ChannelTable, LabelStats, SubscriptionInfo};
-use crate::subscription::{CloseReason, Offer, Overflow, Subscription, SubscriptionSpec};
+use crate::stats::{
+    BusCounters, BusStats, ChannelEntry, ChannelStats, ChannelTable, LabelStats, QueueLevel, SubscriptionInfo,
+};
+use crate::subscription::{CloseReason, DropReason, Offer, Overflow, Subscription, SubscriptionSpec};
 use crate::transport::{Fanout, LocalFanout, Transport, TransportError, TransportStatus};
 
 /// Most channels and patterns in one subscription.
@@ -40,6 +42,11 @@ pub struct BusConfig {
     pub default_queue_capacity: usize,
     /// Largest queue capacity a subscription may ask for.
     pub max_queue_capacity: usize,
+    /// Byte bound of a subscription's queue when it asks for 0.
+    pub default_queue_bytes: usize,
+    /// Budget of bytes queued across all subscriptions, each event counted once; also
+    /// the largest `max_queue_bytes` a subscription may ask for.
+    pub max_queued_bytes: usize,
     /// How long a DROP_NEWEST publish waits for room in a full queue.
     pub offer_timeout: Duration,
     /// Policy of a subscription that does not choose one.
@@ -60,6 +67,8 @@ impl Default for BusConfig {
         Self {
             default_queue_capacity: 10_000,
             max_queue_capacity: 1_000_000,
+            default_queue_bytes: 64 << 20,
+            max_queued_bytes: 512 << 20,
             offer_timeout: Duration::from_millis(100),
             overflow: Overflow::DropNewest,
             max_batch: 256,
@@ -79,6 +88,8 @@ pub struct SubscribeOptions {
     pub group: String,
     /// 0 means the default capacity.
     pub queue_capacity: usize,
+    /// Byte bound of the queue; 0 means the default.
+    pub max_queue_bytes: usize,
     /// `None` means the configured default.
     pub overflow: Option<Overflow>,
     /// 0 means the configured default.
@@ -300,14 +311,17 @@ impl Bus {
             idempotency: std::mem::take(&mut input.idempotency_key),
         };
         let event = input.into_event(max_payload_bytes)?;
-        if let Some(status) = &self.inner.transport_status
-            && !status.borrow().connected
-        {
-            // Fail fast while the shared medium is away, durable capture included.
-            return Err(Error::Transport(TransportError {
-                transport: self.mode(),
-                reason: "not connected; the event was not published".into(),
-            }));
+        if let Some(status) = &self.inner.transport_status {
+            let status = *status.borrow();
+            if !status.connected {
+                // Fail fast while the shared medium is away, durable capture included.
+                let reason = if status.stalled {
+                    "connected but not answering health checks (hung or overloaded); the event was not published"
+                } else {
+                    "not connected; the event was not published"
+                };
+                return Err(Error::Transport(TransportError { transport: self.mode(), reason: reason.into() }));
+            }
         }
         if self.inner.durable.get().is_none() && !keys.idempotency.is_empty() {
             // Promising "delivered once" and then not checking would be a silent lie.
@@ -431,6 +445,34 @@ impl Bus {
         self.inner.transport.as_ref().map_or("in_memory", |t| t.mode())
     }
 
+    /// Bytes of the events queued now across subscriptions, each event counted once
+    /// (see [`BusConfig::max_queued_bytes`]).
+    pub fn queued_bytes(&self) -> u64 {
+        self.inner.counters.queued_bytes.load(Ordering::Relaxed) as u64
+    }
+
+    /// Events lost since start, per reason.
+    pub fn dropped_by_reason(&self) -> [(DropReason, u64); DropReason::ALL.len()] {
+        let counts = &self.inner.counters.dropped_by_reason;
+        DropReason::ALL.map(|r| (r, counts[r as usize].load(Ordering::Relaxed)))
+    }
+
+    /// Queue figures of every open subscription, for metrics: lighter than
+    /// [`Bus::subscriptions`] (no strings but the id).
+    pub fn queue_levels(&self) -> Vec<QueueLevel> {
+        let router = self.inner.router.read();
+        router
+            .all()
+            .map(|s| QueueLevel {
+                id: Arc::clone(&s.id),
+                pending: s.pending() as u64,
+                capacity: s.spec.capacity as u64,
+                queued_bytes: s.queued_bytes() as u64,
+                max_queue_bytes: s.spec.max_bytes as u64,
+            })
+            .collect()
+    }
+
     /// Tracked channels with their counters, sorted by name.
     pub fn channels(&self) -> Vec<ChannelStats> {
         let mut out: Vec<ChannelStats> = self
@@ -442,6 +484,12 @@ impl Bus {
             .collect();
         out.sort_by(|a, b| a.channel.cmp(&b.channel));
         out
+    }
+
+    /// Channels forgotten since start to keep the channel table within
+    /// [`BusConfig::max_channels`] (their metrics labels keep counting).
+    pub fn channels_evicted(&self) -> u64 {
+        self.inner.channels.evicted()
     }
 
     /// Counters per channel metrics label (capped; see [`BusConfig::max_channel_labels`]).
@@ -507,6 +555,8 @@ fn info(s: &Subscription) -> SubscriptionInfo {
         name: s.spec.name.clone(),
         pending: s.pending() as u64,
         capacity: s.spec.capacity as u64,
+        queued_bytes: s.queued_bytes() as u64,
+        max_queue_bytes: s.spec.max_bytes as u64,
         delivered: s.delivered(),
         dropped: s.dropped(),
         overflow: s.spec.overflow,
@@ -530,6 +580,7 @@ fn check_label(field: &'static str, value: &str) -> Result<(), Error> {
 
 impl Inner {
     fn new(config: BusConfig, transport: Option<Arc<dyn Transport>>) -> Self {
+        let max_queued_bytes = config.max_queued_bytes;
         Self {
             channels: ChannelTable::new(config.max_channels, config.max_channel_labels),
             config,
@@ -537,7 +588,7 @@ impl Inner {
             started_at: SystemTime::now(),
             router: RwLock::default(),
             generation: AtomicU64::new(0),
-            counters: Arc::default(),
+            counters: Arc::new(BusCounters::new(max_queued_bytes)),
             shutting_down: AtomicBool::new(false),
             transport_status: transport.as_ref().map(|t| t.status()),
             transport,
@@ -568,6 +619,16 @@ impl Inner {
             }
             n => n,
         };
+        let max_bytes = match opts.max_queue_bytes {
+            0 => self.config.default_queue_bytes,
+            n if n > self.config.max_queued_bytes => {
+                return Err(Error::InvalidOption {
+                    field: "max_queue_bytes",
+                    message: format!("{n} is above max_queued_bytes = {}", self.config.max_queued_bytes),
+                });
+            }
+            n => n,
+        };
         let max_batch = match opts.max_batch {
             0 => self.config.max_batch,
             n if n > MAX_BATCH_LIMIT => {
@@ -587,17 +648,19 @@ impl Inner {
             peer: opts.peer,
             owner: opts.owner,
             capacity,
+            max_bytes,
             overflow: opts.overflow.unwrap_or(self.config.overflow),
             max_batch,
         })
     }
 
     fn channel(&self, name: &str) -> Arc<ChannelEntry> {
-        let (entry, over_bound) = self.channels.get_or_insert(name);
-        if over_bound {
-            self.channels.evict_idle(|e| self.targets(e).subscriber_count() == 0);
+        loop {
+            if let Some(entry) = self.channels.get_or_insert(name) {
+                return entry;
+            }
+            self.channels.evict(|e| self.targets(e).subscriber_count() == 0);
         }
-        entry
     }
 
     /// The channel's cached targets, recomputed if the router changed since.
@@ -631,6 +694,7 @@ impl Inner {
             self.counters.published.fetch_add(1, Ordering::Relaxed);
         }
         event.counters = Some(Arc::clone(&entry.counters));
+        event.residency.size = event.approx_size() + crate::event::MEMORY_OVERHEAD;
         let event = Arc::new(event);
         let targets = self.targets(&entry);
 
@@ -789,7 +853,7 @@ mod tests {
             Box::pin(async {})
         }
         fn status(&self) -> tokio::sync::watch::Receiver<TransportStatus> {
-            tokio::sync::watch::channel(TransportStatus { connected: true, reconnects: 0 }).1
+            tokio::sync::watch::channel(TransportStatus { connected: true, ..TransportStatus::default() }).1
         }
     }
 
@@ -875,6 +939,30 @@ mod tests {
         assert_eq!(bus.stats().total_dropped, 1000, "queued events of closed subscriptions are counted lost");
         assert_eq!(bus.channels()[0].subscriber_count, 0);
         assert!(matches!(bus.unsubscribe("nope"), Err(Error::UnknownSubscription(_))));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn channel_table_stays_bounded_under_a_catch_all_subscriber() {
+        let bus = Bus::new(BusConfig { max_channels: 100, ..BusConfig::default() });
+        let _all =
+            bus.subscribe(SubscribeOptions { overflow: Some(Overflow::DropOldest), ..opts(&[">"]) }).await.unwrap();
+        let publishers: Vec<_> = (0..4)
+            .map(|p| {
+                let bus = bus.clone();
+                tokio::spawn(async move {
+                    for i in 0..500 {
+                        bus.publish(input(&format!("p{p}.c{i}"), b"")).await.unwrap();
+                        assert!(bus.stats().active_channels <= 100, "{} tracked", bus.stats().active_channels);
+                    }
+                })
+            })
+            .collect();
+        for p in publishers {
+            p.await.unwrap();
+        }
+        assert!(bus.channels().len() <= 100, "{} tracked", bus.channels().len());
+        assert!(bus.channels_evicted() >= 1900, "what is not tracked is counted: {}", bus.channels_evicted());
+        assert_eq!(bus.stats().total_published, 2000);
     }
 
     #[tokio::test]

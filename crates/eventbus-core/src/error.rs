@@ -30,7 +30,7 @@ pub enum Error {
     #[error("invalid {field}: {message}")]
     InvalidOption { field: &'static str, message: String },
     /// Unsubscribe of an id no subscription has.
-    #[error("no subscription with id {0:?}")]
+    #[error("no subscription with id {}", quoted(.0))]
     UnknownSubscription(String),
     /// New work refused because the broker is stopping.
     #[error("the broker is shutting down")]
@@ -56,6 +56,8 @@ pub enum ErrorKind {
     Unavailable,
     /// A different resource with that name exists (gRPC `ALREADY_EXISTS`, HTTP 409).
     AlreadyExists,
+    /// The durable store's disk is nearly full (gRPC `RESOURCE_EXHAUSTED`, HTTP 507).
+    StorageFull,
     /// A failure retrying will not fix, such as a corrupt store (gRPC `INTERNAL`, HTTP
     /// 500); the wire layers log the cause and do not show it.
     Internal,
@@ -80,9 +82,27 @@ impl Error {
                 ErrorKind::InvalidArgument
             }
             Self::Durable(DurableError::Unavailable { .. }) => ErrorKind::Unavailable,
+            Self::Durable(DurableError::DiskFull { .. }) => ErrorKind::StorageFull,
             Self::Durable(DurableError::Internal { .. }) => ErrorKind::Internal,
         }
     }
+}
+
+/// Longest part of a client-supplied name that an error message quotes (bytes).
+pub const QUOTED_BYTES: usize = 128;
+
+/// `name` quoted for an error message, cut to [`QUOTED_BYTES`] (at a character boundary)
+/// and marked `…` when longer: a message must stay small whatever a client sent (a gRPC
+/// status travels in a header).
+pub fn quoted(name: &str) -> String {
+    if name.len() <= QUOTED_BYTES {
+        return format!("{name:?}");
+    }
+    let mut end = QUOTED_BYTES;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}…", &name[..end])
 }
 
 /// An error and its causes, `: `-separated, for logs (and for errors whose causes a
@@ -96,4 +116,21 @@ pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
         cause = e.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoted_names_are_cut_at_a_character_boundary() {
+        assert_eq!(quoted("orders"), "\"orders\"");
+        let exact = "a".repeat(QUOTED_BYTES);
+        assert_eq!(quoted(&exact), format!("{exact:?}"));
+        // 'é' is two bytes: 128 bytes would split the 65th, so 63 fit (126 bytes) after 'x'.
+        let huge = format!("x{}", "é".repeat(1 << 19));
+        let shown = quoted(&huge);
+        assert_eq!(shown, format!("\"x{}\"…", "é".repeat(63)));
+        assert!(shown.len() <= QUOTED_BYTES + "\"\"…".len());
+    }
 }

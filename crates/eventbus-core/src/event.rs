@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::SystemTime;
 
 use bytes::Bytes;
@@ -39,6 +40,31 @@ pub struct Event {
     /// here, so a drop far from the publish (DROP_OLDEST, a closing queue) is counted
     /// against its channel without a lookup.
     pub(crate) counters: Option<Arc<ChannelCounters>>,
+    /// What the event costs while queued, for the byte bounds.
+    pub(crate) residency: Residency,
+}
+
+/// What an event costs in memory beyond [`Event::approx_size`]: the envelope itself,
+/// its allocation header and its id (about 270 bytes), so that floods of tiny events
+/// are counted near what they hold.
+pub const MEMORY_OVERHEAD: usize = std::mem::size_of::<Event>() + 16 + 36;
+
+/// An event's weight in queues: its size, fixed when it is routed, and how many queues
+/// hold it now. The shared budget (`eventbus.max_queued_bytes`) counts the event once,
+/// when its first copy is queued, and frees it when the last copy leaves: the payload
+/// is shared, not copied per queue. A clone is a fresh event, queued nowhere.
+#[derive(Debug, Default)]
+pub(crate) struct Residency {
+    /// [`Event::approx_size`] plus [`MEMORY_OVERHEAD`], at routing time.
+    pub(crate) size: usize,
+    /// Queues holding the event now.
+    pub(crate) copies: AtomicUsize,
+}
+
+impl Clone for Residency {
+    fn clone(&self) -> Self {
+        Self { size: self.size, copies: AtomicUsize::new(0) }
+    }
 }
 
 impl Event {
@@ -52,10 +78,21 @@ impl Event {
         metadata: HashMap<String, String>,
         content_type: String,
     ) -> Self {
-        Self { id, channel, timestamp, source, payload, metadata, content_type, counters: None }
+        Self {
+            id,
+            channel,
+            timestamp,
+            source,
+            payload,
+            metadata,
+            content_type,
+            counters: None,
+            residency: Residency::default(),
+        }
     }
 
-    /// Rough size on the wire, used to keep stream messages well under gRPC limits.
+    /// Rough size on the wire (payload, names, metadata and a fixed overhead), used to
+    /// keep stream messages well under gRPC limits.
     pub fn approx_size(&self) -> usize {
         let meta: usize = self.metadata.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
         self.payload.len() + meta + self.channel.len() + self.source.len() + self.content_type.len() + 64
@@ -92,9 +129,12 @@ pub struct PublishInput {
 pub enum MetadataError {
     #[error("metadata has {count} entries; the limit is {MAX_METADATA_ENTRIES}")]
     TooManyEntries { count: usize },
-    #[error("metadata key {key:?} is {len} bytes; keys are 1 to {MAX_METADATA_KEY_BYTES} bytes")]
+    #[error("metadata key {} is {len} bytes; keys are 1 to {MAX_METADATA_KEY_BYTES} bytes", crate::error::quoted(key))]
     BadKey { key: String, len: usize },
-    #[error("metadata value of key {key:?} is {len} bytes; the limit is {MAX_METADATA_VALUE_BYTES}")]
+    #[error(
+        "metadata value of key {} is {len} bytes; the limit is {MAX_METADATA_VALUE_BYTES}",
+        crate::error::quoted(key)
+    )]
     ValueTooLong { key: String, len: usize },
 }
 
@@ -122,6 +162,7 @@ impl PublishInput {
             metadata: self.metadata,
             content_type: self.content_type,
             counters: None,
+            residency: Residency::default(),
         })
     }
 }
@@ -144,7 +185,10 @@ fn validate_metadata(metadata: &HashMap<String, String>) -> Result<(), MetadataE
 
 /// A new time-ordered unique id (UUIDv7).
 pub fn new_id() -> String {
-    uuid::Uuid::now_v7().hyphenated().to_string()
+    // Into a stack buffer, then one exact allocation: `to_string` would go through the
+    // formatting machinery and grow its string, on every publish.
+    let mut buf = uuid::Uuid::encode_buffer();
+    uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf).to_owned()
 }
 
 #[cfg(test)]
@@ -180,10 +224,20 @@ mod tests {
     }
 
     #[test]
+    fn memory_overhead_is_what_the_readme_says() {
+        // README "Memory bounds" quotes it; a change of the envelope shows up here.
+        assert!((200..=400).contains(&(MEMORY_OVERHEAD + 64)), "{}", MEMORY_OVERHEAD + 64);
+        eprintln!("per-event overhead: {} bytes", MEMORY_OVERHEAD + 64);
+    }
+
+    #[test]
     fn ids_are_unique_and_time_ordered() {
         let a = new_id();
         let b = new_id();
         assert_ne!(a, b);
         assert!(a < b, "UUIDv7 sorts by creation time");
+        let parsed = uuid::Uuid::parse_str(&a).unwrap();
+        assert_eq!(parsed.hyphenated().to_string(), a, "lower-case, hyphenated");
+        assert_eq!(parsed.get_version_num(), 7);
     }
 }

@@ -30,10 +30,10 @@ pub mod trie;
 mod router;
 
 pub use bus::{Bus, BusConfig, Published, SubscribeOptions, SubscriptionHandle};
-pub use error::{Error, ErrorKind, chain as error_chain};
+pub use error::{Error, ErrorKind, chain as error_chain, quoted};
 pub use event::{Event, PublishInput};
 pub use name::{NameError, Pattern};
-pub use stats::{BusStats, ChannelStats, LabelStats, OTHER_LABEL, SubscriptionInfo};
-pub use subscription::{CloseReason, Overflow};
+pub use stats::{BusStats, ChannelStats, LabelStats, OTHER_LABEL, QueueLevel, SubscriptionInfo};
+pub use subscription::{CloseReason, DropReason, Overflow};
 pub use tasks::{Supervisor, TaskFailure, TaskHandle};
 pub use transport::{Fanout, LocalFanout, Transport, TransportError, TransportStatus};

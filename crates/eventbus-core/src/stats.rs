@@ -14,17 +14,59 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use parking_lot::{Mutex, RwLock};
 
 use crate::router::Targets;
-use crate::subscription::Overflow;
+use crate::subscription::{DropReason, Overflow};
 
 const SHARDS: usize = 16;
 
-/// Totals for the whole bus.
-#[derive(Debug, Default)]
+/// Totals for the whole bus, and the queued-bytes budget every subscription shares.
+#[derive(Debug)]
 pub(crate) struct BusCounters {
     pub(crate) published: AtomicU64,
     pub(crate) delivered: AtomicU64,
     pub(crate) failed: AtomicU64,
     pub(crate) dropped: AtomicU64,
+    /// Drops per [`DropReason`], indexed by `reason as usize`.
+    pub(crate) dropped_by_reason: [AtomicU64; DropReason::ALL.len()],
+    /// Bytes of the events queued now, each event counted once however many queues
+    /// hold it (see `event::Residency`). On its own cache line: consumers release bytes
+    /// while publishers bump the counters above.
+    pub(crate) queued_bytes: CacheLine<AtomicUsize>,
+    /// The budget `queued_bytes` must stay within (`eventbus.max_queued_bytes`).
+    pub(crate) max_queued_bytes: usize,
+}
+
+impl BusCounters {
+    pub(crate) fn new(max_queued_bytes: usize) -> Self {
+        Self {
+            published: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            dropped_by_reason: Default::default(),
+            queued_bytes: CacheLine(AtomicUsize::new(0)),
+            max_queued_bytes,
+        }
+    }
+}
+
+/// A value alone on its cache line (128 bytes: adjacent-line prefetching pairs lines).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct CacheLine<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for CacheLine<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl Default for BusCounters {
+    /// No budget: for tests of one subscription.
+    fn default() -> Self {
+        Self::new(usize::MAX)
+    }
 }
 
 /// Counters of one channel on this instance.
@@ -158,19 +200,25 @@ pub(crate) struct ChannelEntry {
     pub(crate) targets: RwLock<Option<Arc<Targets>>>,
 }
 
-type Shard = RwLock<HashMap<Box<str>, Arc<ChannelEntry>>>;
+/// Every publish hashes its channel twice (shard, then map): foldhash's seeded
+/// quality hasher costs a fraction of SipHash on short names.
+type ChannelHasher = foldhash::quality::RandomState;
+
+type Shard = RwLock<HashMap<Box<str>, Arc<ChannelEntry>, ChannelHasher>>;
 
 /// Channels seen by this instance, bounded.
 #[derive(Debug)]
 pub(crate) struct ChannelTable {
     shards: Box<[Shard]>,
-    hasher: std::collections::hash_map::RandomState,
+    hasher: ChannelHasher,
     len: AtomicUsize,
     max_channels: usize,
     /// Metrics labels; `None` when metrics are off, so the hot path skips them.
     labels: Option<LabelTable>,
     /// Held while evicting, so concurrent inserts past the cap evict once.
     evicting: Mutex<()>,
+    /// Channels forgotten to stay within `max_channels`.
+    evicted: AtomicU64,
 }
 
 impl ChannelTable {
@@ -182,6 +230,7 @@ impl ChannelTable {
             len: AtomicUsize::new(0),
             max_channels: max_channels.max(1),
             evicting: Mutex::new(()),
+            evicted: AtomicU64::new(0),
         }
     }
 
@@ -193,21 +242,31 @@ impl ChannelTable {
         self.len.load(Ordering::Relaxed)
     }
 
-    /// The entry for `name`, created on first use. Returns it and whether the table has
-    /// grown past its bound (the caller then evicts idle channels).
-    pub(crate) fn get_or_insert(&self, name: &str) -> (Arc<ChannelEntry>, bool) {
+    /// The entry for `name`, created on first use; `None` when it is new and the table
+    /// is full (the caller evicts, then asks again). The bound holds however many
+    /// threads insert at once: a slot is reserved before an entry is added.
+    pub(crate) fn get_or_insert(&self, name: &str) -> Option<Arc<ChannelEntry>> {
         let shard = self.shard(name);
         if let Some(entry) = shard.read().get(name) {
-            return (Arc::clone(entry), false);
+            return Some(Arc::clone(entry));
         }
         let mut map = shard.write();
-        let entry = map.entry(name.into()).or_insert_with(|| {
-            self.len.fetch_add(1, Ordering::Relaxed);
-            let label = self.labels.as_ref().map(|l| l.assign(name));
-            let counters = Arc::new(ChannelCounters { label, ..ChannelCounters::default() });
-            Arc::new(ChannelEntry { name: name.into(), counters, targets: RwLock::new(None) })
-        });
-        (Arc::clone(entry), self.len() > self.max_channels)
+        if let Some(entry) = map.get(name) {
+            return Some(Arc::clone(entry));
+        }
+        self.len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.max_channels).then_some(n + 1))
+            .ok()?;
+        let label = self.labels.as_ref().map(|l| l.assign(name));
+        let counters = Arc::new(ChannelCounters { label, ..ChannelCounters::default() });
+        let entry = Arc::new(ChannelEntry { name: name.into(), counters, targets: RwLock::new(None) });
+        map.insert(name.into(), Arc::clone(&entry));
+        Some(entry)
+    }
+
+    /// Channels forgotten to keep the table within its bound, since start.
+    pub(crate) fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
     }
 
     /// Counters per metrics label, `_other` last; empty when labels are off.
@@ -224,29 +283,34 @@ impl ChannelTable {
         out
     }
 
-    /// Forgets idle channels (per `is_idle`), least recently published first, until
-    /// the table is back under 90% of its bound. Skipped if another thread is at it.
-    pub(crate) fn evict_idle(&self, is_idle: impl Fn(&ChannelEntry) -> bool) -> usize {
-        let Some(_guard) = self.evicting.try_lock() else { return 0 };
-        let target = self.max_channels - self.max_channels / 10;
-        if self.len() <= target {
-            return 0;
+    /// Makes room once the table is full: forgets channels until it is back at 90% of
+    /// its bound, idle ones (per `is_idle`: no subscription matches them) first, then
+    /// the least recently published of the rest, so a pattern that matches every
+    /// channel (`>`) cannot grow the table without bound. A forgotten channel loses its
+    /// `ListChannels` counters (its metrics label keeps counting) and is tracked afresh
+    /// on its next publish. Returns how many were forgotten.
+    pub(crate) fn evict(&self, is_idle: impl Fn(&ChannelEntry) -> bool) -> usize {
+        // Waited for, not skipped: a publisher of a new channel needs the room.
+        let _guard = self.evicting.lock();
+        if self.len() < self.max_channels {
+            return 0; // Another thread made room meanwhile.
         }
-        let mut idle: Vec<(i64, Arc<ChannelEntry>)> = self
+        let target = (self.max_channels - self.max_channels / 10).min(self.max_channels - 1);
+        let mut candidates: Vec<(bool, i64, Arc<ChannelEntry>)> = self
             .all()
             .into_iter()
-            .filter(|e| is_idle(e))
-            .map(|e| (e.counters.last_published_us.load(Ordering::Relaxed), e))
+            .map(|e| (!is_idle(&e), e.counters.last_published_us.load(Ordering::Relaxed), e))
             .collect();
-        idle.sort_unstable_by_key(|(at, _)| *at);
-        let excess = self.len() - target;
+        candidates.sort_unstable_by_key(|(busy, at, _)| (*busy, *at));
+        let excess = self.len().saturating_sub(target);
         let mut removed = 0;
-        for (_, entry) in idle.into_iter().take(excess) {
+        for (_, _, entry) in candidates.into_iter().take(excess) {
             if self.shard(&entry.name).write().remove(&entry.name).is_some() {
-                self.len.fetch_sub(1, Ordering::Relaxed);
+                self.len.fetch_sub(1, Ordering::AcqRel);
                 removed += 1;
             }
         }
+        self.evicted.fetch_add(removed as u64, Ordering::Relaxed);
         removed
     }
 }
@@ -302,6 +366,10 @@ pub struct SubscriptionInfo {
     pub name: String,
     pub pending: u64,
     pub capacity: u64,
+    /// Bytes queued now (each event's [`crate::Event::approx_size`]).
+    pub queued_bytes: u64,
+    /// The queue's byte bound.
+    pub max_queue_bytes: u64,
     pub delivered: u64,
     pub dropped: u64,
     pub overflow: Overflow,
@@ -311,37 +379,58 @@ pub struct SubscriptionInfo {
     pub created_at: SystemTime,
 }
 
+/// One subscription's queue figures (metrics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueLevel {
+    pub id: Arc<str>,
+    pub pending: u64,
+    pub capacity: u64,
+    pub queued_bytes: u64,
+    pub max_queue_bytes: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn table_evicts_idle_oldest_first_and_keeps_busy() {
+    fn table_evicts_idle_oldest_first_then_busy_oldest() {
         let table = ChannelTable::new(10, None);
-        for i in 0..11 {
-            let (entry, over) = table.get_or_insert(&format!("c{i}"));
+        for i in 0..10 {
+            let entry = table.get_or_insert(&format!("c{i}")).unwrap();
             entry.counters.mark_published(UNIX_EPOCH + Duration::from_secs(100 + i));
-            assert_eq!(over, i == 10);
         }
-        // c0 is "busy" (has subscribers): never evicted.
-        let removed = table.evict_idle(|e| &*e.name != "c0");
-        assert_eq!(removed, 2);
+        assert!(table.get_or_insert("c10").is_none(), "full: the caller must evict first");
+        assert!(table.get_or_insert("c3").is_some(), "known channels are still found");
+        // c0 is "busy" (has subscribers): kept while idle ones remain.
+        assert_eq!(table.evict(|e| &*e.name != "c0"), 1, "down to 90%");
         let names: Vec<String> = table.all().iter().map(|e| e.name.to_string()).collect();
         assert!(names.contains(&"c0".to_owned()));
-        assert!(!names.contains(&"c1".to_owned()) && !names.contains(&"c2".to_owned()));
+        assert!(!names.contains(&"c1".to_owned()) && names.contains(&"c2".to_owned()));
         assert_eq!(table.len(), 9);
+        // Every channel busy (a `>` subscriber): the oldest go all the same.
+        let entry = table.get_or_insert("n").unwrap();
+        entry.counters.mark_published(UNIX_EPOCH + Duration::from_secs(1000));
+        assert_eq!(table.evict(|_| false), 1);
+        assert!(!table.all().iter().any(|e| &*e.name == "c0"), "the least recently published");
+        assert_eq!((table.len(), table.evicted()), (9, 2));
     }
 
     #[test]
     fn labels_are_capped_and_survive_eviction() {
         let table = ChannelTable::new(2, Some(3));
         for i in 0..10 {
-            let (entry, _) = table.get_or_insert(&format!("c{i}"));
+            let name = format!("c{i}");
+            let entry = table.get_or_insert(&name).or_else(|| {
+                table.evict(|_| true);
+                table.get_or_insert(&name)
+            });
+            let entry = entry.unwrap();
             entry.counters.mark_published(UNIX_EPOCH + Duration::from_secs(1 + i));
             entry.counters.add_delivered(2);
-            table.evict_idle(|_| true);
         }
-        let (entry, _) = table.get_or_insert("c0");
+        table.evict(|_| true);
+        let entry = table.get_or_insert("c0").unwrap();
         entry.counters.mark_published(UNIX_EPOCH + Duration::from_secs(100));
         let labels = table.label_stats();
         assert_eq!(labels.len(), 4, "3 channels and _other");

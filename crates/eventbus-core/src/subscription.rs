@@ -4,6 +4,15 @@
 //! events actually queued, so an idle subscription of capacity 10,000 costs a few
 //! hundred bytes, not 10,000 slots. Publishers never wait on the consumer except under
 //! DROP_NEWEST with a full queue, and then only for `offer_timeout`.
+//!
+//! A queue is full when any of three bounds would be passed (README "Memory bounds"):
+//! its capacity in events, its own bytes (`max_queue_bytes`), or the budget of bytes
+//! queued across all subscriptions (`eventbus.max_queued_bytes`). The budget counts each
+//! event once however many queues hold it (the payload is shared), and a queue may grow
+//! only while its own bytes fit in what the budget has left, so one stalled subscriber
+//! holds at most half of it and k of them at most k/(k+1), leaving room for the others.
+//! An empty queue always takes an event its byte bound alone would refuse, so a bound
+//! smaller than an event degrades to one event at a time instead of dropping them all.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -66,6 +75,35 @@ impl FromStr for Overflow {
     }
 }
 
+/// Why an event was lost (the `reason` label of `dropped_by_reason_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// The queue held `capacity` events.
+    QueueFull,
+    /// The queue held `max_queue_bytes`.
+    QueueBytes,
+    /// The bytes queued across subscriptions reached `eventbus.max_queued_bytes` (or
+    /// this queue's share of it).
+    MemoryBudget,
+    /// Queued when the subscription ended (unsubscribe, slow-consumer disconnect, shutdown timeout).
+    Closed,
+}
+
+impl DropReason {
+    /// Every reason, in index order.
+    pub const ALL: [DropReason; 4] = [Self::QueueFull, Self::QueueBytes, Self::MemoryBudget, Self::Closed];
+
+    /// The metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::QueueFull => "queue_full",
+            Self::QueueBytes => "queue_bytes",
+            Self::MemoryBudget => "memory_budget",
+            Self::Closed => "closed",
+        }
+    }
+}
+
 /// Why a subscription's stream ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseReason {
@@ -103,9 +141,12 @@ enum State {
 #[derive(Debug)]
 struct Queue {
     events: VecDeque<Arc<Event>>,
+    /// Sum of the queued events' sizes.
+    bytes: usize,
     state: State,
-    /// Set when a DROP_NEWEST wait timed out; cleared once the queue is below half.
-    lagging: bool,
+    /// Set (with the bound that was hit) when a DROP_NEWEST wait timed out; cleared
+    /// once the queue is below half its capacity and half its bytes.
+    lagging: Option<DropReason>,
 }
 
 /// Settings a subscription was opened with, after defaults were applied.
@@ -123,6 +164,8 @@ pub struct SubscriptionSpec {
     pub owner: String,
     /// Queue capacity in events.
     pub capacity: usize,
+    /// Queue bound in bytes (see [`crate::event::MEMORY_OVERHEAD`]).
+    pub max_bytes: usize,
     /// Full-queue policy.
     pub overflow: Overflow,
     /// Most events handed out per batch.
@@ -138,6 +181,8 @@ pub struct Subscription {
     queue: Mutex<Queue>,
     /// Mirror of the queue length, read without the lock (stats, group choice).
     len: AtomicUsize,
+    /// Mirror of the queued bytes, read without the lock.
+    bytes: AtomicUsize,
     readable: Notify,
     writable: Notify,
     waiting_writers: AtomicUsize,
@@ -152,8 +197,9 @@ impl Subscription {
             id,
             spec,
             created_at: SystemTime::now(),
-            queue: Mutex::new(Queue { events: VecDeque::new(), state: State::Open, lagging: false }),
+            queue: Mutex::new(Queue { events: VecDeque::new(), bytes: 0, state: State::Open, lagging: None }),
             len: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
             readable: Notify::new(),
             writable: Notify::new(),
             waiting_writers: AtomicUsize::new(0),
@@ -168,6 +214,11 @@ impl Subscription {
         self.len.load(Ordering::Relaxed)
     }
 
+    /// Bytes queued now.
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn delivered(&self) -> u64 {
         self.delivered.load(Ordering::Relaxed)
     }
@@ -178,20 +229,83 @@ impl Subscription {
 
     /// Whether the queue has room now (a hint for choosing a group member).
     pub(crate) fn has_room(&self) -> bool {
-        self.pending() < self.spec.capacity
+        self.pending() < self.spec.capacity && self.queued_bytes() < self.spec.max_bytes
     }
 
-    fn count_dropped(&self, event: &Event, n: u64) {
-        self.dropped.fetch_add(n, Ordering::Relaxed);
-        self.bus.dropped.fetch_add(n, Ordering::Relaxed);
+    fn count_dropped(&self, event: &Event, reason: DropReason) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        self.bus.dropped.fetch_add(1, Ordering::Relaxed);
+        self.bus.dropped_by_reason[reason as usize].fetch_add(1, Ordering::Relaxed);
         if let Some(c) = event.counters() {
-            c.add_dropped(n);
+            c.add_dropped(1);
         }
     }
 
-    fn push(&self, q: &mut Queue, event: &Arc<Event>) {
+    /// Queues the event if every bound allows it, else says which bound refuses it.
+    /// Only atomics beyond the queue's own lock: the shared budget is one counter.
+    fn admit(&self, q: &mut Queue, event: &Arc<Event>) -> Result<(), DropReason> {
+        let size = event.residency.size;
+        if q.events.len() >= self.spec.capacity {
+            return Err(DropReason::QueueFull);
+        }
+        let own = if q.events.is_empty() { 0 } else { q.bytes + size };
+        if own > self.spec.max_bytes {
+            return Err(DropReason::QueueBytes);
+        }
+        // The first queue to take the event pays for it in the shared budget; later
+        // copies are free (the payload is shared).
+        let first = event.residency.copies.fetch_add(1, Ordering::Relaxed) == 0;
+        let total = if first {
+            self.bus.queued_bytes.fetch_add(size, Ordering::Relaxed).saturating_add(size)
+        } else {
+            self.bus.queued_bytes.load(Ordering::Relaxed)
+        };
+        // Within the budget, and this queue no bigger than what is left of it.
+        let budget = self.bus.max_queued_bytes;
+        if total > budget || own > budget - total {
+            self.release(event);
+            return Err(DropReason::MemoryBudget);
+        }
         q.events.push_back(Arc::clone(event));
+        q.bytes += size;
         self.len.store(q.events.len(), Ordering::Relaxed);
+        self.bytes.store(q.bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// One copy of `event` left a queue: the last one frees its bytes in the budget.
+    fn release(&self, event: &Event) {
+        if event.residency.copies.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.bus.queued_bytes.fetch_sub(event.residency.size, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes the oldest event out of the queue (its lock held).
+    fn pop(&self, q: &mut Queue) -> Option<Arc<Event>> {
+        let event = q.events.pop_front()?;
+        q.bytes -= event.residency.size;
+        self.release(&event);
+        Some(event)
+    }
+
+    /// Empties the queue (its lock held), freeing its bytes.
+    fn take_all(&self, q: &mut Queue) -> VecDeque<Arc<Event>> {
+        let events = std::mem::take(&mut q.events);
+        events.iter().for_each(|e| self.release(e));
+        q.bytes = 0;
+        self.len.store(0, Ordering::Relaxed);
+        self.bytes.store(0, Ordering::Relaxed);
+        events
+    }
+
+    fn sync_mirrors(&self, q: &Queue) {
+        self.len.store(q.events.len(), Ordering::Relaxed);
+        self.bytes.store(q.bytes, Ordering::Relaxed);
+    }
+
+    /// Whether a lagging queue has drained enough to take events again.
+    fn lag_over(&self, q: &Queue) -> bool {
+        q.events.len() < self.spec.capacity.div_ceil(2) && q.bytes <= self.spec.max_bytes / 2
     }
 
     /// Offers an event without waiting. Every refusal is counted here.
@@ -200,43 +314,60 @@ impl Subscription {
         if matches!(q.state, State::Closed(_)) {
             return Offer::Closed;
         }
-        let capacity = self.spec.capacity;
-        if q.lagging {
-            if q.events.len() >= capacity.div_ceil(2) {
+        if let Some(reason) = q.lagging {
+            if !self.lag_over(&q) {
                 drop(q);
-                self.count_dropped(event, 1);
+                self.count_dropped(event, reason);
                 return Offer::Rejected;
             }
-            q.lagging = false;
+            q.lagging = None;
         }
-        if q.events.len() < capacity {
-            self.push(&mut q, event);
-            drop(q);
-            self.readable.notify_one();
-            return Offer::Accepted;
-        }
+        let reason = match self.admit(&mut q, event) {
+            Ok(()) => {
+                drop(q);
+                self.readable.notify_one();
+                return Offer::Accepted;
+            }
+            Err(reason) => reason,
+        };
         match self.spec.overflow {
             Overflow::DropOldest => {
-                let oldest = q.events.pop_front();
-                self.push(&mut q, event);
-                drop(q);
-                if let Some(oldest) = oldest {
-                    self.count_dropped(&oldest, 1);
+                // Make room, oldest first, until the new event fits or nothing is left.
+                let mut reason = reason;
+                loop {
+                    let Some(oldest) = self.pop(&mut q) else {
+                        self.sync_mirrors(&q);
+                        drop(q);
+                        self.count_dropped(event, reason);
+                        return Offer::Rejected;
+                    };
+                    self.count_dropped(&oldest, reason);
+                    match self.admit(&mut q, event) {
+                        Ok(()) => break,
+                        Err(next) => reason = next,
+                    }
                 }
+                drop(q);
                 self.readable.notify_one();
                 Offer::Accepted
             }
             Overflow::Disconnect => {
-                let discarded = std::mem::take(&mut q.events);
                 q.state = State::Closed(CloseReason::SlowConsumer);
-                self.len.store(0, Ordering::Relaxed);
+                let discarded = self.take_all(&mut q);
                 drop(q);
                 for old in &discarded {
-                    self.count_dropped(old, 1);
+                    self.count_dropped(old, DropReason::Closed);
                 }
-                self.count_dropped(event, 1);
+                self.count_dropped(event, reason);
                 self.wake_all();
                 Offer::Disconnected
+            }
+            // Others fill the budget and this queue is empty: nothing this queue's
+            // consumer does will make room, so waiting would only stall the publisher.
+            Overflow::DropNewest if q.events.is_empty() => {
+                drop(q);
+                self.count_dropped(event, reason);
+                Offer::Rejected
             }
             Overflow::DropNewest => Offer::MustWait,
         }
@@ -252,6 +383,7 @@ impl Subscription {
     }
 
     async fn offer_wait_inner(&self, event: &Arc<Event>, deadline: Instant) -> Offer {
+        let mut last: DropReason;
         loop {
             let notified = self.writable.notified();
             tokio::pin!(notified);
@@ -262,16 +394,18 @@ impl Subscription {
                 if matches!(q.state, State::Closed(_)) {
                     return Offer::Closed;
                 }
-                if q.events.len() < self.spec.capacity {
-                    self.push(&mut q, event);
-                    drop(q);
-                    self.readable.notify_one();
-                    return Offer::Accepted;
+                match self.admit(&mut q, event) {
+                    Ok(()) => {
+                        drop(q);
+                        self.readable.notify_one();
+                        return Offer::Accepted;
+                    }
+                    Err(reason) => last = reason,
                 }
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                self.queue.lock().lagging = true;
-                self.count_dropped(event, 1);
+                self.queue.lock().lagging = Some(last);
+                self.count_dropped(event, last);
                 return Offer::Rejected;
             }
         }
@@ -292,16 +426,16 @@ impl Subscription {
                     let mut bytes = 0;
                     while out.len() < self.spec.max_batch {
                         let Some(next) = q.events.front() else { break };
-                        bytes += next.approx_size();
+                        bytes += next.residency.size;
                         if bytes > max_bytes && !out.is_empty() {
                             break;
                         }
-                        out.extend(q.events.pop_front());
+                        out.extend(self.pop(&mut q));
                     }
                     if q.events.is_empty() && q.events.capacity() > SHRINK_ABOVE {
                         q.events.shrink_to(64);
                     }
-                    self.len.store(q.events.len(), Ordering::Relaxed);
+                    self.sync_mirrors(&q);
                     drop(q);
                     self.delivered.fetch_add(out.len() as u64, Ordering::Relaxed);
                     if self.waiting_writers.load(Ordering::SeqCst) > 0 {
@@ -328,11 +462,10 @@ impl Subscription {
                 return false;
             }
             q.state = State::Closed(reason);
-            self.len.store(0, Ordering::Relaxed);
-            std::mem::take(&mut q.events)
+            self.take_all(&mut q)
         };
         for event in &discarded {
-            self.count_dropped(event, 1);
+            self.count_dropped(event, DropReason::Closed);
         }
         self.wake_all();
         true
@@ -361,6 +494,10 @@ mod tests {
     use super::*;
 
     fn sub(capacity: usize, overflow: Overflow) -> Subscription {
+        sub_bytes(capacity, usize::MAX, overflow, Arc::default())
+    }
+
+    fn sub_bytes(capacity: usize, max_bytes: usize, overflow: Overflow, bus: Arc<BusCounters>) -> Subscription {
         let spec = SubscriptionSpec {
             filters: vec![Pattern::parse("a").unwrap()],
             group: None,
@@ -368,15 +505,25 @@ mod tests {
             peer: String::new(),
             owner: String::new(),
             capacity,
+            max_bytes,
             overflow,
             max_batch: 2,
         };
-        Subscription::new("s".into(), spec, Arc::default())
+        Subscription::new("s".into(), spec, bus)
     }
 
     fn event(n: u8) -> Arc<Event> {
+        sized(n, 100)
+    }
+
+    /// An event of exactly `size` bytes by [`Event::approx_size`] (at least 66).
+    fn sized(n: u8, size: usize) -> Arc<Event> {
         let input = crate::PublishInput { channel: "a".into(), payload: vec![n].into(), ..Default::default() };
-        Arc::new(input.into_event(10).unwrap())
+        let mut event = input.into_event(10).unwrap();
+        event.payload = vec![n; size - (event.approx_size() - 1)].into();
+        event.residency.size = event.approx_size();
+        assert_eq!(event.residency.size, size);
+        Arc::new(event)
     }
 
     async fn take(s: &Subscription) -> Vec<u8> {
@@ -466,6 +613,85 @@ mod tests {
         assert!(!s.close(CloseReason::Unsubscribed));
         assert_eq!(s.dropped(), 1);
         assert_eq!(s.try_offer(&event(2)), Offer::Closed);
+    }
+
+    #[tokio::test]
+    async fn byte_bound_applies_the_overflow_policy() {
+        // Room for 3 events of 100 bytes, though the capacity is 10.
+        let s = sub_bytes(10, 300, Overflow::DropOldest, Arc::default());
+        for n in 1..=4 {
+            assert_eq!(s.try_offer(&event(n)), Offer::Accepted);
+        }
+        assert_eq!((s.pending(), s.queued_bytes(), s.dropped()), (3, 300, 1));
+        assert_eq!(take(&s).await, vec![2, 3]);
+        assert_eq!(s.queued_bytes(), 100, "bytes leave with the events");
+
+        let s = sub_bytes(10, 300, Overflow::Disconnect, Arc::default());
+        for n in 1..=3 {
+            s.try_offer(&event(n));
+        }
+        assert_eq!(s.try_offer(&event(4)), Offer::Disconnected);
+        assert_eq!(s.queued_bytes(), 0);
+
+        let s = sub_bytes(10, 300, Overflow::DropNewest, Arc::default());
+        for n in 1..=3 {
+            s.try_offer(&event(n));
+        }
+        assert_eq!(s.try_offer(&event(4)), Offer::MustWait);
+    }
+
+    #[tokio::test]
+    async fn an_empty_queue_takes_an_event_above_its_byte_bound() {
+        let s = sub_bytes(10, 50, Overflow::DropNewest, Arc::default());
+        assert_eq!(s.try_offer(&event(1)), Offer::Accepted);
+        assert_eq!(s.try_offer(&event(2)), Offer::MustWait);
+        assert_eq!(take(&s).await, vec![1]);
+        assert_eq!(s.try_offer(&event(2)), Offer::Accepted);
+    }
+
+    #[tokio::test]
+    async fn the_budget_counts_a_shared_event_once_and_frees_it_with_the_last_copy() {
+        let bus = Arc::new(BusCounters::new(1000));
+        let (a, b) = (
+            sub_bytes(10, usize::MAX, Overflow::DropNewest, Arc::clone(&bus)),
+            sub_bytes(10, usize::MAX, Overflow::DropNewest, Arc::clone(&bus)),
+        );
+        let e = event(1);
+        assert_eq!(a.try_offer(&e), Offer::Accepted);
+        assert_eq!(b.try_offer(&e), Offer::Accepted);
+        assert_eq!(bus.queued_bytes.load(Ordering::Relaxed), 100, "one payload, one charge");
+        assert_eq!((a.queued_bytes(), b.queued_bytes()), (100, 100), "each queue's own view");
+        take(&a).await;
+        assert_eq!(bus.queued_bytes.load(Ordering::Relaxed), 100, "still queued in b");
+        b.close(CloseReason::Unsubscribed);
+        assert_eq!(bus.queued_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn one_stalled_queue_leaves_half_the_budget_to_the_others() {
+        let bus = Arc::new(BusCounters::new(1000));
+        let stalled = sub_bytes(100, usize::MAX, Overflow::DropOldest, Arc::clone(&bus));
+        for n in 0..50 {
+            assert_eq!(stalled.try_offer(&event(n)), Offer::Accepted);
+        }
+        // Its queue may not outgrow what is left of the budget: 500 bytes at most.
+        assert_eq!(stalled.queued_bytes(), 500);
+        assert_eq!(bus.queued_bytes.load(Ordering::Relaxed), 500);
+        assert_eq!(bus.dropped_by_reason[DropReason::MemoryBudget as usize].load(Ordering::Relaxed), 45);
+        // Another subscriber still gets events.
+        let other = sub_bytes(100, usize::MAX, Overflow::DropNewest, Arc::clone(&bus));
+        for n in 0..2 {
+            assert_eq!(other.try_offer(&event(n)), Offer::Accepted);
+        }
+        // A full budget refuses an empty queue at once rather than stall the publisher.
+        let full = Arc::new(BusCounters::new(150));
+        let (x, y) = (
+            sub_bytes(10, usize::MAX, Overflow::DropNewest, Arc::clone(&full)),
+            sub_bytes(10, usize::MAX, Overflow::DropNewest, Arc::clone(&full)),
+        );
+        assert_eq!(x.try_offer(&event(1)), Offer::Accepted);
+        assert_eq!(y.try_offer(&event(2)), Offer::Rejected);
+        assert_eq!(y.dropped(), 1);
     }
 
     #[test]

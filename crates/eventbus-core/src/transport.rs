@@ -40,6 +40,10 @@ pub struct TransportError {
 pub struct TransportStatus {
     /// Whether the transport can carry events now.
     pub connected: bool,
+    /// Connected, but the medium stopped answering health checks (a hung or stopped
+    /// Redis): `connected` is false meanwhile, so publishes fail at once instead of
+    /// each waiting for a command timeout.
+    pub stalled: bool,
     /// Successful reconnections after a lost connection, since start.
     pub reconnects: u64,
 }

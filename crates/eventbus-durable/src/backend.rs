@@ -2,10 +2,18 @@
 
 use eventbus_core::durable::{
     Attachment, BoxFuture, CaptureRequest, Captured, ClientOptions, ConsumerConfig, ConsumerInfo, DeadLetterSink,
-    DurableBackend, DurableError, LogSlice, LogStatus,
+    DurableBackend, DurableError, LogSlice, LogStatus, PendingSlice, Redriven,
 };
 
 use crate::engine::Durable;
+
+/// A page token of this engine: the position after which the page starts.
+fn parse_token(token: &str) -> Result<Option<u64>, DurableError> {
+    match token {
+        "" => Ok(None),
+        token => token.parse::<u64>().map(Some).map_err(|_| DurableError::bad_page_token(token)),
+    }
+}
 
 impl DurableBackend for Durable {
     fn set_dead_letter_sink(&self, sink: DeadLetterSink) {
@@ -51,16 +59,39 @@ impl DurableBackend for Durable {
         page_token: &'a str,
     ) -> BoxFuture<'a, Result<LogSlice, DurableError>> {
         Box::pin(async move {
-            let after = match page_token {
-                "" => None,
-                token => Some(token.parse::<u64>().map_err(|_| DurableError::bad_page_token(token))?),
-            };
+            let after = parse_token(page_token)?;
             let page = Durable::log(self, name, status, limit, after).await?;
             Ok(LogSlice {
                 entries: page.entries,
                 next_page_token: page.next.map(|n| n.to_string()).unwrap_or_default(),
             })
         })
+    }
+
+    fn list_pending<'a>(
+        &'a self,
+        name: &'a str,
+        limit: usize,
+        page_token: &'a str,
+    ) -> BoxFuture<'a, Result<PendingSlice, DurableError>> {
+        let page = parse_token(page_token).and_then(|after| Durable::list_pending(self, name, limit, after));
+        Box::pin(std::future::ready(page.map(|(entries, next)| PendingSlice {
+            entries,
+            next_page_token: next.map(|n| n.to_string()).unwrap_or_default(),
+        })))
+    }
+
+    fn redrive<'a>(
+        &'a self,
+        name: &'a str,
+        event_ids: &'a [String],
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Redriven, DurableError>> {
+        Box::pin(Durable::redrive(self, name, event_ids, limit))
+    }
+
+    fn set_paused<'a>(&'a self, name: &'a str, paused: bool) -> BoxFuture<'a, Result<ConsumerInfo, DurableError>> {
+        Box::pin(Durable::set_paused(self, name, paused))
     }
 
     fn attach<'a>(
@@ -77,6 +108,10 @@ impl DurableBackend for Durable {
 
     fn detach_all(&self) {
         Durable::detach_all(self);
+    }
+
+    fn unready(&self) -> Option<String> {
+        self.disk_full().map(|e| e.to_string())
     }
 
     fn flush(&self) -> BoxFuture<'_, Result<(), DurableError>> {

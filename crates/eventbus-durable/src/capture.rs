@@ -37,6 +37,13 @@ impl Durable {
             batch.iter().map(|r| self.plan_capture(r.event, r.ordering_key, r.idempotency_key)).collect();
         let ops: Vec<StoreOp> = planned.iter_mut().filter_map(|p| p.as_mut().ok()?.op.take()).collect();
         if !ops.is_empty()
+            && let Some(full) = self.disk_full()
+        {
+            let plans: Vec<CapturePlan> = planned.into_iter().filter_map(Result::ok).collect();
+            self.forget_dedup(&plans);
+            return vec![Err(full)];
+        }
+        if !ops.is_empty()
             && let Err(err) = self.commit(ops).await
         {
             let plans: Vec<CapturePlan> = planned.into_iter().filter_map(Result::ok).collect();
@@ -79,7 +86,7 @@ impl Durable {
             }
             None => None,
         };
-        let consumers: Vec<Arc<Consumer>> = {
+        let mut consumers: Vec<Arc<Consumer>> = {
             let registry = self.inner.registry.read();
             let mut names = Vec::new();
             registry.trie.collect(&event.channel, &mut names);
@@ -87,6 +94,14 @@ impl Durable {
             names.dedup();
             names.iter().filter_map(|n| registry.by_name.get(n).cloned()).collect()
         };
+        // A consumer holding `max_pending` events takes no more (README "Limits").
+        consumers.retain(|c| {
+            let full = c.config.max_pending != 0 && c.held.load(Ordering::Relaxed) >= c.config.max_pending;
+            if full && c.dropped.fetch_add(1, Ordering::Relaxed) % 10_000 == 0 {
+                tracing::warn!(consumer = %c.name, max_pending = c.config.max_pending, dropped = c.dropped.load(Ordering::Relaxed), "durable consumer full: captures dropped for it (logged once per 10,000)");
+            }
+            !full
+        });
         if consumers.is_empty() && dedup.is_none() {
             return Err(Captured::Stored(0));
         }

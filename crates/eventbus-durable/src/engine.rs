@@ -13,8 +13,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use eventbus_core::durable::{
-    ClientOptions, ConsumerConfig, ConsumerInfo, DeadLetterSink, DurableError, DurableOptions, LogStatus,
-    REASON_DISCONNECT, epoch_ms,
+    ClientOptions, ConsumerConfig, ConsumerInfo, DeadLetterSink, DurableError, DurableOptions, LogStatus, MAX_REDRIVE,
+    PendingEntry, REASON_DISCONNECT, Redriven, epoch_ms,
 };
 use eventbus_core::tasks::TaskHandle;
 use parking_lot::{Mutex, RwLock};
@@ -25,8 +25,8 @@ use crate::client::{Attached, ClientHandle};
 use crate::dedup::Dedup;
 use crate::outbox::{self, Committed};
 use crate::scheduler::{Timers, run_scheduler};
-use crate::state::{Client, Consumer, EState, Effects, Registry, add_entry, dispatch, fail, info};
-use crate::store::{Loaded, LogPage, Store, StoreOp};
+use crate::state::{Client, Consumer, EState, Effects, Registry, add_entry, dispatch, fail, info, pending_entry};
+use crate::store::{EntryRecord, Loaded, LogPage, RedriveSelection, Store, StoreOp};
 use crate::writer::{WRITER_QUEUE, WriteRequest, writer_loop};
 use eventbus_core::Event;
 
@@ -62,7 +62,27 @@ pub(crate) struct Inner {
     pub(crate) sink: OnceLock<DeadLetterSink>,
     /// Dead letters committed but not yet published (README "Dead letters").
     pub(crate) outbox: outbox::Outbox,
+    /// The disk watermark, read at most once a second.
+    disk: DiskCheck,
 }
+
+/// The last reading of the store's free disk space.
+#[derive(Debug)]
+struct DiskCheck {
+    /// When it was read (ms since the epoch); 0 = never.
+    at_ms: AtomicU64,
+    /// Free bytes then; `u64::MAX` = unknown (no disk, or unreadable).
+    free: AtomicU64,
+}
+
+impl Default for DiskCheck {
+    fn default() -> Self {
+        Self { at_ms: AtomicU64::new(0), free: AtomicU64::new(u64::MAX) }
+    }
+}
+
+/// How long a free-space reading stands.
+const DISK_CHECK_EVERY_MS: u64 = 1_000;
 
 impl Durable {
     /// Loads the store and starts the writer thread and the scheduler task.
@@ -86,6 +106,7 @@ impl Durable {
             timers_changed: Arc::new(Notify::new()),
             sink: OnceLock::new(),
             outbox,
+            disk: DiskCheck::default(),
         });
         // The scheduler holds the engine weakly (it must not keep it alive), and the
         // weak reference is taken from the finished engine: it can fail to upgrade only
@@ -115,10 +136,12 @@ impl Durable {
             loaded.events.into_iter().map(|e| (e.seq, (Arc::new(e.event), e.ordering_key.map(Arc::from)))).collect();
         for config in loaded.consumers {
             let consumer = self.register(config)?;
-            if let Some((acked, dead)) = loaded.finished.get(&*consumer.name) {
-                consumer.acked.store(*acked, Ordering::Relaxed);
-                consumer.dead_lettered.store(*dead, Ordering::Relaxed);
+            if let Some(counts) = loaded.finished.get(&*consumer.name) {
+                consumer.acked.store(counts.acked, Ordering::Relaxed);
+                consumer.dead_lettered.store(counts.dead_lettered, Ordering::Relaxed);
+                consumer.redriven.store(counts.redriven, Ordering::Relaxed);
             }
+            consumer.state.lock().paused = loaded.paused.iter().any(|p| **p == *consumer.name);
         }
         let mut fx = Effects::default();
         for (name, seq, record) in loaded.entries {
@@ -154,6 +177,9 @@ impl Durable {
             acked: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             redelivered: AtomicU64::new(0),
+            redriven: AtomicU64::new(0),
+            held: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
         });
         let mut registry = self.inner.registry.write();
         for f in &consumer.filters {
@@ -212,13 +238,13 @@ impl Durable {
         config.validate().map_err(DurableError::InvalidConfig)?;
         if let Some(existing) = self.consumer(&config.name) {
             if existing.config == config {
-                return Ok(info(&existing));
+                return Ok(self.info(&existing));
             }
             return Err(DurableError::AlreadyExists(config.name));
         }
         self.commit(vec![StoreOp::PutConsumer(config.clone())]).await?;
         let consumer = self.register(config)?;
-        Ok(info(&consumer))
+        Ok(self.info(&consumer))
     }
 
     /// Creates or replaces a consumer declared in the configuration file.
@@ -237,6 +263,9 @@ impl Durable {
                     acked: AtomicU64::new(existing.acked.load(Ordering::Relaxed)),
                     dead_lettered: AtomicU64::new(existing.dead_lettered.load(Ordering::Relaxed)),
                     redelivered: AtomicU64::new(existing.redelivered.load(Ordering::Relaxed)),
+                    redriven: AtomicU64::new(existing.redriven.load(Ordering::Relaxed)),
+                    held: AtomicU64::new(existing.held.load(Ordering::Relaxed)),
+                    dropped: AtomicU64::new(existing.dropped.load(Ordering::Relaxed)),
                 });
                 let mut registry = self.inner.registry.write();
                 for f in &existing.filters {
@@ -253,11 +282,16 @@ impl Durable {
     }
 
     pub fn get_consumer(&self, name: &str) -> Result<ConsumerInfo, DurableError> {
-        self.consumer(name).map(|c| info(&c)).ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))
+        self.consumer(name).map(|c| self.info(&c)).ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))
+    }
+
+    fn info(&self, consumer: &Consumer) -> ConsumerInfo {
+        info(consumer, self.inner.store.redrivable(&consumer.name))
     }
 
     pub fn list_consumers(&self) -> Vec<ConsumerInfo> {
-        let mut out: Vec<ConsumerInfo> = self.inner.registry.read().by_name.values().map(|c| info(c)).collect();
+        let consumers: Vec<Arc<Consumer>> = self.inner.registry.read().by_name.values().cloned().collect();
+        let mut out: Vec<ConsumerInfo> = consumers.iter().map(|c| self.info(c)).collect();
         out.sort_by(|a, b| a.config.name.cmp(&b.config.name));
         out
     }
@@ -320,9 +354,114 @@ impl Durable {
             st.clients.push(Client { id, max_in_flight, max_batch, in_flight: 0, tx });
             dispatch(&consumer, &mut st, &mut fx);
         }
-        let info = info(&consumer);
+        let info = self.info(&consumer);
         self.run(fx);
         Ok(Attached { info, deliveries: rx, client: ClientHandle { durable: self.clone(), consumer, id } })
+    }
+
+    /// `DiskFull` while the store's disk has less free space than
+    /// `durable.min_free_disk_bytes` (README "Limits"); reads it at most once a second.
+    pub(crate) fn disk_full(&self) -> Option<DurableError> {
+        let min = self.inner.options.min_free_disk_bytes;
+        if min == 0 {
+            return None;
+        }
+        let disk = &self.inner.disk;
+        let now = epoch_ms(SystemTime::now());
+        let at = disk.at_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(at) >= DISK_CHECK_EVERY_MS
+            && disk.at_ms.compare_exchange(at, now, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        {
+            let free = self.inner.store.free_space().unwrap_or(u64::MAX);
+            let was_low = disk.free.swap(free, Ordering::Relaxed) < min;
+            match (was_low, free < min) {
+                (false, true) => {
+                    tracing::error!(free, min, "the durable store's disk is nearly full: refusing durable captures")
+                }
+                (true, false) => {
+                    tracing::info!(free, min, "the durable store's disk has room again: accepting durable captures")
+                }
+                _ => {}
+            }
+        }
+        let free = disk.free.load(Ordering::Relaxed);
+        (free < min).then_some(DurableError::DiskFull { free, min })
+    }
+
+    fn known(&self, name: &str) -> Result<Arc<Consumer>, DurableError> {
+        self.consumer(name).ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))
+    }
+
+    /// A page of the consumer's unfinished events, oldest first, after seq `after`.
+    pub fn list_pending(
+        &self,
+        name: &str,
+        limit: usize,
+        after: Option<u64>,
+    ) -> Result<(Vec<PendingEntry>, Option<u64>), DurableError> {
+        let consumer = self.known(name)?;
+        let limit = limit.clamp(1, 1000);
+        let st = consumer.state.lock();
+        let mut seqs: Vec<u64> = st.entries.keys().copied().filter(|s| after.is_none_or(|a| *s > a)).collect();
+        let more = seqs.len() > limit;
+        if more {
+            seqs.select_nth_unstable(limit);
+            seqs.truncate(limit);
+        }
+        seqs.sort_unstable();
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        let entries = seqs.iter().filter_map(|s| st.entries.get(s)).map(|e| pending_entry(e, now, wall)).collect();
+        Ok((entries, if more { seqs.last().copied() } else { None }))
+    }
+
+    /// Pauses or resumes a consumer; the state is stored before the answer.
+    pub async fn set_paused(&self, name: &str, paused: bool) -> Result<ConsumerInfo, DurableError> {
+        let consumer = self.known(name)?;
+        self.commit(vec![StoreOp::SetPaused { consumer: Arc::clone(&consumer.name), paused }]).await?;
+        let mut fx = Effects::default();
+        {
+            let mut st = consumer.state.lock();
+            st.paused = paused;
+            dispatch(&consumer, &mut st, &mut fx);
+        }
+        self.run(fx);
+        tracing::info!(consumer = %consumer.name, paused, "durable consumer {}", if paused { "paused" } else { "resumed" });
+        Ok(self.info(&consumer))
+    }
+
+    /// Puts dead-lettered events back to the consumer (one store transaction), then
+    /// hands them out like new captures.
+    pub async fn redrive(&self, name: &str, event_ids: &[String], limit: usize) -> Result<Redriven, DurableError> {
+        let consumer = self.known(name)?;
+        // Dead-letterings queued before the call must be visible to it.
+        self.flush().await?;
+        let limit = if limit == 0 { MAX_REDRIVE } else { limit.min(MAX_REDRIVE) };
+        let ids: Vec<String> = event_ids.iter().take(MAX_REDRIVE).cloned().collect();
+        let inner = Arc::clone(&self.inner);
+        let store_name = Arc::clone(&consumer.name);
+        let moved = tokio::task::spawn_blocking(move || {
+            let selection = if ids.is_empty() { RedriveSelection::Oldest(limit) } else { RedriveSelection::Ids(&ids) };
+            inner.store.redrive(&store_name, selection, &inner.next_seq)
+        })
+        .await
+        .map_err(|e| DurableError::internal("redrive", e))??;
+        let mut fx = Effects::default();
+        {
+            let mut st = consumer.state.lock();
+            if !st.deleted {
+                for r in &moved {
+                    let event = Arc::new(r.event.clone());
+                    let key = r.ordering_key.as_deref().filter(|k| !k.is_empty()).map(Arc::from);
+                    add_entry(&consumer, &mut st, r.seq, event, key, EntryRecord::default(), None, &mut fx);
+                }
+                dispatch(&consumer, &mut st, &mut fx);
+            }
+        }
+        self.run(fx);
+        consumer.redriven.fetch_add(moved.len() as u64, Ordering::Relaxed);
+        let remaining = self.inner.store.redrivable(&consumer.name);
+        tracing::info!(consumer = %consumer.name, redriven = moved.len(), remaining, "dead letters redriven");
+        Ok(Redriven { redriven: moved.len() as u64, remaining })
     }
 
     /// Runs the effects collected under a lock.

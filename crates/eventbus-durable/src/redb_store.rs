@@ -4,7 +4,9 @@
 //! Tables: `consumers` (name → JSON config), `events` (seq → binary event with the
 //! number of consumers still holding it), `entries` ((consumer, seq) → JSON state),
 //! `log` ((consumer, log seq) → JSON entry), `dedup` (idempotency key → JSON record),
-//! `dead_letters` (outbox id → binary dead letter, until published), `meta` (schema
+//! `dead_letters` (outbox id → binary dead letter, until published), `dead`
+//! ((consumer, seq) → JSON record: a dead-lettered event kept for redrive, holding its
+//! event; bounded like the log), `paused` (consumer → since, ms), `meta` (schema
 //! marker and counters). A file without the schema marker is refused.
 
 use std::collections::HashMap;
@@ -15,9 +17,12 @@ use parking_lot::Mutex;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
 use eventbus_core::durable::{LogEntry, LogStatus, Retention, epoch_ms};
+use serde::{Deserialize, Serialize};
 
 use crate::codec::{decode_dead_letter, decode_event, encode_dead_letter, encode_event, set_refs};
-use crate::store::{DedupRecord, EntryRecord, Loaded, LogPage, Store, StoreError, StoreOp, StoredEvent};
+use crate::store::{
+    DedupRecord, EntryRecord, Loaded, LogPage, RedriveSelection, RedrivenEvent, Store, StoreError, StoreOp, StoredEvent,
+};
 
 const CONSUMERS: TableDefinition<&str, &str> = TableDefinition::new("consumers");
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
@@ -26,6 +31,17 @@ const LOG: TableDefinition<(&str, u64), &str> = TableDefinition::new("log");
 const DEDUP: TableDefinition<&str, &str> = TableDefinition::new("dedup");
 const DEAD_LETTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("dead_letters");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const DEAD: TableDefinition<(&str, u64), &str> = TableDefinition::new("dead");
+const PAUSED: TableDefinition<&str, u64> = TableDefinition::new("paused");
+
+/// A dead-lettered event kept for redrive (its event stays in `events`).
+#[derive(Debug, Serialize, Deserialize)]
+struct DeadRecord {
+    event_id: String,
+    channel: String,
+    attempts: u32,
+    at_ms: u64,
+}
 
 /// Marks a file as ours (value = schema version).
 const SCHEMA_KEY: &str = "socle-eventbus-schema";
@@ -52,11 +68,15 @@ pub const BATCH_FLUSH_MS: u64 = 100;
 pub struct RedbStore {
     db: Database,
     location: String,
+    /// The store's directory; `None` in memory.
+    dir: Option<PathBuf>,
     fsync: Fsync,
     retention: Retention,
     next_log: AtomicU64,
     /// Log lines per consumer, to enforce `max_entries` without counting.
     log_counts: Mutex<HashMap<String, u64>>,
+    /// Events kept for redrive per consumer, likewise.
+    dead_counts: Mutex<HashMap<String, u64>>,
     last_durable_ms: AtomicU64,
 }
 
@@ -71,6 +91,7 @@ fn corrupt(e: serde_json::Error) -> StoreError {
 impl RedbStore {
     /// Opens (or creates) the store in `data_dir`; an empty `data_dir` keeps it in memory.
     pub fn open(data_dir: &Path, fsync: Fsync, retention: Retention) -> Result<Self, StoreError> {
+        let dir = (!data_dir.as_os_str().is_empty()).then(|| data_dir.to_path_buf());
         let (db, location) = if data_dir.as_os_str().is_empty() {
             let db = Database::builder()
                 .create_with_backend(redb::backends::InMemoryBackend::new())
@@ -87,10 +108,12 @@ impl RedbStore {
         let store = Self {
             db,
             location,
+            dir,
             fsync,
             retention,
             next_log: AtomicU64::new(1),
             log_counts: Mutex::default(),
+            dead_counts: Mutex::default(),
             last_durable_ms: AtomicU64::new(0),
         };
         store.init()?;
@@ -124,9 +147,16 @@ impl RedbStore {
             txn.open_table(ENTRIES).map_err(io)?;
             txn.open_table(DEDUP).map_err(io)?;
             txn.open_table(DEAD_LETTERS).map_err(io)?;
+            txn.open_table(PAUSED).map_err(io)?;
             let log = txn.open_table(LOG).map_err(io)?;
             let mut counts = self.log_counts.lock();
             for row in log.iter().map_err(io)? {
+                let (key, _) = row.map_err(io)?;
+                *counts.entry(key.value().0.to_owned()).or_default() += 1;
+            }
+            let dead = txn.open_table(DEAD).map_err(io)?;
+            let mut counts = self.dead_counts.lock();
+            for row in dead.iter().map_err(io)? {
                 let (key, _) = row.map_err(io)?;
                 *counts.entry(key.value().0.to_owned()).or_default() += 1;
             }
@@ -154,6 +184,17 @@ impl RedbStore {
                 let mut log = txn.open_table(LOG).map_err(io)?;
                 log.retain_in((name.as_str(), 0)..=(name.as_str(), u64::MAX), |_, _| false).map_err(io)?;
                 self.log_counts.lock().remove(name);
+                let dead: Vec<u64> = {
+                    let table = txn.open_table(DEAD).map_err(io)?;
+                    let rows = table.range((name.as_str(), 0)..=(name.as_str(), u64::MAX)).map_err(io)?;
+                    rows.map(|r| r.map(|(k, _)| k.value().1)).collect::<Result<_, _>>().map_err(io)?
+                };
+                for seq in dead {
+                    txn.open_table(DEAD).map_err(io)?.remove((name.as_str(), seq)).map_err(io)?;
+                    release_event(txn, seq)?;
+                }
+                self.dead_counts.lock().remove(name);
+                txn.open_table(PAUSED).map_err(io)?.remove(name.as_str()).map_err(io)?;
             }
             StoreOp::Capture { seq, event, ordering_key, consumers, dedup } => {
                 if !consumers.is_empty() {
@@ -180,10 +221,21 @@ impl RedbStore {
             }
             StoreOp::Finish { consumer, seq, log } => {
                 let removed = txn.open_table(ENTRIES).map_err(io)?.remove((&**consumer, *seq)).map_err(io)?.is_some();
-                if removed {
+                if removed && log.status == LogStatus::DeadLettered {
+                    // Kept, with its event, for a redrive.
+                    self.keep_dead(txn, consumer, *seq, log, now_ms)?;
+                } else if removed {
                     release_event(txn, *seq)?;
                 }
                 self.append_log(txn, consumer, log, now_ms)?;
+            }
+            StoreOp::SetPaused { consumer, paused } => {
+                let mut table = txn.open_table(PAUSED).map_err(io)?;
+                if *paused {
+                    table.insert(&**consumer, now_ms).map_err(io)?;
+                } else {
+                    table.remove(&**consumer).map_err(io)?;
+                }
             }
             StoreOp::PutDeadLetter { id, record } => {
                 let bytes = encode_dead_letter(record);
@@ -229,6 +281,56 @@ impl RedbStore {
             *count -= 1;
         }
         txn.open_table(META).map_err(io)?.insert("next_log", self.next_log.load(Ordering::Relaxed)).map_err(io)?;
+        Ok(())
+    }
+}
+
+impl RedbStore {
+    /// Keeps a dead-lettered event for redrive, dropping the oldest kept ones past the
+    /// retention bounds (their events released).
+    fn keep_dead(
+        &self,
+        txn: &redb::WriteTransaction,
+        consumer: &str,
+        seq: u64,
+        log: &LogEntry,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let record = DeadRecord {
+            event_id: log.event_id.clone(),
+            channel: log.channel.clone(),
+            attempts: log.attempts,
+            at_ms: now_ms,
+        };
+        let json = serde_json::to_string(&record).map_err(corrupt)?;
+        let mut dead = txn.open_table(DEAD).map_err(io)?;
+        dead.insert((consumer, seq), json.as_str()).map_err(io)?;
+        let mut counts = self.dead_counts.lock();
+        let count = counts.entry(consumer.to_owned()).or_default();
+        *count += 1;
+        let cutoff = now_ms.saturating_sub(self.retention.max_age_ms);
+        let mut dropped = Vec::new();
+        while *count > 0 {
+            let Some((key, value)) =
+                dead.range((consumer, 0)..=(consumer, u64::MAX)).map_err(io)?.next().transpose().map_err(io)?
+            else {
+                break;
+            };
+            let oldest = key.value().1;
+            let too_many = *count > self.retention.max_entries;
+            let too_old = serde_json::from_str::<DeadRecord>(value.value()).map_or(true, |r| r.at_ms < cutoff);
+            drop((key, value));
+            if !(too_many || too_old) {
+                break;
+            }
+            dead.remove((consumer, oldest)).map_err(io)?;
+            *count -= 1;
+            dropped.push(oldest);
+        }
+        drop((counts, dead));
+        for seq in dropped {
+            release_event(txn, seq)?;
+        }
         Ok(())
     }
 }
@@ -309,9 +411,14 @@ impl Store for RedbStore {
             let entry: LogEntry = serde_json::from_str(v.value()).map_err(corrupt)?;
             let counts = loaded.finished.entry(k.value().0.to_owned()).or_default();
             match entry.status {
-                LogStatus::Completed => counts.0 += 1,
-                LogStatus::DeadLettered => counts.1 += 1,
+                LogStatus::Completed => counts.acked += 1,
+                LogStatus::DeadLettered => counts.dead_lettered += 1,
+                LogStatus::Redriven => counts.redriven += 1,
             }
+        }
+        for row in txn.open_table(PAUSED).map_err(io)?.iter().map_err(io)? {
+            let (k, _) = row.map_err(io)?;
+            loaded.paused.push(k.value().to_owned());
         }
         for row in txn.open_table(DEAD_LETTERS).map_err(io)?.iter().map_err(io)? {
             let (k, v) = row.map_err(io)?;
@@ -351,6 +458,83 @@ impl Store for RedbStore {
             self.last_durable_ms.store(now_ms, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    fn redrive(
+        &self,
+        consumer: &str,
+        selection: RedriveSelection<'_>,
+        next_seq: &AtomicU64,
+    ) -> Result<Vec<RedrivenEvent>, StoreError> {
+        let now_ms = epoch_ms(std::time::SystemTime::now());
+        let txn = self.db.begin_write().map_err(io)?;
+        let chosen: Vec<(u64, DeadRecord)> = {
+            let dead = txn.open_table(DEAD).map_err(io)?;
+            let mut chosen = Vec::new();
+            for row in dead.range((consumer, 0)..=(consumer, u64::MAX)).map_err(io)? {
+                let (k, v) = row.map_err(io)?;
+                let record: DeadRecord = serde_json::from_str(v.value()).map_err(corrupt)?;
+                match selection {
+                    RedriveSelection::Oldest(limit) if chosen.len() >= limit => break,
+                    RedriveSelection::Ids(ids) if !ids.contains(&record.event_id) => continue,
+                    _ => chosen.push((k.value().1, record)),
+                }
+            }
+            chosen
+        };
+        let mut out = Vec::with_capacity(chosen.len());
+        for (old, record) in chosen {
+            let bytes = match txn.open_table(EVENTS).map_err(io)?.get(old).map_err(io)? {
+                Some(v) => v.value().to_vec(),
+                None => return Err(StoreError::corrupt(format!("dead-lettered event {old} without its event"))),
+            };
+            let (event, ordering_key, _) = decode_event(&bytes)?;
+            let seq = next_seq.fetch_add(1, Ordering::Relaxed);
+            let fresh = encode_event(&event, ordering_key.as_deref(), 1);
+            txn.open_table(EVENTS).map_err(io)?.insert(seq, fresh.as_slice()).map_err(io)?;
+            release_event(&txn, old)?;
+            txn.open_table(DEAD).map_err(io)?.remove((consumer, old)).map_err(io)?;
+            let state = serde_json::to_string(&EntryRecord::default()).map_err(corrupt)?;
+            txn.open_table(ENTRIES).map_err(io)?.insert((consumer, seq), state.as_str()).map_err(io)?;
+            let line = LogEntry {
+                event_id: record.event_id,
+                channel: record.channel,
+                status: LogStatus::Redriven,
+                attempts: record.attempts,
+                first_delivered_ms: None,
+                finished_ms: now_ms,
+                failures: Vec::new(),
+            };
+            self.append_log(&txn, consumer, &line, now_ms)?;
+            out.push(RedrivenEvent { seq, event, ordering_key });
+        }
+        if let Some(last) = out.last() {
+            let mut meta = txn.open_table(META).map_err(io)?;
+            let saved = meta.get("next_seq").map_err(io)?.map_or(0, |v| v.value());
+            meta.insert("next_seq", saved.max(last.seq + 1)).map_err(io)?;
+        }
+        txn.commit().map_err(io)?;
+        if !out.is_empty()
+            && let Some(count) = self.dead_counts.lock().get_mut(consumer)
+        {
+            *count = count.saturating_sub(out.len() as u64);
+        }
+        Ok(out)
+    }
+
+    fn redrivable(&self, consumer: &str) -> u64 {
+        self.dead_counts.lock().get(consumer).copied().unwrap_or(0)
+    }
+
+    fn free_space(&self) -> Option<u64> {
+        let dir = self.dir.as_ref()?;
+        match rustix::fs::statvfs(dir) {
+            Ok(fs) => Some(fs.f_bavail.saturating_mul(fs.f_frsize)),
+            Err(err) => {
+                tracing::warn!(dir = %dir.display(), %err, "cannot read the free space of the durable store's disk");
+                None
+            }
+        }
     }
 
     fn log(
@@ -453,15 +637,54 @@ mod tests {
         assert_eq!(loaded.events[0].ordering_key.as_deref(), Some("k"));
         assert_eq!(loaded.entries, vec![("a".to_owned(), 1, EntryRecord { attempts: 2, ..Default::default() })]);
         assert_eq!(loaded.next_seq, 2);
-        assert_eq!(loaded.finished.get("b"), Some(&(1, 0)));
+        assert_eq!(loaded.finished.get("b"), Some(&crate::store::LogCounts { acked: 1, ..Default::default() }));
         store
-            .apply(&[StoreOp::Finish {
-                consumer: "a".into(),
-                seq: 1,
-                log: log_entry("e1", LogStatus::DeadLettered, 2),
-            }])
+            .apply(&[StoreOp::Finish { consumer: "a".into(), seq: 1, log: log_entry("e1", LogStatus::Completed, 2) }])
             .unwrap();
         assert!(store.load().unwrap().events.is_empty(), "released by the last holder");
+    }
+
+    #[test]
+    fn dead_letters_are_kept_for_redrive_within_the_bounds_and_moved_once() {
+        let store = RedbStore::open(Path::new(""), Fsync::Always, RETAIN).unwrap();
+        let c: Arc<str> = "c".into();
+        let now = epoch_ms(SystemTime::now());
+        for seq in 1..=5u64 {
+            let id = format!("e{seq}");
+            store
+                .apply(&[
+                    StoreOp::Capture {
+                        seq,
+                        event: event(&id),
+                        ordering_key: None,
+                        consumers: vec![c.clone()],
+                        dedup: None,
+                    },
+                    StoreOp::Finish { consumer: c.clone(), seq, log: log_entry(&id, LogStatus::DeadLettered, now) },
+                ])
+                .unwrap();
+        }
+        assert_eq!(store.redrivable("c"), 3, "the oldest beyond max_entries are dropped");
+        assert_eq!(store.load().unwrap().events.len(), 3, "with their events");
+        let next = AtomicU64::new(10);
+        let ids = ["e2".to_owned(), "e4".to_owned()];
+        let moved = store.redrive("c", RedriveSelection::Ids(&ids), &next).unwrap();
+        assert_eq!(
+            moved.iter().map(|m| (m.seq, m.event.id.as_str())).collect::<Vec<_>>(),
+            [(10, "e4")],
+            "e2 was dropped"
+        );
+        assert!(store.redrive("c", RedriveSelection::Ids(&ids), &next).unwrap().is_empty(), "moved once");
+        let rest = store.redrive("c", RedriveSelection::Oldest(10), &next).unwrap();
+        assert_eq!(rest.iter().map(|m| m.event.id.as_str()).collect::<Vec<_>>(), ["e3", "e5"]);
+        assert_eq!(store.redrivable("c"), 0);
+        let loaded = store.load().unwrap();
+        let entries: Vec<u64> = loaded.entries.iter().map(|(_, seq, _)| *seq).collect();
+        assert_eq!(entries, [10, 11, 12], "pending again under their new numbers");
+        assert_eq!(loaded.events.len(), 3);
+        assert_eq!(loaded.next_seq, 13);
+        // The log keeps its newest 3 lines: the three `Redriven` ones.
+        assert_eq!(loaded.finished.get("c").map(|c| (c.dead_lettered, c.redriven)), Some((0, 3)));
     }
 
     #[test]

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use eventbus_core::durable::{
-    ConsumerConfig, ConsumerInfo, Delivery, Failure, LogEntry, LogStatus, PublishedDeadLetter, epoch_ms, next_with_room,
+    ConsumerConfig, ConsumerInfo, Delivery, Failure, LogEntry, LogStatus, PendingEntry, PendingState,
+    PublishedDeadLetter, epoch_ms, next_with_room,
 };
 use eventbus_core::trie::Trie;
 use eventbus_core::{Event, Pattern};
@@ -69,6 +70,8 @@ pub(crate) struct CState {
     pub(crate) clients: Vec<Client>,
     pub(crate) next_client: usize,
     pub(crate) deleted: bool,
+    /// Paused by an operator: nothing is handed out.
+    pub(crate) paused: bool,
 }
 
 #[derive(Debug)]
@@ -80,6 +83,11 @@ pub(crate) struct Consumer {
     pub(crate) acked: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
     pub(crate) redelivered: AtomicU64,
+    pub(crate) redriven: AtomicU64,
+    /// Unfinished events, readable without the lock (the `max_pending` check).
+    pub(crate) held: AtomicU64,
+    /// Captures dropped at `max_pending`.
+    pub(crate) dropped: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -131,7 +139,9 @@ pub(crate) fn add_entry(
         }
     };
     st.by_id.insert(event.id.as_str().into(), seq);
-    st.entries.insert(seq, Entry { event, key, record, state });
+    if st.entries.insert(seq, Entry { event, key, record, state }).is_none() {
+        consumer.held.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 pub(crate) fn release_client(st: &mut CState, client: u64) {
@@ -140,17 +150,19 @@ pub(crate) fn release_client(st: &mut CState, client: u64) {
     }
 }
 
-/// Hands ready events to clients with room, round-robin, in batches.
+/// Hands ready events to clients with room, round-robin, in batches. An exclusive
+/// consumer hands them only to its oldest attached client.
 pub(crate) fn dispatch(consumer: &Arc<Consumer>, st: &mut CState, fx: &mut Effects) {
-    if st.deleted {
+    if st.deleted || st.paused {
         return;
     }
     let now = Instant::now();
     let wall = SystemTime::now();
     let deadline_in = consumer.config.ack_deadline();
+    let receivers = if consumer.config.exclusive { st.clients.len().min(1) } else { st.clients.len() };
     while !st.ready.is_empty() {
         let clients = &st.clients;
-        let Some((i, room)) = next_with_room(clients.len(), &mut st.next_client, |i| clients[i].room()) else {
+        let Some((i, room)) = next_with_room(receivers, &mut st.next_client, |i| clients[i].room()) else {
             break;
         };
         let (client_id, tx) = (st.clients[i].id, st.clients[i].tx.clone());
@@ -217,6 +229,7 @@ pub(crate) fn dead_letter(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, f
 /// Removes a finished event, logs it, and lets the next event of its key go.
 pub(crate) fn finish(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, status: LogStatus, fx: &mut Effects) {
     let Some(entry) = st.entries.remove(&seq) else { return };
+    consumer.held.fetch_sub(1, Ordering::Relaxed);
     st.by_id.remove(entry.event.id.as_str());
     st.ready.remove(&seq);
     if let Some(key) = &entry.key
@@ -240,6 +253,7 @@ pub(crate) fn finish(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, status
     match status {
         LogStatus::Completed => consumer.acked.fetch_add(1, Ordering::Relaxed),
         LogStatus::DeadLettered => consumer.dead_lettered.fetch_add(1, Ordering::Relaxed),
+        LogStatus::Redriven => consumer.redriven.fetch_add(1, Ordering::Relaxed),
     };
     let log = LogEntry {
         event_id: entry.event.id.clone(),
@@ -253,7 +267,8 @@ pub(crate) fn finish(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, status
     fx.ops.push(StoreOp::Finish { consumer: Arc::clone(&consumer.name), seq, log });
 }
 
-pub(crate) fn info(consumer: &Consumer) -> ConsumerInfo {
+/// The consumer's state; `redrivable` comes from the store.
+pub(crate) fn info(consumer: &Consumer, redrivable: u64) -> ConsumerInfo {
     let st = consumer.state.lock();
     let in_flight = st.entries.values().filter(|e| matches!(e.state, EState::InFlight { .. })).count() as u64;
     ConsumerInfo {
@@ -264,5 +279,27 @@ pub(crate) fn info(consumer: &Consumer) -> ConsumerInfo {
         acked: consumer.acked.load(Ordering::Relaxed),
         dead_lettered: consumer.dead_lettered.load(Ordering::Relaxed),
         redelivered: consumer.redelivered.load(Ordering::Relaxed),
+        redriven: consumer.redriven.load(Ordering::Relaxed),
+        dropped: consumer.dropped.load(Ordering::Relaxed),
+        paused: st.paused,
+        redrivable,
+    }
+}
+
+/// Where an entry stands, for `ListPending`.
+pub(crate) fn pending_entry(entry: &Entry, now: Instant, wall: SystemTime) -> PendingEntry {
+    let at = |instant: Instant| epoch_ms(wall + instant.saturating_duration_since(now));
+    let (state, next_delivery_ms) = match entry.state {
+        EState::Parked => (PendingState::BlockedByOrderingKey, None),
+        EState::Ready => (PendingState::Ready, None),
+        EState::Waiting(due) => (PendingState::Delayed, Some(at(due))),
+        EState::InFlight { deadline, .. } => (PendingState::InFlight, Some(at(deadline))),
+    };
+    PendingEntry {
+        event: Arc::clone(&entry.event),
+        attempt: entry.record.attempts,
+        next_delivery_ms,
+        failures: entry.record.failures.clone(),
+        state,
     }
 }

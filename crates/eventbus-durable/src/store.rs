@@ -105,6 +105,29 @@ pub enum StoreOp {
     DeleteDeadLetter {
         id: u64,
     },
+    /// A consumer paused (`true`) or resumed.
+    SetPaused {
+        consumer: Arc<str>,
+        paused: bool,
+    },
+}
+
+/// An event put back to its consumer by [`Store::redrive`], under its new sequence
+/// number (behind everything pending).
+#[derive(Debug, Clone)]
+pub struct RedrivenEvent {
+    pub seq: u64,
+    pub event: Event,
+    pub ordering_key: Option<String>,
+}
+
+/// Which dead-lettered events [`Store::redrive`] puts back.
+#[derive(Debug, Clone, Copy)]
+pub enum RedriveSelection<'a> {
+    /// These event ids (others are skipped).
+    Ids(&'a [String]),
+    /// The oldest ones, at most this many.
+    Oldest(usize),
 }
 
 /// An encoded dead letter waiting in the outbox.
@@ -135,10 +158,20 @@ pub struct Loaded {
     pub entries: Vec<(String, u64, EntryRecord)>,
     pub dedup: Vec<DedupRecord>,
     pub next_seq: u64,
-    /// Consumer → (acked, dead-lettered) counted in the log, for stats after restart.
-    pub finished: HashMap<String, (u64, u64)>,
+    /// Consumer → its counters as counted in the log, for stats after restart.
+    pub finished: HashMap<String, LogCounts>,
     /// Dead letters committed but not yet published, by outbox id.
     pub dead_letters: Vec<(u64, DeadLetterRecord)>,
+    /// Consumers paused.
+    pub paused: Vec<String>,
+}
+
+/// Lines of one consumer's terminal log, by status.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LogCounts {
+    pub acked: u64,
+    pub dead_lettered: u64,
+    pub redriven: u64,
 }
 
 /// A page of the terminal log.
@@ -162,6 +195,26 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// time in tests).
     fn inline(&self) -> bool {
         false
+    }
+
+    /// Moves dead-lettered events of `consumer` back to it, in one transaction: each
+    /// gets a new sequence number from `next_seq` (so it queues behind what is
+    /// pending), a fresh state (attempts reset) and a `Redriven` log line. An event is
+    /// moved once: a second call does not find it. Returns them in their original order.
+    fn redrive(
+        &self,
+        consumer: &str,
+        selection: RedriveSelection<'_>,
+        next_seq: &std::sync::atomic::AtomicU64,
+    ) -> Result<Vec<RedrivenEvent>, StoreError>;
+
+    /// Dead-lettered events of `consumer` kept for redrive.
+    fn redrivable(&self, consumer: &str) -> u64;
+
+    /// Free space on the store's disk, in bytes, for the disk watermark; `None` for a
+    /// store with no disk (in memory) or when it cannot be read.
+    fn free_space(&self) -> Option<u64> {
+        None
     }
 
     /// The terminal log of `consumer`, oldest first, after position `after`.

@@ -23,6 +23,7 @@ fn options(dedup_window: Duration) -> DurableOptions {
             (Bytes::from(format!("{}|{}|{}", dl.consumer, dl.attempts, reasons.join(";"))), "text/plain".into())
         }),
         on_ack: None,
+        min_free_disk_bytes: 0,
         supervisor: eventbus_core::Supervisor::new(),
     }
 }
@@ -41,7 +42,7 @@ fn memory() -> Arc<dyn Store> {
 
 fn consumer(name: &str, channels: &[&str]) -> ConsumerConfig {
     ConsumerConfig {
-        backoff: Backoff { initial_ms: 1_000, multiplier: 2.0, max_ms: 5_000 },
+        backoff: Backoff { initial_ms: 1_000, multiplier: 2.0, max_ms: 5_000, kind: BackoffKind::Exponential },
         ..ConsumerConfig::new(name, channels.iter().map(|c| c.to_string()).collect())
     }
 }
@@ -489,6 +490,19 @@ impl Store for PanickingStore {
         after: Option<u64>,
     ) -> Result<store::LogPage, StoreError> {
         self.inner.log(consumer, status, limit, after)
+    }
+
+    fn redrive(
+        &self,
+        consumer: &str,
+        selection: store::RedriveSelection<'_>,
+        next_seq: &std::sync::atomic::AtomicU64,
+    ) -> Result<Vec<store::RedrivenEvent>, StoreError> {
+        self.inner.redrive(consumer, selection, next_seq)
+    }
+
+    fn redrivable(&self, consumer: &str) -> u64 {
+        self.inner.redrivable(consumer)
     }
 }
 

@@ -20,6 +20,7 @@ use parking_lot::{Mutex, RwLock};
 use redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 use tokio::sync::{Notify, watch};
+use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -51,6 +52,10 @@ pub struct RedisOptions {
     /// PEM file of the CA that signed Redis's TLS certificate (`rediss://` URLs), for a
     /// private CA; `None` trusts the system's root certificates.
     pub tls_ca_file: Option<std::path::PathBuf>,
+    /// How often the transport PINGs Redis on both of its connections.
+    pub health_check_interval: Duration,
+    /// How long a PING may take before Redis counts as not answering.
+    pub health_check_timeout: Duration,
 }
 
 impl RedisOptions {
@@ -139,11 +144,17 @@ struct Session {
     active: BTreeSet<Pattern>,
 }
 
+/// Health checks in a row without an answer before the connections are dropped and
+/// made again (a half-open TCP connection never answers, even once Redis is back).
+const STALLED_CHECKS_BEFORE_RECONNECT: u32 = 5;
+
 /// Publishes to and receives from Redis for one broker instance.
 #[derive(Debug)]
 pub struct RedisTransport {
     prefix: String,
     target: String,
+    health_interval: Duration,
+    health_timeout: Duration,
     /// Set while connected; cloned per publish (a cheap handle).
     publisher: RwLock<Option<MultiplexedConnection>>,
     /// Filters local subscriptions need.
@@ -170,6 +181,8 @@ impl RedisTransport {
         let transport = Arc::new(Self {
             prefix: settings.prefix.clone(),
             target: settings.display_target(),
+            health_interval: settings.health_check_interval,
+            health_timeout: settings.health_check_timeout,
             publisher: RwLock::new(None),
             wanted: Mutex::default(),
             wanted_changed: Notify::new(),
@@ -194,9 +207,9 @@ impl RedisTransport {
                 session = self.connect(&client) => session,
             };
             match session {
-                Ok(Session { publisher, sink, stream, active }) => {
+                Ok(session) => {
                     // Subscriptions are restored before anyone is told we are back.
-                    *self.publisher.write() = Some(publisher);
+                    *self.publisher.write() = Some(session.publisher.clone());
                     self.status.send_modify(|s| {
                         s.connected = true;
                         if connected_before {
@@ -206,9 +219,12 @@ impl RedisTransport {
                     info!(target = %self.target, "connected to Redis");
                     connected_before = true;
                     backoff = INITIAL_BACKOFF;
-                    let lost = self.serve(sink, stream, active, &local, &shutdown).await;
+                    let lost = self.serve(session, &local, &shutdown).await;
                     *self.publisher.write() = None;
-                    self.status.send_modify(|s| s.connected = false);
+                    self.status.send_modify(|s| {
+                        s.connected = false;
+                        s.stalled = false;
+                    });
                     match lost {
                         None => return,
                         Some(reason) => {
@@ -248,22 +264,48 @@ impl RedisTransport {
         Ok(Session { publisher, sink, stream, active })
     }
 
-    /// Receives until the connection is lost (returns why) or shutdown (returns None).
-    async fn serve(
-        &self,
-        mut sink: PubSubSink,
-        mut stream: PubSubStream,
-        mut active: BTreeSet<Pattern>,
-        local: &LocalFanout,
-        shutdown: &CancellationToken,
-    ) -> Option<String> {
+    /// Receives until the connection is lost (returns why) or shutdown (returns None),
+    /// checking every `health_interval` that Redis answers on both connections.
+    async fn serve(&self, session: Session, local: &LocalFanout, shutdown: &CancellationToken) -> Option<String> {
+        let Session { mut publisher, mut sink, mut stream, mut active } = session;
         let mut dedup = Dedup::default();
+        let mut health = tokio::time::interval_at(Instant::now() + self.health_interval, self.health_interval);
+        health.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut unanswered = 0u32;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return None,
+                _ = health.tick() => match self.check(&mut publisher, &mut sink).await {
+                    Ok(()) if unanswered > 0 => {
+                        unanswered = 0;
+                        self.status.send_modify(|s| {
+                            s.connected = true;
+                            s.stalled = false;
+                        });
+                        info!(target = %self.target, "Redis answers again");
+                    }
+                    Ok(()) => {}
+                    Err(reason) => {
+                        unanswered += 1;
+                        if unanswered == 1 {
+                            // Known down: readiness off, publishes refused at once.
+                            self.status.send_modify(|s| {
+                                s.connected = false;
+                                s.stalled = true;
+                            });
+                            warn!(target = %self.target, %reason, "Redis is not answering; refusing publishes until it does");
+                        }
+                        if unanswered >= STALLED_CHECKS_BEFORE_RECONNECT {
+                            return Some(format!("no answer to {unanswered} health checks in a row ({reason})"));
+                        }
+                    }
+                },
                 () = self.wanted_changed.notified() => {
-                    if let Err(err) = self.reconcile(&mut sink, &mut active).await {
-                        return Some(format!("subscribing failed: {err}"));
+                    // Bounded: a hung Redis must not stop this loop (and its health checks).
+                    match tokio::time::timeout(COMMAND_TIMEOUT, self.reconcile(&mut sink, &mut active)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(err)) => return Some(format!("subscribing failed: {err}")),
+                        Err(_) => return Some("timed out subscribing".to_owned()),
                     }
                 }
                 msg = stream.next() => match msg {
@@ -271,6 +313,21 @@ impl RedisTransport {
                     None => return Some("connection closed".to_owned()),
                 },
             }
+        }
+    }
+
+    /// PINGs Redis on the publishing and the pub/sub connection at once, within
+    /// `health_timeout`.
+    async fn check(&self, publisher: &mut MultiplexedConnection, sink: &mut PubSubSink) -> Result<(), String> {
+        let ping = redis::cmd("PING");
+        let pings = async {
+            let (a, b) = tokio::join!(ping.query_async::<redis::Value>(publisher), sink.ping::<redis::Value>());
+            a.and(b)
+        };
+        match tokio::time::timeout(self.health_timeout, pings).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(err)) => Err(format!("PING failed: {err}")),
+            Err(_) => Err(format!("no PING reply within {} ms", self.health_timeout.as_millis())),
         }
     }
 
@@ -390,6 +447,8 @@ mod tests {
             database: 0,
             prefix: "p".into(),
             tls_ca_file: None,
+            health_check_interval: Duration::from_secs(1),
+            health_check_timeout: Duration::from_millis(500),
         };
         assert_eq!(s.display_target(), "redis://***@cache:6380/2");
         let s = RedisOptions { url: None, host: "cache".into(), port: 6379, password: Some("x".into()), ..s };

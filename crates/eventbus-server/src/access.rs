@@ -214,7 +214,11 @@ impl Access {
             // An invalid channel is the bus's to refuse (INVALID_ARGUMENT, naming the
             // problem): a right cannot be judged on it.
             if !permissions.can_publish(channel) && eventbus_core::name::validate_channel(channel).is_ok() {
-                return Err(self.denied(caller, Operation::Publish, format!("channel {channel}")));
+                return Err(self.denied(
+                    caller,
+                    Operation::Publish,
+                    format!("channel {}", eventbus_core::quoted(channel)),
+                ));
             }
         }
         if let Some(limiter) = &caller.limiter
@@ -258,7 +262,9 @@ impl Access {
         }
         let owner = bus.subscription_owner(id);
         let allowed = owner.is_none_or(|owner| owner == caller.name());
-        self.require(caller, Operation::Unsubscribe, allowed, || format!("subscription {id} of another principal"))
+        self.require(caller, Operation::Unsubscribe, allowed, || {
+            format!("subscription {} of another principal", eventbus_core::quoted(id))
+        })
     }
 
     /// Creating a consumer: the right to manage it, and to subscribe to its channels.
@@ -270,13 +276,15 @@ impl Access {
     /// Deleting (or creating) a consumer.
     pub(crate) fn check_manage_consumer(&self, caller: &Caller, name: &str) -> Result<(), EdgeError> {
         let allowed = caller.principal.permissions.can_manage(name);
-        self.require(caller, Operation::ManageConsumers, allowed, || format!("consumer {name}"))
+        self.require(caller, Operation::ManageConsumers, allowed, || {
+            format!("consumer {}", eventbus_core::quoted(name))
+        })
     }
 
     /// Attaching to a consumer (`Consume`).
     pub(crate) fn check_attach(&self, caller: &Caller, name: &str) -> Result<(), EdgeError> {
         let allowed = caller.principal.permissions.can_attach(name);
-        self.require(caller, Operation::Consume, allowed, || format!("consumer {name}"))
+        self.require(caller, Operation::Consume, allowed, || format!("consumer {}", eventbus_core::quoted(name)))
     }
 
     /// Reading a consumer's state or log: admins, and whoever may attach to it or
@@ -288,7 +296,7 @@ impl Access {
 
     pub(crate) fn check_read_consumer(&self, caller: &Caller, name: &str) -> Result<(), EdgeError> {
         let allowed = self.may_read_consumer(caller, name);
-        self.require(caller, Operation::ReadConsumer, allowed, || format!("consumer {name}"))
+        self.require(caller, Operation::ReadConsumer, allowed, || format!("consumer {}", eventbus_core::quoted(name)))
     }
 
     /// Records an open stream that uses a right, so a reload can end it when the right
@@ -355,7 +363,7 @@ impl Access {
                 if principal.permissions.can_attach(consumer) {
                     return None;
                 }
-                (Operation::Consume, format!("consumer {consumer}"))
+                (Operation::Consume, format!("consumer {}", eventbus_core::quoted(consumer)))
             }
         };
         self.count_denied(&principal.name, operation, &what);

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
 use eventbus_auth::AuthSettings;
-use eventbus_core::durable::{Backoff, ConsumerConfig};
+use eventbus_core::durable::{Backoff, BackoffKind, ConsumerConfig};
 use eventbus_core::{BusConfig, Overflow};
 use eventbus_redis::RedisOptions;
 use serde::Deserialize;
@@ -177,6 +177,8 @@ pub struct DurableSettings {
     pub dedup_window_ms: u64,
     pub log_max_entries: u64,
     pub log_max_age_ms: u64,
+    /// Free disk space below which the embedded store refuses captures (0 = no check).
+    pub min_free_disk_bytes: u64,
     pub consumers: Vec<ConsumerSetting>,
 }
 
@@ -196,6 +198,12 @@ pub struct ConsumerSetting {
     pub max_in_flight: u32,
     #[serde(default)]
     pub dead_letter_channel: String,
+    /// One attached client receives at a time (README "Exclusive consumers").
+    #[serde(default)]
+    pub exclusive: bool,
+    /// Most unfinished events kept (0 = unlimited).
+    #[serde(default = "defaults::max_pending")]
+    pub max_pending: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -204,12 +212,14 @@ pub struct BackoffSetting {
     pub initial_ms: u64,
     pub multiplier: f64,
     pub max_ms: u64,
+    /// `exponential` (the default) or `linear`.
+    pub kind: BackoffKind,
 }
 
 impl Default for BackoffSetting {
     fn default() -> Self {
         let b = Backoff::default();
-        Self { initial_ms: b.initial_ms, multiplier: b.multiplier, max_ms: b.max_ms }
+        Self { initial_ms: b.initial_ms, multiplier: b.multiplier, max_ms: b.max_ms, kind: b.kind }
     }
 }
 
@@ -222,6 +232,9 @@ mod defaults {
     }
     pub(super) fn max_in_flight() -> u32 {
         1_000
+    }
+    pub(super) fn max_pending() -> u64 {
+        eventbus_core::durable::DEFAULT_MAX_PENDING
     }
 }
 
@@ -237,10 +250,13 @@ impl ConsumerSetting {
                 initial_ms: self.backoff.initial_ms,
                 multiplier: self.backoff.multiplier,
                 max_ms: self.backoff.max_ms,
+                kind: self.backoff.kind,
             },
             max_in_flight: self.max_in_flight,
             dead_letter_channel: (!self.dead_letter_channel.is_empty()).then(|| self.dead_letter_channel.clone()),
             owner: String::new(),
+            exclusive: self.exclusive,
+            max_pending: self.max_pending,
         }
     }
 }
@@ -264,9 +280,36 @@ pub struct ServerSettings {
     pub keepalive_interval_ms: u64,
     /// How long a ping may go unanswered before the connection is closed.
     pub keepalive_timeout_ms: u64,
+    /// A connection (either listener) with no request in progress is closed after this
+    /// long (0 = never): abandoned sockets give their descriptor back.
+    pub idle_timeout_ms: u64,
+    /// HTTP/2 flow-control window of each gRPC stream: what a client may send on one
+    /// stream before the broker has read it.
+    pub grpc_stream_window_bytes: u32,
+    /// HTTP/2 flow-control window of each gRPC connection. Half of it is h2's budget for
+    /// unread small DATA frames (README "Limits").
+    pub grpc_connection_window_bytes: u32,
+    /// The HTTP listener's own limits (README "Limits", "Security").
+    pub http: HttpSettings,
     /// TLS on both listeners (README "Security").
     pub tls: TlsSettings,
 }
+
+/// Settings of the HTTP listener (`server.http`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// How long an HTTP/1 client has to send a request's headers (also the wait for the
+    /// next request on a kept-alive connection).
+    pub header_read_timeout_ms: u64,
+    /// Origins (`scheme://host[:port]`) whose browser pages may call the admin REST
+    /// routes, besides the broker's own; empty = same-origin only.
+    pub allowed_origins: Vec<String>,
+}
+
+/// Bounds of the gRPC flow-control windows: the HTTP/2 minimum and maximum.
+pub const MIN_WINDOW: u32 = 65_535;
+pub const MAX_WINDOW: u32 = (1 << 31) - 1;
 
 /// Declares a configuration enum spelled in snake_case, whose parse error lists the
 /// accepted values (serde's own message names the Rust type instead).
@@ -325,6 +368,10 @@ pub struct EventBusSettings {
     pub mode: Mode,
     pub default_queue_capacity: usize,
     pub max_queue_capacity: usize,
+    /// Byte bound of a subscription's queue when it asks for 0.
+    pub default_queue_bytes: usize,
+    /// Budget of bytes queued across all subscriptions (README "Memory bounds").
+    pub max_queued_bytes: usize,
     pub offer_timeout_ms: u64,
     pub overflow: OverflowSetting,
     pub max_batch: usize,
@@ -348,6 +395,10 @@ pub struct RedisSettings {
     pub prefix: String,
     /// PEM CA file for `rediss://` with a private CA; empty = system roots.
     pub tls_ca_file: String,
+    /// How often the pub/sub and publishing connections are PINGed.
+    pub health_check_interval_ms: u64,
+    /// How long a PING may take before Redis counts as not answering.
+    pub health_check_timeout_ms: u64,
     /// The seed's connection pool sizes: accepted so seed-shaped settings start, but
     /// without effect (see [`Settings::without_effect`]).
     #[serde(default)]
@@ -383,6 +434,12 @@ pub struct MetricsSettings {
     pub enabled: bool,
     pub prefix: String,
     pub max_channel_labels: usize,
+    /// Subscriptions with their own `subscription` label on the queue gauges (the
+    /// fullest ones); the rest are summed under `subscription="_other"`.
+    pub max_subscription_labels: usize,
+    /// Durable consumers with their own `consumer` label (the first by name); the rest
+    /// share `consumer="_other"`.
+    pub max_consumer_labels: usize,
 }
 
 choice!(
@@ -499,6 +556,19 @@ impl Settings {
         }
         within("eventbus.max_batch", e.max_batch, 1, eventbus_core::bus::MAX_BATCH_LIMIT)?;
         within("eventbus.max_payload_bytes", e.max_payload_bytes, 1, MAX_PAYLOAD_LIMIT)?;
+        // The budget must hold at least one event of the largest payload.
+        at_least("eventbus.max_queued_bytes", e.max_queued_bytes, e.max_payload_bytes)?;
+        at_least("eventbus.default_queue_bytes", e.default_queue_bytes, 1)?;
+        if e.default_queue_bytes > e.max_queued_bytes {
+            return Err(ConfigError::AboveLimit {
+                key: "eventbus.default_queue_bytes",
+                value: widen(e.default_queue_bytes),
+                limit_key: "eventbus.max_queued_bytes",
+                limit: widen(e.max_queued_bytes),
+            });
+        }
+        within("eventbus.redis.health_check_interval_ms", e.redis.health_check_interval_ms, 100, 60_000)?;
+        within("eventbus.redis.health_check_timeout_ms", e.redis.health_check_timeout_ms, 10, 60_000)?;
         at_least("eventbus.max_tracked_channels", e.max_tracked_channels, 1)?;
         within("eventbus.offer_timeout_ms", e.offer_timeout_ms, 0, 60_000)?;
         let url = &e.redis.url;
@@ -540,6 +610,27 @@ impl Settings {
         }
         at_least("durable.log_max_entries", self.durable.log_max_entries, 1)?;
         at_least("server.max_connections", self.server.max_connections, 1)?;
+        let server = &self.server;
+        within("server.grpc_stream_window_bytes", server.grpc_stream_window_bytes, MIN_WINDOW, MAX_WINDOW)?;
+        within("server.grpc_connection_window_bytes", server.grpc_connection_window_bytes, MIN_WINDOW, MAX_WINDOW)?;
+        if server.grpc_stream_window_bytes > server.grpc_connection_window_bytes {
+            return Err(ConfigError::AboveLimit {
+                key: "server.grpc_stream_window_bytes",
+                value: server.grpc_stream_window_bytes.into(),
+                limit_key: "server.grpc_connection_window_bytes",
+                limit: server.grpc_connection_window_bytes.into(),
+            });
+        }
+        at_least("server.http.header_read_timeout_ms", server.http.header_read_timeout_ms, 1)?;
+        for origin in &server.http.allowed_origins {
+            if !is_origin(origin) {
+                return invalid(
+                    "server.http.allowed_origins",
+                    origin,
+                    "is not an origin: scheme://host or scheme://host:port, without a path",
+                );
+            }
+        }
         let tls = &self.server.tls;
         if tls.cert_file.is_empty() != tls.key_file.is_empty() {
             let (key, value) = if tls.key_file.is_empty() {
@@ -595,6 +686,8 @@ impl Settings {
         BusConfig {
             default_queue_capacity: e.default_queue_capacity,
             max_queue_capacity: e.max_queue_capacity,
+            default_queue_bytes: e.default_queue_bytes,
+            max_queued_bytes: e.max_queued_bytes,
             offer_timeout: Duration::from_millis(e.offer_timeout_ms),
             overflow: e.overflow.into(),
             max_batch: e.max_batch,
@@ -616,6 +709,8 @@ impl Settings {
             database: i64::from(r.database),
             prefix: r.prefix.clone(),
             tls_ca_file: (!r.tls_ca_file.is_empty()).then(|| PathBuf::from(&r.tls_ca_file)),
+            health_check_interval: Duration::from_millis(r.health_check_interval_ms),
+            health_check_timeout: Duration::from_millis(r.health_check_timeout_ms),
         }
     }
 
@@ -636,6 +731,15 @@ impl Settings {
 /// Largest `max_payload_bytes` accepted: gRPC messages stay well within what clients
 /// can be configured to take.
 pub const MAX_PAYLOAD_LIMIT: usize = 64 << 20;
+
+/// `scheme://host[:port]` as browsers send it in `Origin` (no path, no trailing slash).
+fn is_origin(s: &str) -> bool {
+    let Some((scheme, authority)) = s.split_once("://") else { return false };
+    !scheme.is_empty()
+        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        && !authority.is_empty()
+        && !authority.contains(['/', '?', '#', '@', ' '])
+}
 
 fn is_metric_name(s: &str) -> bool {
     let mut chars = s.chars();
@@ -795,6 +899,38 @@ mod tests {
         assert_eq!(s.bus_config(), BusConfig { max_channels: 10_000, ..BusConfig::default() });
         assert_eq!(s.eventbus.redis.prefix, "socle:eventbus");
         assert_eq!(s.eventbus.metrics.max_channel_labels, 1000);
+        assert_eq!((s.server.idle_timeout_ms, s.server.http.header_read_timeout_ms), (300_000, 10_000));
+        assert!(s.server.http.allowed_origins.is_empty());
+    }
+
+    #[test]
+    fn edge_limits_are_checked() {
+        let check = |tweak: &dyn Fn(&mut Settings)| {
+            let mut s = Settings::default();
+            tweak(&mut s);
+            s.validate()
+        };
+        let err = check(&|s| s.server.grpc_stream_window_bytes = 1000).unwrap_err();
+        assert!(matches!(err, ConfigError::OutOfRange { key: "server.grpc_stream_window_bytes", .. }), "{err:?}");
+        let err = check(&|s| s.server.grpc_connection_window_bytes = u32::MAX).unwrap_err();
+        assert!(matches!(err, ConfigError::OutOfRange { key: "server.grpc_connection_window_bytes", .. }), "{err:?}");
+        let err = check(&|s| {
+            s.server.grpc_stream_window_bytes = 1 << 20;
+            s.server.grpc_connection_window_bytes = 1 << 19;
+        })
+        .unwrap_err();
+        assert!(matches!(err, ConfigError::AboveLimit { key: "server.grpc_stream_window_bytes", .. }), "{err:?}");
+        let err = check(&|s| s.server.http.header_read_timeout_ms = 0).unwrap_err();
+        assert!(matches!(err, ConfigError::TooSmall { key: "server.http.header_read_timeout_ms", .. }), "{err:?}");
+        for bad in ["console.example", "https://console.example/", "https://a.example/path", "null", "https://"] {
+            let err = check(&|s| s.server.http.allowed_origins = vec![bad.into()]).unwrap_err();
+            assert!(matches!(err, ConfigError::Invalid { key: "server.http.allowed_origins", .. }), "{bad}: {err:?}");
+        }
+        let good = check(&|s| {
+            s.server.http.allowed_origins = vec!["https://console.example".into(), "http://127.0.0.1:3000".into()];
+            s.server.idle_timeout_ms = 0;
+        });
+        assert!(good.is_ok(), "{good:?}");
     }
 
     #[test]
@@ -878,6 +1014,28 @@ mod tests {
         std::fs::write(&file, "durable:\n  consumers:\n    - name: bad name\n      channels: ['a']\n").unwrap();
         let msg = error(&[], Overrides { config_file: Some(file), ..Default::default() });
         assert!(msg.contains("durable.consumers") && msg.contains("bad name"), "{msg}");
+    }
+
+    /// README "Consumer operations": `exclusive` and `backoff.kind` in `durable.consumers`;
+    /// a partial `backoff` keeps the other defaults.
+    #[test]
+    fn declared_consumers_take_exclusive_and_linear_backoff() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("eb.yaml");
+        let yaml = "durable:\n  consumers:\n    - name: runner\n      channels: ['jobs.>']\n      exclusive: true\n      \
+                    backoff: { kind: linear }\n";
+        std::fs::write(&file, yaml).unwrap();
+        let s = load(&[], Overrides { config_file: Some(file.clone()), ..Default::default() }).unwrap();
+        let c = s.durable.consumers[0].to_config();
+        assert!(c.exclusive);
+        assert_eq!(c.backoff, Backoff { kind: BackoffKind::Linear, ..Backoff::default() });
+        std::fs::write(
+            &file,
+            "durable:\n  consumers:\n    - name: r\n      channels: ['a']\n      backoff: { kind: cubic }\n",
+        )
+        .unwrap();
+        let msg = error(&[], Overrides { config_file: Some(file), ..Default::default() });
+        assert!(msg.contains("cubic") && msg.contains("backoff.kind"), "{msg}");
     }
 
     /// The seed's `application.yml` (000 §7.1) with its defaults written in, minus the
@@ -1050,6 +1208,29 @@ eventbus:
             .unwrap_err()
             .to_string();
         assert!(msg.contains("eventbus.max_batch") && !msg.contains("common"), "{msg}");
+    }
+
+    #[test]
+    fn byte_bounds_are_checked_against_each_other() {
+        let err = load(&[("EVENTBUS__EVENTBUS__DEFAULT_QUEUE_BYTES", "1073741824")], Overrides::default()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::AboveLimit {
+                    key: "eventbus.default_queue_bytes",
+                    limit_key: "eventbus.max_queued_bytes",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let err = load(&[("EVENTBUS__EVENTBUS__MAX_QUEUED_BYTES", "1000")], Overrides::default()).unwrap_err();
+        assert!(matches!(err, ConfigError::TooSmall { key: "eventbus.max_queued_bytes", .. }), "{err:?}");
+        let s = load(&[], Overrides::default()).unwrap();
+        assert_eq!((s.bus_config().default_queue_bytes, s.bus_config().max_queued_bytes), (64 << 20, 512 << 20));
+        let redis = s.redis_settings();
+        assert_eq!(redis.health_check_interval, Duration::from_secs(1));
+        assert_eq!(redis.health_check_timeout, Duration::from_millis(500));
     }
 
     #[test]

@@ -27,13 +27,13 @@ pub(crate) async fn consume(
     mut inbound: Streaming<pb::ConsumeRequest>,
 ) -> Result<ConsumeStream, Status> {
     let durable = convert::durable(bus)?.clone();
-    let first = inbound.message().await?.and_then(|r| r.kind);
+    let first = inbound.message().await.map_err(crate::request_limit::refused_request)?.and_then(|r| r.kind);
     let Some(consume_request::Kind::Attach(attach)) = first else {
         return Err(EdgeError::BadRequest("the first Consume request must be `attach`".into()).into());
     };
     let options = ClientOptions { max_in_flight: attach.max_in_flight, max_batch: attach.max_batch };
     access.check_attach(&caller, &attach.consumer)?;
-    let create = attach.create_if_missing.map(|c| convert::consumer_config_from_pb(c, caller.name()));
+    let create = attach.create_if_missing.map(|c| convert::consumer_config_from_pb(c, caller.name())).transpose()?;
     // Creating on attach needs the rights of CreateConsumer, asked only when the
     // consumer is missing: a worker that always sends its definition needs no more
     // than the right to attach once the consumer exists.

@@ -14,8 +14,8 @@ use axum::http::StatusCode;
 use bytes::Bytes;
 use eventbus_core::durable::from_epoch_ms;
 use eventbus_core::durable::{
-    Backoff, ConsumerConfig, ConsumerInfo, Delivery, DurableBackend, DurableError, Failure, LogEntry, LogSlice,
-    LogStatus, PublishedDeadLetter,
+    Backoff, BackoffKind, ConsumerConfig, ConsumerInfo, Delivery, DurableBackend, DurableError, Failure, LogEntry,
+    LogSlice, LogStatus, PendingEntry, PendingSlice, PendingState, PublishedDeadLetter, Redriven,
 };
 use eventbus_core::{
     Bus, BusStats, ChannelStats, CloseReason, Error, ErrorKind, Event, Overflow, PublishInput, Published,
@@ -81,6 +81,7 @@ impl EdgeError {
                 ErrorKind::NotFound => (Code::NotFound, StatusCode::NOT_FOUND),
                 ErrorKind::Unavailable => (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
                 ErrorKind::AlreadyExists => (Code::AlreadyExists, StatusCode::CONFLICT),
+                ErrorKind::StorageFull => (Code::ResourceExhausted, StatusCode::INSUFFICIENT_STORAGE),
                 ErrorKind::Internal => {
                     // The client reads no internals; the log keeps the causes.
                     tracing::error!(error = %eventbus_core::error_chain(err), "internal error");
@@ -220,7 +221,7 @@ pub(crate) fn subscribe_options(
     peer: String,
     owner: String,
 ) -> Result<SubscribeOptions, EdgeError> {
-    let pb::SubscribeRequest { channels, group, queue_capacity, overflow, max_batch, name } = req;
+    let pb::SubscribeRequest { channels, group, queue_capacity, overflow, max_batch, name, max_queue_bytes } = req;
     let overflow = match pb::OverflowPolicy::try_from(overflow) {
         Ok(pb::OverflowPolicy::Unspecified) => None,
         Ok(pb::OverflowPolicy::DropNewest) => Some(Overflow::DropNewest),
@@ -232,6 +233,7 @@ pub(crate) fn subscribe_options(
         channels,
         group,
         queue_capacity: queue_capacity as usize,
+        max_queue_bytes: usize::try_from(max_queue_bytes).unwrap_or(usize::MAX),
         overflow,
         max_batch: max_batch as usize,
         name,
@@ -268,6 +270,8 @@ pub(crate) fn subscription(s: SubscriptionInfo) -> pb::SubscriptionInfo {
         name,
         pending,
         capacity,
+        queued_bytes,
+        max_queue_bytes,
         delivered,
         dropped,
         overflow,
@@ -282,6 +286,8 @@ pub(crate) fn subscription(s: SubscriptionInfo) -> pb::SubscriptionInfo {
         name,
         pending,
         capacity,
+        queued_bytes,
+        max_queue_bytes,
         delivered,
         dropped,
         overflow: overflow_policy(overflow).into(),
@@ -300,6 +306,8 @@ pub(crate) struct SubscriptionJson {
     name: String,
     pending: u64,
     capacity: u64,
+    queued_bytes: u64,
+    max_queue_bytes: u64,
     delivered: u64,
     dropped: u64,
     overflow: &'static str,
@@ -316,6 +324,8 @@ pub(crate) fn subscription_json(s: SubscriptionInfo) -> SubscriptionJson {
         name,
         pending,
         capacity,
+        queued_bytes,
+        max_queue_bytes,
         delivered,
         dropped,
         overflow,
@@ -330,6 +340,8 @@ pub(crate) fn subscription_json(s: SubscriptionInfo) -> SubscriptionJson {
         name,
         pending,
         capacity,
+        queued_bytes,
+        max_queue_bytes,
         delivered,
         dropped,
         overflow: overflow.as_str(),
@@ -459,7 +471,7 @@ pub(crate) fn channel_json(c: ChannelStats) -> ChannelJson {
 
 /// A consumer definition from the wire, created by `owner`; zero values take the
 /// defaults.
-pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig, owner: &str) -> ConsumerConfig {
+pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig, owner: &str) -> Result<ConsumerConfig, EdgeError> {
     let pb::ConsumerConfig {
         name,
         channels,
@@ -468,11 +480,13 @@ pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig, owner: &str) -> Con
         backoff,
         max_in_flight,
         dead_letter_channel,
+        exclusive,
+        max_pending,
     } = c;
     let defaults = ConsumerConfig::new(name.clone(), Vec::new());
     let b = backoff.unwrap_or_default();
     let db = Backoff::default();
-    ConsumerConfig {
+    Ok(ConsumerConfig {
         name,
         channels,
         ack_deadline_ms: if ack_deadline_ms == 0 { defaults.ack_deadline_ms } else { ack_deadline_ms },
@@ -481,10 +495,28 @@ pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig, owner: &str) -> Con
             initial_ms: if b.initial_ms == 0 { db.initial_ms } else { b.initial_ms },
             multiplier: if b.multiplier == 0.0 { db.multiplier } else { b.multiplier },
             max_ms: if b.max_ms == 0 { db.max_ms } else { b.max_ms },
+            kind: backoff_kind_from_pb(b.kind)?,
         },
         max_in_flight: if max_in_flight == 0 { defaults.max_in_flight } else { max_in_flight },
         dead_letter_channel: (!dead_letter_channel.is_empty()).then_some(dead_letter_channel),
         owner: owner.to_owned(),
+        exclusive,
+        max_pending: max_pending.unwrap_or(defaults.max_pending),
+    })
+}
+
+fn backoff_kind_from_pb(kind: i32) -> Result<BackoffKind, EdgeError> {
+    match pb::BackoffKind::try_from(kind) {
+        Ok(pb::BackoffKind::Exponential) => Ok(BackoffKind::Exponential),
+        Ok(pb::BackoffKind::Linear) => Ok(BackoffKind::Linear),
+        Err(_) => Err(EdgeError::BadRequest(format!("invalid backoff.kind: unknown backoff kind {kind}"))),
+    }
+}
+
+fn backoff_kind(kind: BackoffKind) -> pb::BackoffKind {
+    match kind {
+        BackoffKind::Exponential => pb::BackoffKind::Exponential,
+        BackoffKind::Linear => pb::BackoffKind::Linear,
     }
 }
 
@@ -498,21 +530,37 @@ fn consumer_config(c: &ConsumerConfig) -> pb::ConsumerConfig {
         max_in_flight,
         dead_letter_channel,
         owner: _,
+        exclusive,
+        max_pending,
     } = c;
-    let Backoff { initial_ms, multiplier, max_ms } = *backoff;
+    let Backoff { initial_ms, multiplier, max_ms, kind } = *backoff;
     pb::ConsumerConfig {
         name: name.clone(),
         channels: channels.clone(),
         ack_deadline_ms: *ack_deadline_ms,
         max_attempts: Some(*max_attempts),
-        backoff: Some(pb::Backoff { initial_ms, multiplier, max_ms }),
+        backoff: Some(pb::Backoff { initial_ms, multiplier, max_ms, kind: backoff_kind(kind).into() }),
         max_in_flight: *max_in_flight,
         dead_letter_channel: dead_letter_channel.clone().unwrap_or_default(),
+        exclusive: *exclusive,
+        max_pending: Some(*max_pending),
     }
 }
 
 pub(crate) fn consumer_info(i: &ConsumerInfo) -> pb::ConsumerInfo {
-    let ConsumerInfo { config, pending, in_flight, clients, acked, dead_lettered, redelivered } = i;
+    let ConsumerInfo {
+        config,
+        pending,
+        in_flight,
+        clients,
+        acked,
+        dead_lettered,
+        redelivered,
+        redriven,
+        dropped,
+        paused,
+        redrivable,
+    } = i;
     pb::ConsumerInfo {
         config: Some(consumer_config(config)),
         pending: *pending,
@@ -522,6 +570,10 @@ pub(crate) fn consumer_info(i: &ConsumerInfo) -> pb::ConsumerInfo {
         dead_lettered: *dead_lettered,
         redelivered: *redelivered,
         owner: config.owner.clone(),
+        paused: *paused,
+        redrivable: *redrivable,
+        redriven: *redriven,
+        dropped: *dropped,
     }
 }
 
@@ -531,6 +583,7 @@ pub(crate) struct BackoffJson {
     initial_ms: u64,
     multiplier: f64,
     max_ms: u64,
+    kind: BackoffKind,
 }
 
 /// `ConsumerInfo` in JSON: the definition's fields and the counters side by side; no
@@ -545,16 +598,34 @@ pub(crate) struct ConsumerJson {
     max_in_flight: u32,
     dead_letter_channel: Option<String>,
     owner: String,
+    exclusive: bool,
+    max_pending: u64,
+    paused: bool,
     pending: u64,
     in_flight: u64,
     clients: u32,
     acked: u64,
     dead_lettered: u64,
     redelivered: u64,
+    redriven: u64,
+    redrivable: u64,
+    dropped: u64,
 }
 
 pub(crate) fn consumer_info_json(i: &ConsumerInfo) -> ConsumerJson {
-    let ConsumerInfo { config, pending, in_flight, clients, acked, dead_lettered, redelivered } = i;
+    let ConsumerInfo {
+        config,
+        pending,
+        in_flight,
+        clients,
+        acked,
+        dead_lettered,
+        redelivered,
+        redriven,
+        dropped,
+        paused,
+        redrivable,
+    } = i;
     let ConsumerConfig {
         name,
         channels,
@@ -564,17 +635,25 @@ pub(crate) fn consumer_info_json(i: &ConsumerInfo) -> ConsumerJson {
         max_in_flight,
         dead_letter_channel,
         owner,
+        exclusive,
+        max_pending,
     } = config;
-    let Backoff { initial_ms, multiplier, max_ms } = *backoff;
+    let Backoff { initial_ms, multiplier, max_ms, kind } = *backoff;
     ConsumerJson {
         name: name.clone(),
         channels: channels.clone(),
         ack_deadline_ms: *ack_deadline_ms,
         max_attempts: *max_attempts,
-        backoff: BackoffJson { initial_ms, multiplier, max_ms },
+        backoff: BackoffJson { initial_ms, multiplier, max_ms, kind },
         max_in_flight: *max_in_flight,
         dead_letter_channel: dead_letter_channel.clone(),
         owner: owner.clone(),
+        exclusive: *exclusive,
+        max_pending: *max_pending,
+        paused: *paused,
+        redriven: *redriven,
+        redrivable: *redrivable,
+        dropped: *dropped,
         pending: *pending,
         in_flight: *in_flight,
         clients: *clients,
@@ -620,6 +699,7 @@ pub(crate) fn log_status_filter(status: i32) -> Result<Option<LogStatus>, EdgeEr
         Ok(pb::EventStatus::Unspecified) => Ok(None),
         Ok(pb::EventStatus::Completed) => Ok(Some(LogStatus::Completed)),
         Ok(pb::EventStatus::DeadLettered) => Ok(Some(LogStatus::DeadLettered)),
+        Ok(pb::EventStatus::Redriven) => Ok(Some(LogStatus::Redriven)),
         Err(_) => Err(EdgeError::BadRequest(format!("invalid status: unknown event status {status}"))),
     }
 }
@@ -628,12 +708,15 @@ pub(crate) fn log_status_filter(status: i32) -> Result<Option<LogStatus>, EdgeEr
 pub(crate) fn log_status_filter_json(status: Option<&str>) -> Result<Option<LogStatus>, EdgeError> {
     match status {
         None | Some("" | "all") => Ok(None),
-        Some(name) => [LogStatus::Completed, LogStatus::DeadLettered]
+        Some(name) => [LogStatus::Completed, LogStatus::DeadLettered, LogStatus::Redriven]
             .into_iter()
             .find(|s| log_status_name(*s) == name)
             .map(Some)
             .ok_or_else(|| {
-                EdgeError::BadRequest(format!("invalid status {name:?}: expected completed, dead_lettered or all"))
+                EdgeError::BadRequest(format!(
+                    "invalid status {}: expected completed, dead_lettered, redriven or all",
+                    eventbus_core::quoted(name)
+                ))
             }),
     }
 }
@@ -642,6 +725,7 @@ fn log_status(s: LogStatus) -> pb::EventStatus {
     match s {
         LogStatus::Completed => pb::EventStatus::Completed,
         LogStatus::DeadLettered => pb::EventStatus::DeadLettered,
+        LogStatus::Redriven => pb::EventStatus::Redriven,
     }
 }
 
@@ -650,6 +734,7 @@ fn log_status_name(s: LogStatus) -> &'static str {
     match s {
         LogStatus::Completed => "completed",
         LogStatus::DeadLettered => "dead_lettered",
+        LogStatus::Redriven => "redriven",
     }
 }
 
@@ -725,6 +810,124 @@ pub(crate) fn log_page_json(page: LogSlice) -> LogPageJson {
     LogPageJson { entries: entries.iter().map(log_entry_json).collect(), next_page_token }
 }
 
+// --- consumer operations ---
+
+fn pending_state(s: PendingState) -> pb::PendingState {
+    match s {
+        PendingState::Ready => pb::PendingState::Ready,
+        PendingState::Delayed => pb::PendingState::Delayed,
+        PendingState::InFlight => pb::PendingState::InFlight,
+        PendingState::BlockedByOrderingKey => pb::PendingState::BlockedByOrderingKey,
+    }
+}
+
+/// A pending state in JSON.
+fn pending_state_name(s: PendingState) -> &'static str {
+    match s {
+        PendingState::Ready => "ready",
+        PendingState::Delayed => "delayed",
+        PendingState::InFlight => "in_flight",
+        PendingState::BlockedByOrderingKey => "blocked_by_ordering_key",
+    }
+}
+
+fn pending_entry(e: &PendingEntry) -> pb::PendingEntry {
+    let PendingEntry { event: ev, attempt, next_delivery_ms, failures, state } = e;
+    pb::PendingEntry {
+        event: Some(event(ev)),
+        attempt: *attempt,
+        next_delivery: next_delivery_ms.map(|ms| timestamp(from_epoch_ms(ms))),
+        failures: failures.iter().map(failure).collect(),
+        state: pending_state(*state).into(),
+    }
+}
+
+pub(crate) fn pending_page(page: PendingSlice) -> pb::ListPendingResponse {
+    let PendingSlice { entries, next_page_token } = page;
+    pb::ListPendingResponse { entries: entries.iter().map(pending_entry).collect(), next_page_token }
+}
+
+/// An event in JSON: a JSON payload (content type `application/json`, as the REST
+/// publish stores it) as its value under `payload`, any other as `payload_base64`.
+#[derive(Debug, Serialize)]
+pub(crate) struct EventJson {
+    id: String,
+    channel: String,
+    timestamp: String,
+    source: String,
+    content_type: String,
+    metadata: std::collections::HashMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_base64: Option<String>,
+}
+
+pub(crate) fn event_json(e: &Event) -> EventJson {
+    use base64::Engine as _;
+    let json = (e.content_type == "application/json")
+        .then(|| serde_json::from_slice::<serde_json::Value>(&e.payload).ok())
+        .flatten();
+    let base64 = json.is_none().then(|| base64::engine::general_purpose::STANDARD.encode(&e.payload));
+    EventJson {
+        id: e.id.clone(),
+        channel: e.channel.clone(),
+        timestamp: rfc3339(e.timestamp),
+        source: e.source.clone(),
+        content_type: e.content_type.clone(),
+        metadata: e.metadata.clone(),
+        payload: json,
+        payload_base64: base64,
+    }
+}
+
+/// `PendingEntry` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct PendingEntryJson {
+    event: EventJson,
+    attempt: u32,
+    next_delivery: Option<String>,
+    failures: Vec<FailureJson>,
+    state: &'static str,
+}
+
+/// `ListPendingResponse` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct PendingPageJson {
+    entries: Vec<PendingEntryJson>,
+    next_page_token: String,
+}
+
+pub(crate) fn pending_page_json(page: PendingSlice) -> PendingPageJson {
+    let PendingSlice { entries, next_page_token } = page;
+    let entries = entries
+        .iter()
+        .map(|e| PendingEntryJson {
+            event: event_json(&e.event),
+            attempt: e.attempt,
+            next_delivery: e.next_delivery_ms.map(|ms| rfc3339(from_epoch_ms(ms))),
+            failures: e.failures.iter().map(failure_json).collect(),
+            state: pending_state_name(e.state),
+        })
+        .collect();
+    PendingPageJson { entries, next_page_token }
+}
+
+pub(crate) fn redriven(r: Redriven) -> pb::RedriveResponse {
+    pb::RedriveResponse { redriven: r.redriven, remaining: r.remaining }
+}
+
+/// `RedriveResponse` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct RedrivenJson {
+    redriven: u64,
+    remaining: u64,
+}
+
+pub(crate) fn redriven_json(r: Redriven) -> RedrivenJson {
+    RedrivenJson { redriven: r.redriven, remaining: r.remaining }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -773,7 +976,7 @@ mod tests {
 
     #[test]
     fn log_status_names_round_trip_through_the_rest_filter() {
-        for s in [LogStatus::Completed, LogStatus::DeadLettered] {
+        for s in [LogStatus::Completed, LogStatus::DeadLettered, LogStatus::Redriven] {
             assert_eq!(log_status_filter_json(Some(log_status_name(s))).ok(), Some(Some(s)));
         }
         assert_eq!(log_status_filter_json(Some("all")).ok(), Some(None));

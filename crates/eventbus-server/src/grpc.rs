@@ -5,7 +5,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use eventbus_core::{Bus, Event, Published, SubscriptionHandle};
+use eventbus_core::{Bus, Published};
 use eventbus_proto::pb::{self, subscribe_response::Kind};
 use futures::{Stream, StreamExt, stream};
 use tonic::{Request, Response, Status, Streaming};
@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::access::{Access, Caller, Operation, StreamUse};
 use crate::consume;
 use crate::convert::{self, EdgeError, status};
+use crate::delivery::{Frame, Frames, Streamer, next_batch};
 use crate::listener::PeerInfo;
 use crate::metrics::Metrics;
 use crate::request_limit::PayloadLimit;
@@ -151,7 +152,17 @@ impl pb::event_bus_server::EventBus for EventBusService {
 
     type SubscribeStream = RpcStream<pb::SubscribeResponse>;
 
+    /// Served by [`crate::delivery::EncodedSubscribe`], which encodes the stream without this
+    /// conversion to the generated types; this form is for direct callers.
     async fn subscribe(&self, req: Request<pb::SubscribeRequest>) -> Result<Response<Self::SubscribeStream>, Status> {
+        let frames = self.open_subscription(req).await?;
+        Ok(Response::new(Box::pin(frames.map(|frame| frame.map(Frame::into_pb)))))
+    }
+}
+
+impl EventBusService {
+    /// Opens a subscription: its stream is `started`, then the batches.
+    pub(crate) async fn open_subscription(&self, req: Request<pb::SubscribeRequest>) -> Result<Frames, Status> {
         let peer = peer(&req);
         let caller = caller(&req)?;
         let options = convert::subscribe_options(req.into_inner(), peer, caller.name().to_owned())?;
@@ -162,36 +173,8 @@ impl pb::event_bus_server::EventBus for EventBusService {
             kind: Some(Kind::Started(pb::SubscriptionStarted { subscription_id: handle.id().to_owned() })),
         };
         tracing::debug!(subscription = handle.id(), "subscription started");
-        let batches =
-            stream::unfold(Some(Streamer { handle, buf: Vec::new(), metrics: self.metrics.clone() }), next_batch);
-        Ok(Response::new(Box::pin(guard.guard(stream::once(async { Ok(started) }).chain(batches)))))
-    }
-}
-
-/// What a subscription stream carries between messages. The handle lives inside the
-/// stream, so a client that goes away drops it and unsubscribes.
-struct Streamer {
-    handle: SubscriptionHandle,
-    buf: Vec<Arc<Event>>,
-    metrics: Option<Arc<Metrics>>,
-}
-
-/// One stream message: the next batch, or the status that ends the stream.
-async fn next_batch(state: Option<Streamer>) -> Option<(Result<pb::SubscribeResponse, Status>, Option<Streamer>)> {
-    let mut s = state?;
-    match s.handle.next_batch(&mut s.buf).await {
-        Ok(()) => {
-            if let Some(metrics) = &s.metrics {
-                metrics.observe_delivery(&s.buf);
-            }
-            let events = s.buf.drain(..).map(|e| convert::event(&e)).collect();
-            let msg = pb::SubscribeResponse { kind: Some(Kind::Events(pb::EventBatch { events })) };
-            Some((Ok(msg), Some(s)))
-        }
-        Err(reason) => {
-            tracing::debug!(subscription = s.handle.id(), ?reason, "subscription ended");
-            convert::close_status(reason).map(|status| (Err(status), None))
-        }
+        let batches = stream::unfold(Some(Streamer { handle, metrics: self.metrics.clone() }), next_batch);
+        Ok(Box::pin(guard.guard(stream::once(async { Ok(Frame::Started(started)) }).chain(batches))))
     }
 }
 
@@ -258,7 +241,7 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::ConsumerInfo>, Status> {
         let caller = caller(&req)?;
         let config = req.into_inner().config.ok_or_else(|| EdgeError::BadRequest("config is required".into()))?;
-        let config = convert::consumer_config_from_pb(config, caller.name());
+        let config = convert::consumer_config_from_pb(config, caller.name())?;
         self.access.check_create_consumer(&caller, &config)?;
         let durable = convert::durable(&self.bus)?;
         let info = durable.create_consumer(config).await.map_err(status)?;
@@ -314,5 +297,61 @@ impl pb::admin_server::Admin for AdminService {
             .await
             .map_err(status)?;
         Ok(Response::new(convert::log_page(page)))
+    }
+
+    async fn list_pending(
+        &self,
+        req: Request<pb::ListPendingRequest>,
+    ) -> Result<Response<pb::ListPendingResponse>, Status> {
+        let caller = caller(&req)?;
+        let req = req.into_inner();
+        self.access.check_read_consumer(&caller, &req.consumer)?;
+        let limit = convert::log_limit(req.limit as usize);
+        let page =
+            convert::durable(&self.bus)?.list_pending(&req.consumer, limit, &req.page_token).await.map_err(status)?;
+        Ok(Response::new(convert::pending_page(page)))
+    }
+
+    async fn redrive_dead_letters(
+        &self,
+        req: Request<pb::RedriveRequest>,
+    ) -> Result<Response<pb::RedriveResponse>, Status> {
+        let caller = caller(&req)?;
+        let req = req.into_inner();
+        self.access.check_manage_consumer(&caller, &req.consumer)?;
+        let durable = convert::durable(&self.bus)?;
+        let done = durable.redrive(&req.consumer, &req.event_ids, req.limit as usize).await.map_err(status)?;
+        Ok(Response::new(convert::redriven(done)))
+    }
+
+    async fn pause_consumer(
+        &self,
+        req: Request<pb::PauseConsumerRequest>,
+    ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        let caller = caller(&req)?;
+        let name = req.into_inner().name;
+        self.set_paused(&caller, &name, true).await
+    }
+
+    async fn resume_consumer(
+        &self,
+        req: Request<pb::ResumeConsumerRequest>,
+    ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        let caller = caller(&req)?;
+        let name = req.into_inner().name;
+        self.set_paused(&caller, &name, false).await
+    }
+}
+
+impl AdminService {
+    async fn set_paused(
+        &self,
+        caller: &Caller,
+        name: &str,
+        paused: bool,
+    ) -> Result<Response<pb::ConsumerInfo>, Status> {
+        self.access.check_manage_consumer(caller, name)?;
+        let info = convert::durable(&self.bus)?.set_paused(name, paused).await.map_err(status)?;
+        Ok(Response::new(convert::consumer_info(&info)))
     }
 }

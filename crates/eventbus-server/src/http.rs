@@ -4,19 +4,25 @@
 //! pass, and each handler checks the right it needs (README "Security"). Publishing goes through the same [`Bus::publish`] validation as gRPC; bodies
 //! are rendered, and refusals given their HTTP code, by `convert`, the same edge gRPC
 //! uses.
+//!
+//! Before any route: oversized URIs and header sections are refused in JSON
+//! ([`request_limits`]), and admin routes refuse cross-site requests ([`cross_site`]):
+//! a foreign `Origin` (403) unless listed in `server.http.allowed_origins`, whose CORS
+//! preflights are answered; bodies other than `application/json` (415). Every error
+//! is `{"error": "..."}`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::rejection::{BytesRejection, FailedToBufferBody};
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Extension, Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use eventbus_core::durable::DurableError;
+use eventbus_core::durable::{DurableBackend, DurableError};
 use eventbus_core::{Bus, Error, Supervisor, TaskFailure, TransportStatus};
 use serde::Deserialize;
 use serde_json::json;
@@ -30,17 +36,25 @@ use crate::metrics::Metrics;
 use crate::request_limit::PayloadLimit;
 
 /// Whether the instance should receive traffic: every background task running, not
-/// shutting down, and (redis mode) connected to Redis.
+/// shutting down, (redis mode) connected to Redis, and the durable engine able to take
+/// captures (its disk not nearly full).
 #[derive(Debug, Clone)]
 pub struct Readiness {
     shutting_down: Arc<AtomicBool>,
     transport: Option<watch::Receiver<TransportStatus>>,
     tasks: watch::Receiver<Option<TaskFailure>>,
+    durable: Option<Arc<dyn DurableBackend>>,
 }
 
 impl Readiness {
     pub fn new(transport: Option<watch::Receiver<TransportStatus>>, supervisor: &Supervisor) -> Self {
-        Self { shutting_down: Arc::default(), transport, tasks: supervisor.failures() }
+        Self { shutting_down: Arc::default(), transport, tasks: supervisor.failures(), durable: None }
+    }
+
+    /// Also asks the durable engine ([`DurableBackend::unready`]).
+    pub fn with_durable(mut self, durable: Option<Arc<dyn DurableBackend>>) -> Self {
+        self.durable = durable;
+        self
     }
 
     /// The background task that stopped, if one did: the process must be restarted.
@@ -63,10 +77,12 @@ impl Readiness {
             Some(failure.to_string())
         } else if self.is_shutting_down() {
             Some("shutting down".to_owned())
-        } else if self.transport.as_ref().is_some_and(|t| !t.borrow().connected) {
-            Some("not connected to Redis".to_owned())
+        } else if let Some(status) = self.transport.as_ref().map(|t| *t.borrow())
+            && !status.connected
+        {
+            Some(if status.stalled { "Redis is not answering PING" } else { "not connected to Redis" }.to_owned())
         } else {
-            None
+            self.durable.as_ref().and_then(|d| d.unready())
         }
     }
 
@@ -82,7 +98,16 @@ pub(crate) struct HttpState {
     pub(crate) readiness: Readiness,
     pub(crate) limit: PayloadLimit,
     pub(crate) access: Access,
+    /// `server.http.allowed_origins`: foreign origins whose pages may call admin routes.
+    pub(crate) allowed_origins: Arc<[String]>,
 }
+
+/// Longest request target (path and query) the router reads; longer: 414.
+pub(crate) const MAX_URI_BYTES: usize = 32 << 10;
+/// Most headers in a request; more: 431.
+pub(crate) const MAX_HEADERS: usize = 100;
+/// Largest header section (names and values); larger: 431.
+pub(crate) const MAX_HEADER_BYTES: usize = 32 << 10;
 
 pub(crate) fn router(state: HttpState) -> Router {
     // Bodies are read up to this size at most; a publish over it is refused naming
@@ -103,7 +128,12 @@ pub(crate) fn router(state: HttpState) -> Router {
         .route("/admin/eventbus/consumers", get(list_consumers).post(create_consumer))
         .route("/admin/eventbus/consumers/{name}", get(get_consumer).delete(delete_consumer))
         .route("/admin/eventbus/consumers/{name}/log", get(consumer_log))
+        .route("/admin/eventbus/consumers/{name}/pending", get(consumer_pending))
+        .route("/admin/eventbus/consumers/{name}/redrive", post(redrive))
+        .route("/admin/eventbus/consumers/{name}/pause", post(pause))
+        .route("/admin/eventbus/consumers/{name}/resume", post(resume))
         .route_layer(middleware::from_fn_with_state(state.access.clone(), authenticate));
+    let origins = state.allowed_origins.clone();
     probes
         .merge(admin)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
@@ -111,7 +141,125 @@ pub(crate) fn router(state: HttpState) -> Router {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
         })
         .layer(body_limit)
+        .layer(middleware::from_fn_with_state(origins, cross_site))
+        .layer(middleware::from_fn(request_limits))
         .with_state(state)
+}
+
+/// URIs and header sections over the router's limits get a JSON 414 / 431. (hyper's
+/// own parser limits sit above these and answer without a body: README "Limits".)
+async fn request_limits(req: axum::extract::Request, next: Next) -> Response {
+    let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if target > MAX_URI_BYTES {
+        return ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            format!("the request target is {target} bytes; the limit is {MAX_URI_BYTES}"),
+        )
+        .into_response();
+    }
+    let headers = req.headers();
+    let bytes: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
+    if headers.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!(
+                "{} headers of {bytes} bytes; the limits are {MAX_HEADERS} headers and {MAX_HEADER_BYTES} bytes",
+                headers.len()
+            ),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// Methods and request headers a page from an allowed origin may use (CORS preflight).
+const CORS_METHODS: &str = "GET, POST, DELETE";
+const CORS_HEADERS: &str = "authorization, content-type";
+/// How long a browser may cache a preflight's answer, seconds.
+const CORS_MAX_AGE: &str = "600";
+
+/// How an admin request relates to the broker's origin.
+enum Site {
+    /// No `Origin` (curl, scripts, servers) or the broker's own: no CORS involved.
+    Same,
+    /// A foreign origin listed in `server.http.allowed_origins`.
+    Allowed(HeaderValue),
+}
+
+/// The cross-site rules of admin routes (README "Security"): a browser page from
+/// another origin may not call them (403) unless its origin is in
+/// `server.http.allowed_origins`, and then gets CORS headers (preflights answered
+/// here, before authentication: a preflight carries no credentials); a body must be
+/// `application/json` ([`body`]: 415), which also keeps "simple" cross-site form posts
+/// out.
+async fn cross_site(State(allowed): State<Arc<[String]>>, req: axum::extract::Request, next: Next) -> Response {
+    if !req.uri().path().starts_with("/admin/") {
+        return next.run(req).await;
+    }
+    let site = match req.headers().get(header::ORIGIN) {
+        None => Site::Same,
+        Some(origin) if is_same_origin(origin, req.headers(), req.uri()) => Site::Same,
+        Some(origin) if origin.to_str().is_ok_and(|o| allowed.iter().any(|a| a.eq_ignore_ascii_case(o))) => {
+            Site::Allowed(origin.clone())
+        }
+        Some(origin) => {
+            let shown = eventbus_core::quoted(&String::from_utf8_lossy(origin.as_bytes()));
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("cross-site request refused: origin {shown} is not this broker's and not in server.http.allowed_origins"),
+            )
+            .into_response();
+        }
+    };
+    let preflight =
+        req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    if preflight {
+        let mut response = StatusCode::NO_CONTENT.into_response();
+        if let Site::Allowed(origin) = site {
+            let headers = response.headers_mut();
+            headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+            headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static(CORS_METHODS));
+            headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static(CORS_HEADERS));
+            headers.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static(CORS_MAX_AGE));
+            headers.insert(header::VARY, HeaderValue::from_static("origin"));
+        }
+        return response;
+    }
+    let mut response = next.run(req).await;
+    if let Site::Allowed(origin) = site {
+        response.headers_mut().insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        response.headers_mut().append(header::VARY, HeaderValue::from_static("origin"));
+    }
+    response
+}
+
+/// `Content-Type: application/json`, with or without parameters (`; charset=utf-8`).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        v.split(';').next().is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+    })
+}
+
+/// Whether `origin` names the host the request was sent to (its `Host`, or the
+/// HTTP/2 authority), default ports aside. The scheme is not compared: TLS is a
+/// property of the listener, not something a page can choose.
+fn is_same_origin(origin: &HeaderValue, headers: &HeaderMap, uri: &axum::http::Uri) -> bool {
+    let Some((scheme, authority)) = origin.to_str().ok().and_then(|o| o.split_once("://")) else { return false };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).or_else(|| uri.authority().map(|a| a.as_str()));
+    let Some(host) = host else { return false };
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "http" => ":80",
+        "https" => ":443",
+        _ => "",
+    };
+    let normal = |a: &str| {
+        let a = a.to_ascii_lowercase();
+        match a.strip_suffix(default_port) {
+            Some(bare) if !default_port.is_empty() => bare.to_owned(),
+            _ => a,
+        }
+    };
+    normal(authority) == normal(host)
 }
 
 /// An error answered as `{"error": "..."}`.
@@ -251,9 +399,13 @@ async fn unsubscribe(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// A request body, or why it could not be read: over the body limit is an oversized
-/// publish (413 naming `max_payload_bytes`), anything else a bad request.
-fn body(state: &HttpState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+/// A request body, or why it could not be read: not `application/json` is 415 (a
+/// browser sends other types cross-site without asking first), over the body limit an
+/// oversized publish (413 naming `max_payload_bytes`), anything else a bad request.
+fn body(state: &HttpState, headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    if !is_json(headers) {
+        return Err(ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "request bodies must be application/json"));
+    }
     match body {
         Ok(body) => Ok(body),
         Err(BytesRejection::FailedToBufferBody(FailedToBufferBody::LengthLimitError(_))) => {
@@ -263,16 +415,17 @@ fn body(state: &HttpState, body: Result<Bytes, BytesRejection>) -> Result<Bytes,
     }
 }
 
-/// `POST /admin/eventbus/publish`. The body is parsed by hand rather than with
-/// `Json<T>`, so any content type (curl's `-d` sends a form type) is accepted and every
-/// parse failure is a 400 naming it.
+/// `POST /admin/eventbus/publish`. The body (`application/json`, checked by
+/// [`cross_site`]) is parsed by hand rather than with `Json<T>`, so every parse failure
+/// is a 400 naming it.
 async fn publish(
     State(state): State<HttpState>,
     Extension(caller): Extension<Caller>,
     peer: ConnectInfo<PeerInfo>,
+    headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<convert::PublishedJson>, ApiError> {
-    let input = convert::publish_input_json(&body(&state, raw)?, peer.0.addr.to_string())?;
+    let input = convert::publish_input_json(&body(&state, &headers, raw)?, peer.0.addr.to_string())?;
     state.access.check_publish(&caller, [input.channel.as_str()])?;
     let published = state.bus.publish(input).await?;
     if let Some(metrics) = &state.metrics {
@@ -300,9 +453,10 @@ async fn list_consumers(
 async fn create_consumer(
     State(state): State<HttpState>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let setting: ConsumerSetting = serde_json::from_slice(&body(&state, raw)?)
+    let setting: ConsumerSetting = serde_json::from_slice(&body(&state, &headers, raw)?)
         .map_err(|e| EdgeError::BadRequest(format!("invalid JSON body: {e}")))?;
     let config = eventbus_core::durable::ConsumerConfig { owner: caller.name().to_owned(), ..setting.to_config() };
     state.access.check_create_consumer(&caller, &config)?;
@@ -351,4 +505,83 @@ async fn consumer_log(
     let token = q.page_token.unwrap_or_default();
     let page = convert::durable(&state.bus)?.log(&name, status, limit, &token).await?;
     Ok(Json(convert::log_page_json(page)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PageQuery {
+    limit: Option<usize>,
+    page_token: Option<String>,
+}
+
+async fn consumer_pending(
+    State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    query: Result<axum::extract::Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<convert::PendingPageJson>, ApiError> {
+    state.access.check_read_consumer(&caller, &name)?;
+    let axum::extract::Query(q) = query.map_err(|e| EdgeError::BadRequest(e.body_text()))?;
+    let limit = convert::log_limit(q.limit.unwrap_or(0));
+    let token = q.page_token.unwrap_or_default();
+    let page = convert::durable(&state.bus)?.list_pending(&name, limit, &token).await?;
+    Ok(Json(convert::pending_page_json(page)))
+}
+
+/// `POST …/redrive` body (optional): `{"event_ids": [...], "limit": n}`; none = the
+/// oldest 10,000.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RedriveBody {
+    #[serde(default)]
+    event_ids: Vec<String>,
+    #[serde(default)]
+    limit: usize,
+}
+
+async fn redrive(
+    State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<convert::RedrivenJson>, ApiError> {
+    state.access.check_manage_consumer(&caller, &name)?;
+    // No body (a bare POST) needs no content type; a body must be JSON.
+    let empty = raw.as_ref().is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace));
+    let req: RedriveBody = if empty {
+        RedriveBody::default()
+    } else {
+        let raw = body(&state, &headers, raw)?;
+        serde_json::from_slice(&raw).map_err(|e| EdgeError::BadRequest(format!("invalid JSON body: {e}")))?
+    };
+    let done = convert::durable(&state.bus)?.redrive(&name, &req.event_ids, req.limit).await?;
+    Ok(Json(convert::redriven_json(done)))
+}
+
+async fn pause(
+    State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Json<convert::ConsumerJson>, ApiError> {
+    set_paused(&state, &caller, &name, true).await
+}
+
+async fn resume(
+    State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Json<convert::ConsumerJson>, ApiError> {
+    set_paused(&state, &caller, &name, false).await
+}
+
+async fn set_paused(
+    state: &HttpState,
+    caller: &Caller,
+    name: &str,
+    paused: bool,
+) -> Result<Json<convert::ConsumerJson>, ApiError> {
+    state.access.check_manage_consumer(caller, name)?;
+    let info = convert::durable(&state.bus)?.set_paused(name, paused).await?;
+    Ok(Json(convert::consumer_info_json(&info)))
 }

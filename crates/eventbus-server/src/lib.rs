@@ -5,13 +5,18 @@
 //! - [`config`]: layered settings (defaults, file, environment, flags) and validation.
 //! - [`server`]: listener binding, serving, reload (SIGHUP) and the shutdown drain.
 //! - `listener`: accepting connections: TLS handshakes off the accept loop, accept
-//!   errors backed off, the peer's address and certificate names ([`PeerInfo`]).
+//!   errors backed off, the peer's address and certificate names ([`PeerInfo`]), the
+//!   idle timeout of connections with no request in progress.
+//! - `http_server`: hyper serving the HTTP listener: header-read timeout, parser
+//!   limits, graceful close.
 //! - `tls`: certificates and the client CA, swapped on reload.
 //! - `access`: authentication and rights at the edge, for gRPC and HTTP alike; open
 //!   streams re-checked on reload (README "Security").
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz` and the admin REST routes.
 //! - [`metrics`]: Prometheus registry; reads the bus's own counters at scrape time.
 //! - `grpc`: the `EventBus` and `Admin` services, thin adapters over the bus.
+//! - `delivery`: the subscribe stream's writer: batches encoded straight from the
+//!   shared events, no per-subscriber conversion to the generated types.
 //! - `convert`: the wire edge: every core ↔ protobuf and core → JSON conversion, and
 //!   the one table from a refusal to its gRPC status and HTTP code.
 //! - `request_limit`: publish requests too large to read, refused like any oversized
@@ -29,7 +34,9 @@ pub mod telemetry;
 mod access;
 pub mod consume;
 mod convert;
+mod delivery;
 mod grpc;
+mod http_server;
 mod listener;
 mod request_limit;
 mod tls;

@@ -7,13 +7,24 @@
 //! errors (out of file descriptors, say) are logged, counted and backed off instead of
 //! retried at once. Each listener serves at most `server.max_connections` connections:
 //! past it, a new one is closed at once and counted (README "Operations").
+//!
+//! A connection with no request in progress for `server.idle_timeout_ms` is closed
+//! ([`Activity`]): the servers mark each request (a gRPC stream, an HTTP request) from
+//! its start to the end of its response, and the connection reads end-of-file once none
+//! has been in progress for that long. Bytes alone (pings, a client that sends half a
+//! request) do not keep a connection alive.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+use axum::http;
+use futures::task::AtomicWaker;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -40,6 +51,59 @@ pub struct PeerInfo {
     /// Names vouched for by a client certificate the server verified (mTLS): its
     /// common names and DNS alternative names. Empty without one.
     pub cert_subjects: Arc<[String]>,
+    /// Requests in progress on the connection, for its idle timeout.
+    pub(crate) activity: Arc<Activity>,
+}
+
+/// The requests in progress on one connection, and since when there has been none: what
+/// its idle timeout watches.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    in_progress: AtomicUsize,
+    /// When the last request ended (or the connection opened).
+    idle_since: parking_lot::Mutex<tokio::time::Instant>,
+    /// The connection's reader, woken when the last request ends so that it arms the
+    /// idle timer.
+    reader: AtomicWaker,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            in_progress: AtomicUsize::new(0),
+            idle_since: parking_lot::Mutex::new(tokio::time::Instant::now()),
+            reader: AtomicWaker::new(),
+        })
+    }
+
+    /// Marks a request in progress until the returned guard is dropped.
+    pub(crate) fn begin(self: &Arc<Self>) -> InProgress {
+        self.in_progress.fetch_add(1, Ordering::AcqRel);
+        InProgress(self.clone())
+    }
+}
+
+/// One request in progress on a connection (see [`Activity::begin`]).
+#[derive(Debug)]
+pub(crate) struct InProgress(Arc<Activity>);
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        if self.0.in_progress.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *self.0.idle_since.lock() = tokio::time::Instant::now();
+            self.0.reader.wake();
+        }
+    }
+}
+
+/// The idle timer of one connection.
+#[derive(Debug)]
+struct IdleTimer {
+    timeout: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// Once it fired, the connection only reads end-of-file.
+    fired: bool,
+    closed: prometheus::IntCounter,
 }
 
 /// An accepted connection, plain or TLS. Its place under the listener's connection
@@ -48,6 +112,7 @@ pub struct PeerInfo {
 pub(crate) struct Conn {
     io: Io,
     peer: PeerInfo,
+    idle: Option<IdleTimer>,
     _slot: Slot,
 }
 
@@ -74,7 +139,6 @@ enum Io {
 #[derive(Debug)]
 pub(crate) struct Incoming {
     rx: mpsc::Receiver<Conn>,
-    local: SocketAddr,
 }
 
 impl Incoming {
@@ -85,14 +149,14 @@ impl Incoming {
         listener: TcpListener,
         tls: Option<(Arc<Tls>, Protocols)>,
         max_connections: usize,
+        idle_timeout: Option<Duration>,
         counters: EdgeCounters,
         stop: CancellationToken,
     ) -> io::Result<Self> {
-        let local = listener.local_addr()?;
         let (tx, rx) = mpsc::channel(QUEUE);
-        let limits = Limits { slots: Arc::new(Semaphore::new(max_connections)), max_connections };
+        let limits = Limits { slots: Arc::new(Semaphore::new(max_connections)), max_connections, idle_timeout };
         tokio::spawn(accept_loop(what, listener, tls, limits, counters, tx, stop));
-        Ok(Self { rx, local })
+        Ok(Self { rx })
     }
 
     pub(crate) async fn next(&mut self) -> Option<Conn> {
@@ -112,6 +176,7 @@ impl Incoming {
 struct Limits {
     slots: Arc<Semaphore>,
     max_connections: usize,
+    idle_timeout: Option<Duration>,
 }
 
 async fn accept_loop(
@@ -130,6 +195,13 @@ async fn accept_loop(
     let mut last_full_warning: Option<Instant> = None;
     let open = counters.connections_open.with_label_values(&[what]);
     let refused = counters.connections_refused.with_label_values(&[what]);
+    let idle_closed = counters.connections_idle_closed.with_label_values(&[what]);
+    let idle_timer = |timeout| IdleTimer {
+        timeout,
+        sleep: Box::pin(tokio::time::sleep(timeout)),
+        fired: false,
+        closed: idle_closed.clone(),
+    };
     loop {
         let accepted = tokio::select! {
             () = stop.cancelled() => return,
@@ -179,8 +251,10 @@ async fn accept_loop(
             debug!(%addr, %err, "cannot set TCP_NODELAY; dropping the connection");
             continue;
         }
+        let idle = limits.idle_timeout.map(idle_timer);
         let Some((tls, protocols)) = &tls else {
-            let conn = Conn { io: Io::Plain(tcp), peer: PeerInfo { addr, cert_subjects: Arc::new([]) }, _slot: slot };
+            let peer = PeerInfo { addr, cert_subjects: Arc::new([]), activity: Activity::new() };
+            let conn = Conn { io: Io::Plain(tcp), peer, idle, _slot: slot };
             if tx.send(conn).await.is_err() {
                 return;
             }
@@ -218,8 +292,9 @@ async fn accept_loop(
                 .and_then(|chain| chain.first())
                 .map(certificate_subjects)
                 .unwrap_or_default();
-            let peer = PeerInfo { addr, cert_subjects: subjects.into() };
-            let _ = tx.send(Conn { io: Io::Tls(Box::new(stream)), peer, _slot: slot }).await;
+            // The idle clock starts once the handshake is done.
+            let peer = PeerInfo { addr, cert_subjects: subjects.into(), activity: Activity::new() };
+            let _ = tx.send(Conn { io: Io::Tls(Box::new(stream)), peer, idle, _slot: slot }).await;
         });
     }
 }
@@ -232,39 +307,46 @@ impl tonic::transport::server::Connected for Conn {
     }
 }
 
-/// The HTTP listener, for `axum::serve`.
-#[derive(Debug)]
-pub(crate) struct HttpIncoming(pub(crate) Incoming);
+impl Conn {
+    /// Who is at the other end.
+    pub(crate) fn peer(&self) -> &PeerInfo {
+        &self.peer
+    }
 
-impl axum::serve::Listener for HttpIncoming {
-    type Io = Conn;
-    type Addr = PeerInfo;
-
-    async fn accept(&mut self) -> (Conn, PeerInfo) {
-        match self.0.next().await {
-            Some(conn) => {
-                let peer = conn.peer.clone();
-                (conn, peer)
-            }
-            // The accept loop stopped: shutdown, when axum is about to stop calling.
-            None => std::future::pending().await,
+    /// Whether the idle timeout has expired: no request in progress for that long.
+    /// Registers the reader's waker, for the timer and for the end of the last request.
+    fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(idle) = &mut self.idle else { return false };
+        if idle.fired {
+            return true;
         }
-    }
-
-    fn local_addr(&self) -> io::Result<PeerInfo> {
-        Ok(PeerInfo { addr: self.0.local, cert_subjects: Arc::new([]) })
-    }
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, HttpIncoming>> for PeerInfo {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, HttpIncoming>) -> Self {
-        stream.remote_addr().clone()
+        let activity = &self.peer.activity;
+        activity.reader.register(cx.waker());
+        if activity.in_progress.load(Ordering::Acquire) > 0 {
+            return false;
+        }
+        let deadline = *activity.idle_since.lock() + idle.timeout;
+        if idle.sleep.deadline() != deadline {
+            idle.sleep.as_mut().reset(deadline);
+        }
+        if idle.sleep.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        debug!(peer = %self.peer.addr, "closing an idle connection");
+        idle.fired = true;
+        idle.closed.inc();
+        true
     }
 }
 
 impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().io {
+        let this = self.get_mut();
+        // End-of-file: the server closes the connection as if the client had.
+        if this.idle_expired(cx) {
+            return Poll::Ready(Ok(()));
+        }
+        match &mut this.io {
             Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
@@ -309,5 +391,96 @@ impl AsyncWrite for Conn {
             Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+/// Marks each request in progress on its connection ([`Activity`]) from its start to
+/// the end of its response body (a gRPC stream: until it closes), so a connection with
+/// an open stream is never idle. For tonic, which puts the [`PeerInfo`] in each
+/// request's extensions.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct TrackRequestsLayer;
+
+impl<S> tower_layer::Layer<S> for TrackRequestsLayer {
+    type Service = TrackRequests<S>;
+
+    fn layer(&self, inner: S) -> TrackRequests<S> {
+        TrackRequests(inner)
+    }
+}
+
+/// See [`TrackRequestsLayer`].
+#[derive(Debug, Clone)]
+pub(crate) struct TrackRequests<S>(S);
+
+impl<S, ReqBody, ResBody> tower_service::Service<http::Request<ReqBody>> for TrackRequests<S>
+where
+    S: tower_service::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+{
+    type Response = http::Response<Tracked<ResBody>>;
+    type Error = S::Error;
+    type Future = TrackedResponse<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        let guard = req.extensions().get::<PeerInfo>().map(|peer| peer.activity.begin());
+        TrackedResponse { inner: Box::pin(self.0.call(req)), guard }
+    }
+}
+
+/// The response of a tracked request, its body carrying the [`InProgress`] mark.
+#[derive(Debug)]
+pub(crate) struct TrackedResponse<F> {
+    inner: Pin<Box<F>>,
+    guard: Option<InProgress>,
+}
+
+impl<F, B, E> Future for TrackedResponse<F>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+{
+    type Output = Result<http::Response<Tracked<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let response = futures::ready!(this.inner.as_mut().poll(cx));
+        let guard = this.guard.take();
+        Poll::Ready(response.map(|response| response.map(|body| Tracked::new(body, guard))))
+    }
+}
+
+/// A response body that keeps its request marked in progress until it is done.
+#[derive(Debug)]
+pub(crate) struct Tracked<B> {
+    inner: B,
+    _guard: Option<InProgress>,
+}
+
+impl<B> Tracked<B> {
+    pub(crate) fn new(inner: B, guard: Option<InProgress>) -> Self {
+        Self { inner, _guard: guard }
+    }
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }

@@ -4,11 +4,18 @@
 //! table) on its hot path, and a collector reads those atomics at scrape time. Only the
 //! two histograms are observed directly, by the gRPC edge. With metrics disabled none
 //! of this exists and the hot path skips the label counters.
+//!
+//! Every label has a bounded set of values (README "Metrics cardinality"): channels are
+//! capped by the bus (`max_channel_labels`), subscriptions by `max_subscription_labels`
+//! (the fullest queues, the rest summed), durable consumers by `max_consumer_labels`,
+//! and the other labels (listener, reason, operation) are fixed sets.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use eventbus_core::{Bus, Event};
+use eventbus_core::{Bus, Event, OTHER_LABEL, QueueLevel};
+use parking_lot::Mutex;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
@@ -29,13 +36,25 @@ pub struct Metrics {
     registry: Registry,
     publish_duration: Histogram,
     delivery_latency: Histogram,
-    /// Per durable consumer (a handful, named by operators: a bounded label).
+    /// Per durable consumer, for the first `max_consumer_labels` consumers that ack;
+    /// the others share `_other`.
     ack_latency: HistogramVec,
+    ack_labels: Mutex<HashSet<String>>,
+    max_consumer_labels: usize,
+}
+
+/// How many values the per-subscription and per-consumer labels may take.
+#[derive(Debug, Clone, Copy)]
+pub struct LabelLimits {
+    /// `metrics.max_subscription_labels`.
+    pub subscriptions: usize,
+    /// `metrics.max_consumer_labels`.
+    pub consumers: usize,
 }
 
 impl Metrics {
     /// Registers every metric under `prefix` (e.g. `socle_eventbus`).
-    pub fn new(prefix: &str, bus: Bus) -> Result<Self, prometheus::Error> {
+    pub fn new(prefix: &str, limits: LabelLimits, bus: Bus) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let publish_duration = Histogram::with_opts(
             HistogramOpts::new(
@@ -62,10 +81,17 @@ impl Metrics {
         registry.register(Box::new(ack_latency.clone()))?;
         registry.register(Box::new(publish_duration.clone()))?;
         registry.register(Box::new(delivery_latency.clone()))?;
-        registry.register(Box::new(BusCollector::new(prefix, bus)?))?;
+        registry.register(Box::new(BusCollector::new(prefix, limits, bus)?))?;
         #[cfg(target_os = "linux")]
         registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
-        Ok(Self { registry, publish_duration, delivery_latency, ack_latency })
+        Ok(Self {
+            registry,
+            publish_duration,
+            delivery_latency,
+            ack_latency,
+            ack_labels: Mutex::default(),
+            max_consumer_labels: limits.consumers,
+        })
     }
 
     /// Serves the edge counters too.
@@ -76,6 +102,7 @@ impl Metrics {
         self.registry.register(Box::new(edge.permission_denied.clone()))?;
         self.registry.register(Box::new(edge.connections_open.clone()))?;
         self.registry.register(Box::new(edge.connections_refused.clone()))?;
+        self.registry.register(Box::new(edge.connections_idle_closed.clone()))?;
         Ok(())
     }
 
@@ -84,7 +111,17 @@ impl Metrics {
     }
 
     pub(crate) fn observe_ack(&self, consumer: &str, latency: Duration) {
-        self.ack_latency.with_label_values(&[consumer]).observe(latency.as_secs_f64());
+        let label = {
+            let mut labels = self.ack_labels.lock();
+            if labels.contains(consumer)
+                || (labels.len() < self.max_consumer_labels && labels.insert(consumer.to_owned()))
+            {
+                consumer
+            } else {
+                OTHER_LABEL
+            }
+        };
+        self.ack_latency.with_label_values(&[label]).observe(latency.as_secs_f64());
     }
 
     /// Records publish-to-stream latency for a batch about to be written.
@@ -120,6 +157,8 @@ pub(crate) struct EdgeCounters {
     pub(crate) connections_open: IntGaugeVec,
     /// Connections closed at once because the listener was at `server.max_connections`.
     pub(crate) connections_refused: IntCounterVec,
+    /// Connections closed after `server.idle_timeout_ms` with no request in progress.
+    pub(crate) connections_idle_closed: IntCounterVec,
 }
 
 impl EdgeCounters {
@@ -157,6 +196,11 @@ impl EdgeCounters {
                 "Connections closed at once because the listener was at server.max_connections.",
                 "listener",
             )?,
+            connections_idle_closed: counter(
+                "connections_idle_closed_total",
+                "Connections closed after server.idle_timeout_ms without a request in progress, per listener.",
+                "listener",
+            )?,
         })
     }
 }
@@ -172,15 +216,23 @@ struct BusCollector {
     active: IntGauge,
     queue_size: IntGaugeVec,
     queue_capacity: IntGaugeVec,
+    queue_bytes: IntGaugeVec,
+    queued_bytes: IntGauge,
+    max_queued_bytes: IntGauge,
+    dropped_by_reason: IntCounterVec,
+    channels_tracked: IntGauge,
+    channels_evicted: IntCounter,
+    limits: LabelLimits,
     /// Redis mode only.
     redis: Option<(IntGauge, IntCounter)>,
-    /// Durable consumers: pending, in flight, acked, redelivered, dead-lettered.
-    consumers: [IntCounterVec; 3],
-    consumer_gauges: [IntGaugeVec; 2],
+    /// Durable consumers: acked, redelivered, dead-lettered, redriven, dropped; pending, in
+    /// flight, paused.
+    consumers: [IntCounterVec; 5],
+    consumer_gauges: [IntGaugeVec; 3],
 }
 
 impl BusCollector {
-    fn new(prefix: &str, bus: Bus) -> Result<Self, prometheus::Error> {
+    fn new(prefix: &str, limits: LabelLimits, bus: Bus) -> Result<Self, prometheus::Error> {
         let counter =
             |name: &str, help: &str| IntCounterVec::new(Opts::new(format!("{prefix}_{name}"), help), &["channel"]);
         let gauge =
@@ -199,6 +251,31 @@ impl BusCollector {
             active: IntGauge::new(format!("{prefix}_subscriptions_active"), "Open subscriptions.")?,
             queue_size: gauge("queue_size", "Events queued in a subscription, not yet written to its stream.")?,
             queue_capacity: gauge("queue_capacity", "Queue capacity of a subscription.")?,
+            queue_bytes: gauge(
+                "queue_bytes",
+                "Bytes queued in a subscription (each event's approximate size), not yet written to its stream.",
+            )?,
+            queued_bytes: IntGauge::new(
+                format!("{prefix}_queued_bytes"),
+                "Bytes queued across subscriptions, each event counted once however many queues hold it.",
+            )?,
+            max_queued_bytes: IntGauge::new(
+                format!("{prefix}_max_queued_bytes"),
+                "The budget of queued bytes (eventbus.max_queued_bytes).",
+            )?,
+            dropped_by_reason: IntCounterVec::new(
+                Opts::new(format!("{prefix}_dropped_by_reason_total"), "Events lost, per reason."),
+                &["reason"],
+            )?,
+            channels_tracked: IntGauge::new(
+                format!("{prefix}_channels_tracked"),
+                "Channels in the channel table (at most eventbus.max_tracked_channels).",
+            )?,
+            channels_evicted: IntCounter::new(
+                format!("{prefix}_channels_evicted_total"),
+                "Channels forgotten to keep the channel table within eventbus.max_tracked_channels.",
+            )?,
+            limits,
             redis: match bus.transport_status() {
                 None => None,
                 Some(_) => Some((
@@ -228,6 +305,20 @@ impl BusCollector {
                     ),
                     &["consumer"],
                 )?,
+                IntCounterVec::new(
+                    Opts::new(
+                        format!("{prefix}_consumer_redriven_total"),
+                        "Dead-lettered events put back by RedriveDeadLetters, per durable consumer.",
+                    ),
+                    &["consumer"],
+                )?,
+                IntCounterVec::new(
+                    Opts::new(
+                        format!("{prefix}_consumer_dropped_total"),
+                        "Publishes not captured because the consumer held max_pending events, per durable consumer.",
+                    ),
+                    &["consumer"],
+                )?,
             ],
             consumer_gauges: [
                 IntGaugeVec::new(
@@ -242,6 +333,10 @@ impl BusCollector {
                         format!("{prefix}_consumer_in_flight"),
                         "Delivered, unacknowledged events, per durable consumer.",
                     ),
+                    &["consumer"],
+                )?,
+                IntGaugeVec::new(
+                    Opts::new(format!("{prefix}_consumer_paused"), "1 while a durable consumer is paused, else 0."),
                     &["consumer"],
                 )?,
             ],
@@ -262,41 +357,72 @@ impl BusCollector {
             dropped.with_label_values(&values).inc_by(label.dropped);
         }
         let gauge = |v: &IntGaugeVec| IntGaugeVec::new(opts_of(v.desc()[0]), &["subscription"]);
-        let (size, capacity) = (gauge(&self.queue_size)?, gauge(&self.queue_capacity)?);
-        let subscriptions = self.bus.subscriptions();
-        for s in &subscriptions {
-            size.with_label_values(&[s.id.as_str()]).set(s.pending as i64);
-            capacity.with_label_values(&[s.id.as_str()]).set(s.capacity as i64);
-        }
+        let (size, capacity, bytes) =
+            (gauge(&self.queue_size)?, gauge(&self.queue_capacity)?, gauge(&self.queue_bytes)?);
+        let levels = self.bus.queue_levels();
         let active = IntGauge::with_opts(opts_of(self.active.desc()[0]))?;
-        active.set(subscriptions.len() as i64);
+        active.set(levels.len() as i64);
+        for (label, level) in labelled_levels(levels, self.limits.subscriptions) {
+            let values = [&*label];
+            size.with_label_values(&values).set(level.pending as i64);
+            capacity.with_label_values(&values).set(level.capacity as i64);
+            bytes.with_label_values(&values).set(level.queued_bytes as i64);
+        }
+        let queued_bytes = IntGauge::with_opts(opts_of(self.queued_bytes.desc()[0]))?;
+        queued_bytes.set(self.bus.queued_bytes() as i64);
+        let max_queued_bytes = IntGauge::with_opts(opts_of(self.max_queued_bytes.desc()[0]))?;
+        max_queued_bytes.set(self.bus.config().max_queued_bytes as i64);
+        let by_reason = IntCounterVec::new(opts_of(self.dropped_by_reason.desc()[0]), &["reason"])?;
+        for (reason, n) in self.bus.dropped_by_reason() {
+            by_reason.with_label_values(&[reason.as_str()]).inc_by(n);
+        }
+        let channels_tracked = IntGauge::with_opts(opts_of(self.channels_tracked.desc()[0]))?;
+        channels_tracked.set(self.bus.stats().active_channels as i64);
+        let channels_evicted = IntCounter::with_opts(opts_of(self.channels_evicted.desc()[0]))?;
+        channels_evicted.inc_by(self.bus.channels_evicted());
 
         let mut families = Vec::new();
-        for c in [&published, &delivered, &failed, &dropped] {
+        for c in [&published, &delivered, &failed, &dropped, &by_reason] {
             families.extend(c.collect());
         }
         families.extend(active.collect());
         families.extend(size.collect());
         families.extend(capacity.collect());
+        families.extend(bytes.collect());
+        for g in [&queued_bytes, &max_queued_bytes, &channels_tracked] {
+            families.extend(g.collect());
+        }
+        families.extend(channels_evicted.collect());
         if let Some(durable) = self.bus.durable() {
             let counters = self.consumers.each_ref().map(|c| IntCounterVec::new(opts_of(c.desc()[0]), &["consumer"]));
             let gauges = self.consumer_gauges.each_ref().map(|g| IntGaugeVec::new(opts_of(g.desc()[0]), &["consumer"]));
-            let [acked, redelivered, dead] = counters;
-            let [pending, in_flight] = gauges;
-            let (acked, redelivered, dead, pending, in_flight) = (acked?, redelivered?, dead?, pending?, in_flight?);
-            for info in durable.consumers_snapshot() {
-                let name = [info.config.name.as_str()];
+            let [acked, redelivered, dead, redriven, dropped] = counters;
+            let [pending, in_flight, paused] = gauges;
+            let (acked, redelivered, dead, redriven, dropped) = (acked?, redelivered?, dead?, redriven?, dropped?);
+            let (pending, in_flight, paused) = (pending?, in_flight?, paused?);
+            let mut consumers = durable.consumers_snapshot();
+            // The first consumers by name keep their own label; the rest are summed
+            // (`paused` then counts the paused ones).
+            consumers.sort_by(|a, b| a.config.name.cmp(&b.config.name));
+            for (i, info) in consumers.iter().enumerate() {
+                let name = [if i < self.limits.consumers { info.config.name.as_str() } else { OTHER_LABEL }];
                 acked.with_label_values(&name).inc_by(info.acked);
                 redelivered.with_label_values(&name).inc_by(info.redelivered);
                 dead.with_label_values(&name).inc_by(info.dead_lettered);
-                pending.with_label_values(&name).set(info.pending as i64);
-                in_flight.with_label_values(&name).set(info.in_flight as i64);
+                redriven.with_label_values(&name).inc_by(info.redriven);
+                dropped.with_label_values(&name).inc_by(info.dropped);
+                pending.with_label_values(&name).add(info.pending as i64);
+                in_flight.with_label_values(&name).add(info.in_flight as i64);
+                paused.with_label_values(&name).add(i64::from(info.paused));
             }
             families.extend(acked.collect());
             families.extend(redelivered.collect());
             families.extend(dead.collect());
+            families.extend(redriven.collect());
+            families.extend(dropped.collect());
             families.extend(pending.collect());
             families.extend(in_flight.collect());
+            families.extend(paused.collect());
         }
         if let (Some((connected, reconnects)), Some(status)) = (&self.redis, self.bus.transport_status()) {
             let status = *status.borrow();
@@ -309,6 +435,31 @@ impl BusCollector {
         }
         Ok(families)
     }
+}
+
+/// The `max` fullest queues (by events, then bytes) under their own id, and the sum of
+/// the rest under [`OTHER_LABEL`] (present only when there is a rest).
+fn labelled_levels(mut levels: Vec<QueueLevel>, max: usize) -> Vec<(Arc<str>, QueueLevel)> {
+    if levels.len() > max {
+        levels.select_nth_unstable_by(max, |a, b| (b.pending, b.queued_bytes).cmp(&(a.pending, a.queued_bytes)));
+    }
+    let rest = levels.split_off(max.min(levels.len()));
+    let mut out: Vec<(Arc<str>, QueueLevel)> = levels.into_iter().map(|l| (Arc::clone(&l.id), l)).collect();
+    if !rest.is_empty() {
+        let other: Arc<str> = OTHER_LABEL.into();
+        let sum = rest.iter().fold(
+            QueueLevel { id: Arc::clone(&other), pending: 0, capacity: 0, queued_bytes: 0, max_queue_bytes: 0 },
+            |mut sum, l| {
+                sum.pending += l.pending;
+                sum.capacity += l.capacity;
+                sum.queued_bytes += l.queued_bytes;
+                sum.max_queue_bytes += l.max_queue_bytes;
+                sum
+            },
+        );
+        out.push((other, sum));
+    }
+    out
 }
 
 fn opts_of(desc: &Desc) -> Opts {
@@ -324,6 +475,12 @@ impl Collector for BusCollector {
         descs.extend(self.active.desc());
         descs.extend(self.queue_size.desc());
         descs.extend(self.queue_capacity.desc());
+        descs.extend(self.queue_bytes.desc());
+        descs.extend(self.dropped_by_reason.desc());
+        for g in [&self.queued_bytes, &self.max_queued_bytes, &self.channels_tracked] {
+            descs.extend(g.desc());
+        }
+        descs.extend(self.channels_evicted.desc());
         for c in &self.consumers {
             descs.extend(c.desc());
         }

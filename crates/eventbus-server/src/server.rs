@@ -21,11 +21,13 @@ use tracing::{info, warn};
 use crate::access::Access;
 use crate::config::{FsyncSetting, Mode, Settings};
 use crate::convert;
+use crate::delivery::EncodedSubscribe;
 use crate::grpc::{AdminService, Authenticate, EventBusService};
 use crate::http::{self, HttpState, Readiness};
-use crate::listener::{HttpIncoming, Incoming, PeerInfo};
-use crate::metrics::{EdgeCounters, Metrics};
-use crate::request_limit::{PayloadLimit, PublishLimit};
+use crate::http_server;
+use crate::listener::{Incoming, TrackRequestsLayer};
+use crate::metrics::{EdgeCounters, LabelLimits, Metrics};
+use crate::request_limit::{PayloadLimit, RequestErrors};
 use crate::tls::{Protocols, Tls, TlsError};
 
 /// Why the server could not start or stopped with an error.
@@ -135,7 +137,9 @@ impl Server {
         };
         let metrics = match settings.eventbus.metrics.enabled {
             true => {
-                let metrics = Metrics::new(&settings.eventbus.metrics.prefix, bus.clone())?;
+                let m = &settings.eventbus.metrics;
+                let limits = LabelLimits { subscriptions: m.max_subscription_labels, consumers: m.max_consumer_labels };
+                let metrics = Metrics::new(&m.prefix, limits, bus.clone())?;
                 metrics.register_edge(&counters)?;
                 Some(Arc::new(metrics))
             }
@@ -207,7 +211,7 @@ impl Server {
         } = self;
         // Stops the transport whichever way this function returns.
         let _transport_guard = transport_stop.drop_guard();
-        let readiness = Readiness::new(bus.transport_status(), &supervisor);
+        let readiness = Readiness::new(bus.transport_status(), &supervisor).with_durable(bus.durable().cloned());
         let (health, health_service) = tonic_health::server::health_reporter();
         set_health(&health, health_status(readiness.get())).await;
         let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -225,11 +229,15 @@ impl Server {
         let limit = PayloadLimit::new(settings.eventbus.max_payload_bytes);
         // Every service but health (probes carry no credentials) authenticates each call.
         let authenticate = Authenticate(access.clone());
-        let event_bus = EventBusServer::new(EventBusService::new(bus.clone(), access.clone(), metrics.clone(), limit))
-            .max_decoding_message_size(limit.grpc_message_limit());
-        let event_bus = InterceptedService::new(PublishLimit::new(event_bus, limit), authenticate.clone());
+        let event_bus_service = EventBusService::new(bus.clone(), access.clone(), metrics.clone(), limit);
+        let event_bus =
+            EventBusServer::new(event_bus_service.clone()).max_decoding_message_size(limit.grpc_message_limit());
+        // Subscribe streams are encoded by `delivery`, the other methods by the generated
+        // server; tonic's own refusals of any of them get our statuses.
+        let event_bus = EncodedSubscribe::new(event_bus, event_bus_service, limit);
+        let event_bus = InterceptedService::new(RequestErrors::new(event_bus, Some(limit)), authenticate.clone());
         let admin = InterceptedService::new(
-            AdminServer::new(AdminService::new(bus.clone(), access.clone())),
+            RequestErrors::new(AdminServer::new(AdminService::new(bus.clone(), access.clone())), None),
             authenticate.clone(),
         );
         let reflection = settings.server.reflection;
@@ -239,11 +247,14 @@ impl Server {
         let stopped = CancellationToken::new();
         let grpc_tls = tls.clone().map(|tls| (tls, Protocols::Grpc));
         let max_connections = settings.server.max_connections;
-        let incoming = Incoming::start("grpc", grpc, grpc_tls, max_connections, counters.clone(), stopped.clone())
-            .map_err(ServerError::Http)?
-            .into_stream();
+        let idle_timeout =
+            (settings.server.idle_timeout_ms > 0).then(|| Duration::from_millis(settings.server.idle_timeout_ms));
+        let incoming =
+            Incoming::start("grpc", grpc, grpc_tls, max_connections, idle_timeout, counters.clone(), stopped.clone())
+                .map_err(ServerError::Http)?
+                .into_stream();
         let http_tls = tls.map(|tls| (tls, Protocols::Http));
-        let http = Incoming::start("http", http, http_tls, max_connections, counters, stopped.clone())
+        let http = Incoming::start("http", http, http_tls, max_connections, idle_timeout, counters, stopped.clone())
             .map_err(ServerError::Http)?;
         // gRPC health follows readiness (a stopped background task, a Redis outage,
         // then shutdown).
@@ -259,9 +270,14 @@ impl Server {
         // Pings find connections whose peer vanished without a FIN (a crashed host, a
         // dropped NAT entry) and close them.
         let keepalive = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
+        // The windows bound what a client can send unread; half the connection window is
+        // also h2's budget for unread small DATA frames (README "Limits").
         let grpc_server = tonic::transport::Server::builder()
             .http2_keepalive_interval(keepalive(settings.server.keepalive_interval_ms))
             .http2_keepalive_timeout(keepalive(settings.server.keepalive_timeout_ms))
+            .initial_stream_window_size(settings.server.grpc_stream_window_bytes)
+            .initial_connection_window_size(settings.server.grpc_connection_window_bytes)
+            .layer(TrackRequestsLayer)
             .add_service(health_service)
             .add_optional_service(reflection_v1)
             .add_optional_service(reflection_v1alpha)
@@ -269,9 +285,10 @@ impl Server {
             .add_service(admin)
             .serve_with_incoming_shutdown(incoming, drain);
 
-        let app = http::router(HttpState { bus: bus.clone(), metrics, readiness, limit, access });
-        let http_server = axum::serve(HttpIncoming(http), app.into_make_service_with_connect_info::<PeerInfo>())
-            .with_graceful_shutdown(stopped.clone().cancelled_owned());
+        let allowed_origins = settings.server.http.allowed_origins.clone().into();
+        let app = http::router(HttpState { bus: bus.clone(), metrics, readiness, limit, access, allowed_origins });
+        let header_read_timeout = Duration::from_millis(settings.server.http.header_read_timeout_ms);
+        let http_server = http_server::serve(http, app, header_read_timeout, stopped.clone());
 
         info!(%grpc_addr, %http_addr, mode = bus.mode(), instance_id = bus.instance_id(), "eventbusd started");
         // After the drain, how long open connections get to close before the server
@@ -282,9 +299,8 @@ impl Server {
             tokio::time::sleep(close_grace).await;
         };
         let serve_both = async {
-            let (grpc_result, http_result) = tokio::join!(grpc_server, http_server.into_future());
-            grpc_result?;
-            http_result.map_err(ServerError::Http)
+            let (grpc_result, ()) = tokio::join!(grpc_server, http_server);
+            grpc_result.map_err(ServerError::from)
         };
         tokio::select! {
             result = serve_both => result?,
@@ -372,6 +388,7 @@ fn durable_options(settings: &Settings, metrics: Option<Arc<Metrics>>, superviso
         dedup_window: Duration::from_millis(settings.durable.dedup_window_ms),
         dead_letter_encoder: Arc::new(convert::encode_dead_letter),
         on_ack: metrics.map(|m| -> AckObserver { Arc::new(move |consumer, latency| m.observe_ack(consumer, latency)) }),
+        min_free_disk_bytes: settings.durable.min_free_disk_bytes,
     }
 }
 

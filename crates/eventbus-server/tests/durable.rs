@@ -223,9 +223,7 @@ async fn kill_9_loses_nothing_published_and_redelivers_nothing_completed() {
     while acknowledged.len() < 300 {
         acknowledged.insert(within(ok_rx.recv()).await.unwrap());
     }
-    let pid = child.id().unwrap().to_string();
-    assert!(std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
-    within(child.wait()).await.unwrap();
+    kill_9(&mut child).await;
     while let Some(id) = within(ok_rx.recv()).await {
         acknowledged.insert(id);
     }
@@ -256,6 +254,7 @@ async fn consumer_rest_routes_and_metrics() {
     let url = |p: &str| server.url(p);
     let created = http
         .post(url("/admin/eventbus/consumers"))
+        .header("content-type", "application/json")
         .body(r#"{"name":"rest","channels":["r.>"],"max_attempts":2}"#)
         .send()
         .await
@@ -265,13 +264,18 @@ async fn consumer_rest_routes_and_metrics() {
     assert_eq!((body["max_attempts"].as_u64(), body["ack_deadline_ms"].as_u64()), (Some(2), Some(30_000)));
     let conflict = http
         .post(url("/admin/eventbus/consumers"))
+        .header("content-type", "application/json")
         .body(r#"{"name":"rest","channels":["other"]}"#)
         .send()
         .await
         .unwrap();
     assert_eq!(conflict.status(), reqwest::StatusCode::CONFLICT);
-    let bad =
-        http.post(url("/admin/eventbus/consumers")).body(r#"{"name":"x","channels":["a.>.b"]}"#).send().await.unwrap();
+    let bad = http
+        .post(url("/admin/eventbus/consumers"))
+        .json(&serde_json::json!({"name":"x","channels":["a.>.b"]}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(bad.status(), reqwest::StatusCode::BAD_REQUEST);
     assert!(bad.text().await.unwrap().contains("a.>.b"));
 
@@ -350,13 +354,20 @@ async fn every_fresh_daemon_redelivers_after_the_ack_deadline() {
 fn consumer_as_rest(i: &pb::ConsumerInfo) -> serde_json::Value {
     let c = i.config.as_ref().unwrap();
     let b = c.backoff.unwrap();
+    let kind = match pb::BackoffKind::try_from(b.kind).unwrap() {
+        pb::BackoffKind::Exponential => "exponential",
+        pb::BackoffKind::Linear => "linear",
+    };
     serde_json::json!({
         "name": c.name, "channels": c.channels, "ack_deadline_ms": c.ack_deadline_ms,
         "max_attempts": c.max_attempts.unwrap(), "max_in_flight": c.max_in_flight,
-        "backoff": {"initial_ms": b.initial_ms, "multiplier": b.multiplier, "max_ms": b.max_ms},
+        "backoff": {"initial_ms": b.initial_ms, "multiplier": b.multiplier, "max_ms": b.max_ms, "kind": kind},
         "dead_letter_channel": (!c.dead_letter_channel.is_empty()).then_some(&c.dead_letter_channel),
+        "exclusive": c.exclusive, "paused": i.paused,
         "pending": i.pending, "in_flight": i.in_flight, "clients": i.clients,
         "acked": i.acked, "dead_lettered": i.dead_lettered, "redelivered": i.redelivered, "owner": i.owner,
+        "redriven": i.redriven, "redrivable": i.redrivable,
+        "max_pending": c.max_pending.unwrap(), "dropped": i.dropped,
     })
 }
 
@@ -429,6 +440,7 @@ async fn grpc_and_rest_agree_on_consumers_logs_and_errors() {
     let grpc_err = admin.create_consumer(pb::CreateConsumerRequest { config: Some(conflicting) }).await.unwrap_err();
     let resp = http
         .post(server.url("/admin/eventbus/consumers"))
+        .header("content-type", "application/json")
         .body(r#"{"name":"agree","channels":["other"]}"#)
         .send()
         .await
@@ -436,5 +448,162 @@ async fn grpc_and_rest_agree_on_consumers_logs_and_errors() {
     assert_eq!((grpc_err.code(), resp.status()), (Code::AlreadyExists, reqwest::StatusCode::CONFLICT));
     assert_eq!(resp.json::<serde_json::Value>().await.unwrap()["error"], grpc_err.message());
     drop(c);
+    server.stop().await;
+}
+
+/// Issue 18: a redrive in progress when the daemon is killed -9. Every dead letter is
+/// afterwards either still kept for redrive or back with the consumer, never both and
+/// never neither; redriving what is left and consuming everything yields each event
+/// exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_redrive_loses_and_doubles_nothing() {
+    const EVENTS: usize = 1_500;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr) = daemon(dir.path()).await;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+    let mut admin = pb::admin_client::AdminClient::new(endpoint.connect().await.unwrap());
+    let config =
+        pb::ConsumerConfig { max_attempts: Some(1), max_in_flight: EVENTS as u32, ..consumer("fragile", &["work.>"]) };
+    admin.create_consumer(pb::CreateConsumerRequest { config: Some(config) }).await.unwrap();
+    let mut client = pb::event_bus_client::EventBusClient::new(endpoint.connect().await.unwrap());
+    let mut published = HashSet::new();
+    for i in 0..EVENTS {
+        published.insert(client.publish(event("work.item", format!("{i}"))).await.unwrap().into_inner().event_id);
+    }
+    // Every event fails once: all dead-lettered, all kept for redrive.
+    let mut c = attach(endpoint.clone(), "fragile", 0).await.unwrap();
+    for d in c.deliveries(EVENTS).await {
+        let event_id = d.event.unwrap().id;
+        c.send(consume_request::Kind::Term(pb::Term { event_id, reason: "bug".into() })).await;
+    }
+    let get = |mut admin: pb::admin_client::AdminClient<tonic::transport::Channel>| async move {
+        admin.get_consumer(pb::GetConsumerRequest { name: "fragile".into() }).await.unwrap().into_inner()
+    };
+    eventually("every event dead-lettered and kept", || {
+        let admin = admin.clone();
+        async move { get(admin).await.redrivable as usize == EVENTS }
+    })
+    .await;
+    drop(c);
+
+    // Redrive in small batches, concurrently; kill -9 once some have been answered.
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<u64>();
+    for _ in 0..2 {
+        let mut admin = admin.clone();
+        let done_tx = done_tx.clone();
+        tokio::spawn(async move {
+            loop {
+                let req = pb::RedriveRequest { consumer: "fragile".into(), event_ids: vec![], limit: 25 };
+                match admin.redrive_dead_letters(req).await {
+                    Ok(r) if r.get_ref().redriven > 0 => {
+                        let _ = done_tx.send(r.into_inner().redriven);
+                    }
+                    _ => return,
+                }
+            }
+        });
+    }
+    drop(done_tx);
+    let mut answered = 0;
+    while answered < 100 {
+        answered += within(done_rx.recv()).await.expect("redrives answered before the kill");
+    }
+    kill_9(&mut child).await;
+    while let Some(n) = within(done_rx.recv()).await {
+        answered += n;
+    }
+
+    let (_child, addr) = daemon(dir.path()).await;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+    let mut admin = pb::admin_client::AdminClient::new(endpoint.connect().await.unwrap());
+    let info = get(admin.clone()).await;
+    assert_eq!(info.pending + info.redrivable, EVENTS as u64, "each dead letter is kept or back, once: {info:?}");
+    assert!(info.pending >= answered, "{} back < {answered} answered as redriven", info.pending);
+    assert!(info.redrivable > 0, "the kill landed after the whole redrive: nothing tested ({info:?})");
+    let rest = admin
+        .redrive_dead_letters(pb::RedriveRequest { consumer: "fragile".into(), event_ids: vec![], limit: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((rest.redriven, rest.remaining), (info.redrivable, 0));
+    let again = admin
+        .redrive_dead_letters(pb::RedriveRequest { consumer: "fragile".into(), event_ids: vec![], limit: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.redriven, 0, "nothing is redriven twice");
+    let mut c = attach(endpoint, "fragile", 0).await.unwrap();
+    let delivered = ids(&c.deliveries(EVENTS).await);
+    let unique: HashSet<String> = delivered.iter().cloned().collect();
+    assert_eq!(unique.len(), EVENTS, "no event delivered twice");
+    assert_eq!(unique, published, "every event back, none lost");
+    assert!(delivered.iter().all(|id| published.contains(id)));
+    let info = get(admin.clone()).await;
+    assert_eq!((info.pending, info.in_flight, info.redrivable), (0, EVENTS as u64, 0), "{info:?}");
+}
+
+/// Issue 18: a paused consumer stays paused across a restart (kill -9), keeps capturing,
+/// and delivers once resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr) = daemon(dir.path()).await;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+    let mut admin = pb::admin_client::AdminClient::new(endpoint.connect().await.unwrap());
+    admin.create_consumer(pb::CreateConsumerRequest { config: Some(consumer("held", &["work.>"])) }).await.unwrap();
+    let paused = admin.pause_consumer(pb::PauseConsumerRequest { name: "held".into() }).await.unwrap().into_inner();
+    assert!(paused.paused);
+    kill_9(&mut child).await;
+
+    let (_child, addr) = daemon(dir.path()).await;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+    let mut admin = pb::admin_client::AdminClient::new(endpoint.connect().await.unwrap());
+    let mut client = pb::event_bus_client::EventBusClient::new(endpoint.connect().await.unwrap());
+    client.publish(event("work.item", "kept")).await.unwrap();
+    let mut c = attach(endpoint, "held", 0).await.unwrap();
+    assert!(c.info.paused, "still paused after the restart");
+    let info = admin.get_consumer(pb::GetConsumerRequest { name: "held".into() }).await.unwrap().into_inner();
+    assert_eq!((info.paused, info.pending, info.in_flight), (true, 1, 0), "captured, not delivered");
+    let resumed = admin.resume_consumer(pb::ResumeConsumerRequest { name: "held".into() }).await.unwrap();
+    assert!(!resumed.into_inner().paused);
+    let got = c.deliveries(1).await;
+    assert_eq!(got[0].event.as_ref().unwrap().payload, "kept");
+}
+
+/// Issue 19 item 10: below `durable.min_free_disk_bytes` of free disk, the embedded
+/// store refuses captures (RESOURCE_EXHAUSTED / 507) and the instance is not ready;
+/// publishes no consumer captures still go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nearly_full_disk_refuses_captures_and_turns_readiness_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().display().to_string();
+    // More free space than any disk has: the watermark is crossed from the start.
+    let server = start_with(|s| {
+        s.durable.data_dir = data_dir;
+        s.durable.min_free_disk_bytes = u64::MAX / 2;
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let ready = http.get(server.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    let body: serde_json::Value = ready.json().await.unwrap();
+    assert!(body["reason"].as_str().unwrap().contains("disk is nearly full"), "{body}");
+    let mut admin = server.admin().await;
+    admin.create_consumer(pb::CreateConsumerRequest { config: Some(consumer("disk", &["kept.>"])) }).await.unwrap();
+    let refused = server.client().await.publish(event("kept.one", "x")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("min_free_disk_bytes"), "{}", refused.message());
+    let rest = http
+        .post(server.url("/admin/eventbus/publish"))
+        .header("content-type", "application/json")
+        .body(r#"{"channel":"kept.two","payload":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rest.status(), reqwest::StatusCode::INSUFFICIENT_STORAGE);
+    // Nothing to store: not refused.
+    server.client().await.publish(event("other.one", "x")).await.unwrap();
+    let info = admin.get_consumer(pb::GetConsumerRequest { name: "disk".into() }).await.unwrap().into_inner();
+    assert_eq!(info.pending, 0, "nothing was captured");
     server.stop().await;
 }

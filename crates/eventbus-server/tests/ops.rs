@@ -170,7 +170,7 @@ async fn admin_rest_routes_and_their_errors() {
         let http = http.clone();
         let url = server.url("/admin/eventbus/publish");
         async move {
-            let resp = http.post(url).body(body).send().await.unwrap();
+            let resp = http.post(url).header("content-type", "application/json").body(body).send().await.unwrap();
             let status = resp.status();
             (status, resp.json::<Json>().await.unwrap()["error"].as_str().unwrap_or_default().to_owned())
         }
@@ -309,8 +309,10 @@ async fn grafana_dashboard_uses_only_exported_metrics() {
     let dashboard: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).expect("valid JSON");
     assert!(dashboard["title"].is_string() && dashboard["panels"].is_array());
 
-    // Every family present: traffic, a subscription, a delivery.
+    // Every family present: traffic, a subscription, a delivery, a durable consumer.
     let server = start().await;
+    let consumer = pb::ConsumerConfig { name: "dash".into(), channels: vec!["d.>".into()], ..Default::default() };
+    server.admin().await.create_consumer(pb::CreateConsumerRequest { config: Some(consumer) }).await.unwrap();
     let mut reader = server.subscribe(sub(&["d.x"])).await;
     server.client().await.publish(event("d.x", &b""[..])).await.unwrap();
     reader.take(1).await;
@@ -353,6 +355,9 @@ async fn grafana_dashboard_uses_only_exported_metrics() {
         assert!(used.contains(&format!("{P}_{family}")), "no panel shows {family}");
     }
     assert!(used.contains(&format!("{P}_delivery_latency_seconds_bucket")), "no latency quantile panel");
+    for family in ["consumer_pending", "consumer_paused", "consumer_redriven_total"] {
+        assert!(used.contains(&format!("{P}_{family}")), "no panel shows {family}");
+    }
     server.stop().await;
 }
 
@@ -503,7 +508,8 @@ async fn grpc_and_rest_agree_on_stats_channels_subscriptions_and_publish() {
             };
             json!({
                 "id": s.id, "channels": s.channels, "group": (!s.group.is_empty()).then_some(&s.group),
-                "name": s.name, "pending": s.pending, "capacity": s.capacity, "delivered": s.delivered,
+                "name": s.name, "pending": s.pending, "capacity": s.capacity, "queued_bytes": s.queued_bytes,
+                "max_queue_bytes": s.max_queue_bytes, "delivered": s.delivered,
                 "dropped": s.dropped, "overflow": overflow, "peer": s.peer, "owner": s.owner,
                 "created_at": s.created_at.unwrap().to_string(),
             })

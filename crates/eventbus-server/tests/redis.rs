@@ -125,6 +125,43 @@ async fn redis_outage_fails_publishes_then_recovers_the_same_streams() {
     assert!(metrics.contains("socle_eventbus_redis_reconnects_total 1"), "{metrics}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_turns_readiness_off_and_fails_publishes_fast() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let a = broker(&redis).await;
+    let mut client = a.client().await;
+    let mut s = a.subscribe(sub(&["hung.*"])).await;
+    client.publish(event("hung.x", "before")).await.unwrap();
+    assert_eq!(payload(&s.take(1).await[0]), "before");
+
+    // Stopped, not dead: its sockets stay open and nothing answers.
+    redis.signal("STOP");
+    let stopped = std::time::Instant::now();
+    wait_ready(&a, false).await;
+    assert!(stopped.elapsed() < std::time::Duration::from_secs(5), "noticed after {:?}", stopped.elapsed());
+    let body = reqwest::get(a.url("/readyz")).await.unwrap().text().await.unwrap();
+    assert!(body.contains("not answering"), "{body}");
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let err = client.publish(event("hung.x", "during")).await.unwrap_err();
+        // Fast: not after a command timeout (a correctness property, so a loose bound).
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "took {:?}", started.elapsed());
+        assert_eq!(err.code(), Code::Unavailable);
+        assert!(err.message().contains("redis") && err.message().contains("not answering"), "{}", err.message());
+    }
+    let metrics = reqwest::get(a.url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("socle_eventbus_redis_connected 0"), "{metrics}");
+    // Subscribing meanwhile works; its Redis subscription is made once Redis answers.
+    let mut late = a.subscribe(sub(&["late.*"])).await;
+
+    redis.signal("CONT");
+    wait_ready(&a, true).await;
+    client.publish(event("hung.x", "after")).await.unwrap();
+    assert_eq!(payload(&s.take(1).await[0]), "after", "the stream outlives the stall");
+    client.publish(event("late.x", "late")).await.unwrap();
+    assert_eq!(payload(&late.take(1).await[0]), "late");
+}
+
 #[tokio::test]
 async fn starts_while_redis_is_down_and_connects_when_it_comes_up() {
     let Some(mut redis) = RedisProc::reserve() else {

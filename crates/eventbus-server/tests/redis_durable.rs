@@ -157,7 +157,7 @@ async fn dead_letters_and_the_terminal_log_across_instances() {
     let (a, b) = (broker(&redis).await, broker(&redis).await);
     let config = pb::ConsumerConfig {
         max_attempts: Some(2),
-        backoff: Some(pb::Backoff { initial_ms: 20, multiplier: 1.0, max_ms: 20 }),
+        backoff: Some(pb::Backoff { initial_ms: 20, multiplier: 1.0, max_ms: 20, ..Default::default() }),
         ..consumer("fragile", &["jobs.>"])
     };
     create(&b, config).await;
@@ -302,22 +302,14 @@ async fn a_killed_instance_s_events_are_redelivered_by_another() {
     create(&b, config).await;
     // Instance A is the real binary, so it can be killed -9.
     let dir = tempfile::tempdir().unwrap();
-    let env = [
-        ("EVENTBUS_MODE", "redis".to_owned()),
-        ("REDIS_HOST", "127.0.0.1".to_owned()),
-        ("REDIS_PORT", redis.port.to_string()),
-    ];
-    let (mut a, addr) = daemon_with(dir.path(), &env).await;
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+    let (mut a, endpoint) = redis_daemon(&redis, dir.path()).await;
     let mut on_a = attach(endpoint, "jobs", 0).await.unwrap();
     for i in 0..3 {
         publish(&b, event("jobs.run", format!("job-{i}"))).await;
     }
     let held = on_a.deliveries(3).await;
     assert!(held.iter().all(|d| d.attempt == 1));
-    let pid = a.id().unwrap().to_string();
-    assert!(std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
-    within(a.wait()).await.unwrap();
+    kill_9(&mut a).await;
 
     // B reclaims them once their ack deadline has passed: attempt 2.
     let mut on_b = attach(b.endpoint(), "jobs", 0).await.unwrap();
@@ -448,6 +440,8 @@ async fn consumers_declared_in_the_configuration_outlive_a_redis_that_lost_its_d
         backoff: Default::default(),
         max_in_flight: 100,
         dead_letter_channel: String::new(),
+        exclusive: false,
+        max_pending: 0,
     };
     let a = broker_with(&redis, |s| s.durable.consumers = vec![declared]).await;
     eventually("the declared consumer", || async { get(&a, "declared").await.is_ok() }).await;
@@ -555,4 +549,126 @@ async fn an_ack_batch_completes_only_the_entries_still_pending() {
     let ids: Vec<&str> = done.iter().map(|e| e.event_id.as_str()).collect();
     assert_eq!(ids, [second.event_id.as_str()]);
     assert_eq!(done[0].channel, "mix.a");
+}
+
+/// The real binary in redis mode on `redis` (so a test can kill it -9), and its endpoint.
+async fn redis_daemon(redis: &RedisProc, dir: &std::path::Path) -> (tokio::process::Child, tonic::transport::Endpoint) {
+    let env = [
+        ("EVENTBUS_MODE", "redis".to_owned()),
+        ("REDIS_HOST", "127.0.0.1".to_owned()),
+        ("REDIS_PORT", redis.port.to_string()),
+    ];
+    let (child, addr) = daemon_with(dir, &env).await;
+    (child, tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap())
+}
+
+async fn set_paused(server: &TestServer, name: &str, paused: bool) -> pb::ConsumerInfo {
+    let mut admin = server.admin().await;
+    let answer = if paused {
+        admin.pause_consumer(pb::PauseConsumerRequest { name: name.into() }).await
+    } else {
+        admin.resume_consumer(pb::ResumeConsumerRequest { name: name.into() }).await
+    };
+    within(async { answer }).await.unwrap().into_inner()
+}
+
+/// Issue 18: a pause made through one instance holds on every instance at once, the
+/// next publish included, and survives a restart of the instances (it lives in Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_holds_on_every_instance_at_once() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let (a, b) = (broker(&redis).await, broker(&redis).await);
+    create(&a, consumer("inbox", &["jobs.>"])).await;
+    let mut on_b = attach(b.endpoint(), "inbox", 0).await.unwrap();
+    assert!(set_paused(&a, "inbox", true).await.paused);
+    // Published the moment the pause is answered, through either instance.
+    for i in 0..4 {
+        let via = if i % 2 == 0 { &a } else { &b };
+        publish(via, event("jobs.run", format!("job-{i}"))).await;
+    }
+    let held = info(&b, "inbox").await;
+    assert_eq!((held.paused, held.pending + held.in_flight), (true, 4), "{held:?}");
+    assert!(next_within(&mut on_b, 300).await.is_none(), "nothing delivered while paused");
+    eventually("nothing in flight while paused", || async { info(&b, "inbox").await.in_flight == 0 }).await;
+    // A new instance learns the pause from Redis.
+    let c = broker(&redis).await;
+    assert!(info(&c, "inbox").await.paused);
+    let mut on_c = attach(c.endpoint(), "inbox", 0).await.unwrap();
+    assert!(next_within(&mut on_c, 300).await.is_none(), "nothing delivered through a new instance either");
+    drop(on_c);
+    assert!(!set_paused(&b, "inbox", false).await.paused);
+    let got = on_b.deliveries(4).await;
+    let mut payloads: Vec<String> = got.iter().map(payload).collect();
+    payloads.sort();
+    assert_eq!(payloads, ["job-0", "job-1", "job-2", "job-3"]);
+    assert!(got.iter().all(|d| d.attempt == 1), "a pause costs no attempt");
+}
+
+/// Issue 18: an exclusive consumer's clients on two instances: only one receives; when
+/// it leaves, the other instance's client takes over once the events it held are
+/// released. Prints the failover time (README "Exclusive consumers").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exclusive_consumer_fails_over_across_instances() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let (a, b) = (broker(&redis).await, broker(&redis).await);
+    let config = pb::ConsumerConfig {
+        exclusive: true,
+        backoff: Some(pb::Backoff { initial_ms: 50, multiplier: 1.0, max_ms: 50, ..Default::default() }),
+        ..consumer("runner", &["cron.>"])
+    };
+    create(&a, config).await;
+    let mut on_a = attach(a.endpoint(), "runner", 0).await.unwrap();
+    // A receives first: it holds the lease before B's client exists.
+    publish(&a, event("cron.tick", "probe")).await;
+    let probe = on_a.deliveries(1).await;
+    on_a.send(ack(ids(&probe))).await;
+    let mut on_b = attach(b.endpoint(), "runner", 0).await.unwrap();
+    for i in 0..3 {
+        publish(&b, event("cron.tick", format!("t{i}"))).await;
+    }
+    let got = on_a.deliveries(3).await;
+    assert!(next_within(&mut on_b, 500).await.is_none(), "the second client waits while the first is attached");
+    on_a.send(ack(vec![ids(&got)[0].clone()])).await;
+    eventually("the ack of t0", || async { info(&a, "runner").await.acked == 2 }).await;
+    let left = std::time::Instant::now();
+    drop(on_a);
+    let mut taken = on_b.deliveries(2).await;
+    let failover = left.elapsed();
+    eprintln!("exclusive failover across instances (clean detach): {failover:?}");
+    taken.sort_by_key(payload);
+    assert_eq!(taken.iter().map(|d| (payload(d), d.attempt)).collect::<Vec<_>>(), [("t1".into(), 2), ("t2".into(), 2)]);
+    on_b.send(ack(ids(&taken))).await;
+    publish(&a, event("cron.tick", "after")).await;
+    assert_eq!(payload(&on_b.deliveries(1).await[0]), "after");
+}
+
+/// Issue 18: the instance whose client receives for an exclusive consumer dies (kill -9):
+/// the other instance's client takes over once the lease has expired and the dead
+/// client's events are reclaimed past their ack deadline. Prints the failover time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exclusive_consumer_fails_over_when_its_instance_dies() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let b = broker(&redis).await;
+    let config = pb::ConsumerConfig { exclusive: true, ack_deadline_ms: 1_000, ..consumer("runner", &["cron.>"]) };
+    create(&b, config).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, endpoint) = redis_daemon(&redis, dir.path()).await;
+    let mut on_a = attach(endpoint, "runner", 0).await.unwrap();
+    publish(&b, event("cron.tick", "probe")).await;
+    let held = on_a.deliveries(1).await;
+    let mut on_b = attach(b.endpoint(), "runner", 0).await.unwrap();
+    publish(&b, event("cron.tick", "next")).await;
+    let more = on_a.deliveries(1).await;
+    assert!(next_within(&mut on_b, 300).await.is_none(), "B waits while A's client receives");
+    kill_9(&mut a).await;
+    let died = std::time::Instant::now();
+    let mut taken = on_b.deliveries(2).await;
+    eprintln!("exclusive failover across instances (instance killed): {:?}", died.elapsed());
+    taken.sort_by_key(payload);
+    assert_eq!(
+        taken.iter().map(|d| (payload(d), d.attempt)).collect::<Vec<_>>(),
+        [("next".into(), 2), ("probe".into(), 2)]
+    );
+    let want: HashSet<String> = ids(&held).into_iter().chain(ids(&more)).collect();
+    assert_eq!(ids(&taken).into_iter().collect::<HashSet<_>>(), want);
 }

@@ -153,9 +153,13 @@ enum Rpc {
     GetConsumer,
     DeleteConsumer,
     ListEventLog,
+    ListPending,
+    RedriveDeadLetters,
+    PauseConsumer,
+    ResumeConsumer,
 }
 
-const RPCS: [Rpc; 12] = [
+const RPCS: [Rpc; 16] = [
     Rpc::Publish,
     Rpc::PublishStream,
     Rpc::Subscribe,
@@ -168,6 +172,10 @@ const RPCS: [Rpc; 12] = [
     Rpc::GetConsumer,
     Rpc::DeleteConsumer,
     Rpc::ListEventLog,
+    Rpc::ListPending,
+    Rpc::RedriveDeadLetters,
+    Rpc::PauseConsumer,
+    Rpc::ResumeConsumer,
 ];
 
 /// What the admin set up for the table: a subscription to close and consumers to read,
@@ -245,6 +253,14 @@ async fn call(server: &TestServer, fixture: &Fixture, rpc: Rpc, cred: Cred) -> C
         Rpc::ListEventLog => code(
             admin.list_event_log(pb::ListEventLogRequest { consumer: "c-read".into(), ..Default::default() }).await,
         ),
+        Rpc::ListPending => {
+            code(admin.list_pending(pb::ListPendingRequest { consumer: "c-read".into(), ..Default::default() }).await)
+        }
+        Rpc::RedriveDeadLetters => code(
+            admin.redrive_dead_letters(pb::RedriveRequest { consumer: "c-read".into(), ..Default::default() }).await,
+        ),
+        Rpc::PauseConsumer => code(admin.pause_consumer(pb::PauseConsumerRequest { name: "c-read".into() }).await),
+        Rpc::ResumeConsumer => code(admin.resume_consumer(pb::ResumeConsumerRequest { name: "c-read".into() }).await),
     }
 }
 
@@ -290,7 +306,7 @@ async fn every_rpc_answers_each_credential_with_its_code() {
 }
 
 /// Every REST route: (method, path, body).
-const ROUTES: [(&str, &str, &str); 10] = [
+const ROUTES: [(&str, &str, &str); 14] = [
     ("GET", "/admin/eventbus/stats", ""),
     ("GET", "/admin/eventbus/channels", ""),
     ("GET", "/admin/eventbus/subscriptions", ""),
@@ -299,6 +315,10 @@ const ROUTES: [(&str, &str, &str); 10] = [
     ("POST", "/admin/eventbus/consumers", r#"{"name":"c-rest","channels":["t.>"]}"#),
     ("GET", "/admin/eventbus/consumers/c-read", ""),
     ("GET", "/admin/eventbus/consumers/c-read/log", ""),
+    ("GET", "/admin/eventbus/consumers/c-read/pending", ""),
+    ("POST", "/admin/eventbus/consumers/c-read/redrive", r#"{"limit":10}"#),
+    ("POST", "/admin/eventbus/consumers/c-read/pause", ""),
+    ("POST", "/admin/eventbus/consumers/c-read/resume", ""),
     ("DELETE", "/admin/eventbus/consumers/c-delete", ""),
     ("DELETE", "/admin/eventbus/subscriptions/{sub}", ""),
 ];
@@ -309,7 +329,7 @@ async fn rest(server: &TestServer, fixture: &Fixture, route: (&str, &str, &str),
     let client = reqwest::Client::new();
     let mut req = client.request(method.parse().unwrap(), server.url(&path));
     if !body.is_empty() {
-        req = req.body(body.to_owned());
+        req = req.header("content-type", "application/json").body(body.to_owned());
     }
     if let Some(header) = cred.header() {
         req = req.header("authorization", header);
@@ -563,5 +583,48 @@ async fn consumers_record_their_owner_and_need_subscribe_rights_on_their_channel
     assert_eq!(info.owner, "team");
     let got = admin.get_consumer(pb::GetConsumerRequest { name: "team-a".into() }).await.unwrap().into_inner();
     assert_eq!(got.owner, "team");
+    server.stop().await;
+}
+
+/// README "Security": `ListPending` needs the right to read the consumer (attach or
+/// manage); redrive, pause and resume need `manage_consumers`, over gRPC and REST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_pending_needs_the_read_right_and_repairs_the_manage_right() {
+    let reader = "{ consumers: { allow: ['team-*'] } }";
+    let manager = "{ manage_consumers: ['team-*'] }";
+    let principals =
+        format!("{}{}{}", base_principals(), entry("reader", "ebt_reader", reader), entry("mgr", "ebt_mgr", manager));
+    let files = Files::new(&principals);
+    let server = files.start().await;
+    let mut admin = admin_client(&server, Cred::WithRight).await;
+    admin.create_consumer(create("team-a")).await.unwrap();
+    admin.create_consumer(create("ops-a")).await.unwrap();
+    for (token, repairs) in [("ebt_reader", Code::PermissionDenied), ("ebt_mgr", Code::Ok)] {
+        let header = Some(format!("Bearer {token}"));
+        let mut admin = AdminClient::with_interceptor(server.channel().await, with_header(header.clone()));
+        let pending = |name: &str| pb::ListPendingRequest { consumer: name.into(), ..Default::default() };
+        assert_eq!(code(admin.list_pending(pending("team-a")).await), Code::Ok, "{token}");
+        assert_eq!(code(admin.list_pending(pending("ops-a")).await), Code::PermissionDenied, "{token}");
+        let redrive = pb::RedriveRequest { consumer: "team-a".into(), ..Default::default() };
+        assert_eq!(code(admin.redrive_dead_letters(redrive).await), repairs, "{token}");
+        let pause = pb::PauseConsumerRequest { name: "team-a".into() };
+        assert_eq!(code(admin.pause_consumer(pause).await), repairs, "{token}");
+        let resume = pb::ResumeConsumerRequest { name: "team-a".into() };
+        assert_eq!(code(admin.resume_consumer(resume).await), repairs, "{token}");
+
+        let http = reqwest::Client::new();
+        let status = |method: &str, path: &str| {
+            let req = http.request(method.parse().unwrap(), server.url(path));
+            let req = req.header("authorization", header.clone().unwrap());
+            async move { within(req.send()).await.unwrap().status() }
+        };
+        assert_eq!(status("GET", "/admin/eventbus/consumers/team-a/pending").await, 200, "{token}");
+        assert_eq!(status("GET", "/admin/eventbus/consumers/ops-a/pending").await, 403, "{token}");
+        let expected = if repairs == Code::Ok { 200 } else { 403 };
+        for action in ["redrive", "pause", "resume"] {
+            let path = format!("/admin/eventbus/consumers/team-a/{action}");
+            assert_eq!(status("POST", &path).await, expected, "{token} {action}");
+        }
+    }
     server.stop().await;
 }

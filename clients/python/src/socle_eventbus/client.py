@@ -303,13 +303,15 @@ class Client:
         backoff: Optional[pb.Backoff] = None,
         max_in_flight: int = 0,
         dead_letter_channel: str = "",
+        exclusive: bool = False,
     ) -> pb.ConsumerInfo:
         """Creates a durable consumer (idempotent for an identical definition,
         `AlreadyExists` for a different one). Zero values take the broker defaults;
-        `max_attempts=None` → 5, `0` → unlimited."""
+        `max_attempts=None` → 5, `0` → unlimited. `exclusive`: one attached client
+        receives at a time; linear backoff: `pb.Backoff(kind=pb.BACKOFF_KIND_LINEAR, ...)`."""
         return await self._unary(self.admin.CreateConsumer, pb.CreateConsumerRequest(config=consumer_config(
             name, channels, ack_deadline_ms=ack_deadline_ms, max_attempts=max_attempts, backoff=backoff,
-            max_in_flight=max_in_flight, dead_letter_channel=dead_letter_channel)))
+            max_in_flight=max_in_flight, dead_letter_channel=dead_letter_channel, exclusive=exclusive)))
 
     async def get_consumer(self, name: str) -> pb.ConsumerInfo:
         """A consumer's state; `NotFound` when unknown."""
@@ -343,6 +345,41 @@ class Client:
             if not token:
                 return
 
+    async def pending(self, consumer: str, *, limit: int = 0, page_token: str = "") -> pb.ListPendingResponse:
+        """One page of a consumer's unfinished events, oldest first, each with its
+        attempt, next delivery, failures and `state` (`pb.PENDING_STATE_*`); `limit` 0 =
+        100, at most 1,000. See `pending_all`."""
+        return await self._unary(self.admin.ListPending, pb.ListPendingRequest(
+            consumer=consumer, limit=limit, page_token=page_token))
+
+    async def pending_all(self, consumer: str) -> AsyncIterator[pb.PendingEntry]:
+        """Every unfinished event of a consumer, following the pages."""
+        token = ""
+        while True:
+            page = await self.pending(consumer, limit=1000, page_token=token)
+            for entry in page.entries:
+                yield entry
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def redrive(
+        self, consumer: str, event_ids: Sequence[str] = (), *, limit: int = 0
+    ) -> pb.RedriveResponse:
+        """Puts dead-lettered events back to the consumer with attempts reset: those
+        named, or with none named the oldest `limit` (0 = 10,000). Answers `redriven`
+        and `remaining` (dead letters still kept for redrive)."""
+        return await self._unary(self.admin.RedriveDeadLetters, pb.RedriveRequest(
+            consumer=consumer, event_ids=list(event_ids), limit=limit))
+
+    async def pause(self, name: str) -> pb.ConsumerInfo:
+        """Stops delivery: events are still captured; attached clients stay and may ack."""
+        return await self._unary(self.admin.PauseConsumer, pb.PauseConsumerRequest(name=name))
+
+    async def resume(self, name: str) -> pb.ConsumerInfo:
+        """Delivers again after `pause`."""
+        return await self._unary(self.admin.ResumeConsumer, pb.ResumeConsumerRequest(name=name))
+
 
 def consumer_config(
     name: str,
@@ -353,12 +390,14 @@ def consumer_config(
     backoff: Optional[pb.Backoff] = None,
     max_in_flight: int = 0,
     dead_letter_channel: str = "",
+    exclusive: bool = False,
 ) -> pb.ConsumerConfig:
     """A `ConsumerConfig` (for `create_consumer` or `Worker(create_if_missing=...)`)."""
     if isinstance(channels, str):
         channels = [channels]
     cfg = pb.ConsumerConfig(name=name, channels=list(channels), ack_deadline_ms=ack_deadline_ms,
-                            max_in_flight=max_in_flight, dead_letter_channel=dead_letter_channel)
+                            max_in_flight=max_in_flight, dead_letter_channel=dead_letter_channel,
+                            exclusive=exclusive)
     if max_attempts is not None:
         cfg.max_attempts = max_attempts
     if backoff is not None:

@@ -87,7 +87,7 @@ pub fn consumer(name: &str, channel: &str) -> pb::ConsumerConfig {
     pb::ConsumerConfig {
         name: name.into(),
         channels: vec![channel.into()],
-        backoff: Some(pb::Backoff { initial_ms: 20, multiplier: 2.0, max_ms: 200 }),
+        backoff: Some(pb::Backoff { initial_ms: 20, multiplier: 2.0, max_ms: 200, ..Default::default() }),
         ..Default::default()
     }
 }

@@ -48,6 +48,60 @@ pub struct ConsumerInfo {
     pub acked: u64,
     pub dead_lettered: u64,
     pub redelivered: u64,
+    /// Dead-lettered events put back by `RedriveDeadLetters`.
+    pub redriven: u64,
+    /// Captures dropped because the consumer held `max_pending` events.
+    pub dropped: u64,
+    /// Paused: events are kept, none is delivered (`PauseConsumer`).
+    pub paused: bool,
+    /// Dead-lettered events kept for `RedriveDeadLetters` (bounded like the terminal log).
+    pub redrivable: u64,
+}
+
+/// Where a pending event stands (`ListPending`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PendingState {
+    /// Deliverable now (waiting for a client with room, or for `ResumeConsumer`).
+    Ready,
+    /// Waiting for its redelivery after a failed attempt.
+    Delayed,
+    /// Delivered, not yet acked.
+    InFlight,
+    /// Behind an older unfinished event with the same ordering key.
+    BlockedByOrderingKey,
+}
+
+/// One unfinished event of a consumer (`ListPending`).
+#[derive(Debug, Clone)]
+pub struct PendingEntry {
+    pub event: Arc<Event>,
+    /// Deliveries so far (0 = never delivered; for an event in flight, the current one).
+    pub attempt: u32,
+    /// When it is delivered (again): the redelivery time of a delayed event, the ack
+    /// deadline of one in flight; `None` for ready and blocked events.
+    pub next_delivery_ms: Option<u64>,
+    pub failures: Vec<crate::durable::log::Failure>,
+    pub state: PendingState,
+}
+
+/// A page of a consumer's pending events (the order is the engine's: README "Mode differences").
+#[derive(Debug, Clone, Default)]
+pub struct PendingSlice {
+    pub entries: Vec<PendingEntry>,
+    /// Pass back as `page_token` to continue; empty at the end.
+    pub next_page_token: String,
+}
+
+/// Most dead letters one `RedriveDeadLetters` call puts back (its `limit` defaults to it).
+pub const MAX_REDRIVE: usize = 10_000;
+
+/// Answer of [`DurableBackend::redrive`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Redriven {
+    /// Events put back to the consumer.
+    pub redriven: u64,
+    /// Dead-lettered events still kept for redrive after this call.
+    pub remaining: u64,
 }
 
 /// Acks and friends for one attached client. Dropping it detaches the client: events
@@ -152,6 +206,32 @@ pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
         page_token: &'a str,
     ) -> BoxFuture<'a, Result<LogSlice, DurableError>>;
 
+    /// The consumer's unfinished events, in the engine's order (README "Mode
+    /// differences"), from `page_token` (empty = start);
+    /// `limit` is clamped to 1..=1000.
+    fn list_pending<'a>(
+        &'a self,
+        name: &'a str,
+        limit: usize,
+        page_token: &'a str,
+    ) -> BoxFuture<'a, Result<PendingSlice, DurableError>>;
+
+    /// Puts dead-lettered events back to the consumer with their attempts reset: the
+    /// ones named by `event_ids` (ids not kept for redrive are skipped), or with none
+    /// named the oldest `limit` (0 = [`MAX_REDRIVE`]). They queue behind what is pending,
+    /// in their original order; each is logged `Redriven` and can be redriven once.
+    fn redrive<'a>(
+        &'a self,
+        name: &'a str,
+        event_ids: &'a [String],
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Redriven, DurableError>>;
+
+    /// Pauses (`true`) or resumes a consumer. While paused it keeps capturing and
+    /// delivers nothing; clients stay attached and may still ack what they hold. The
+    /// state is stored (it survives restarts and is shared by every instance).
+    fn set_paused<'a>(&'a self, name: &'a str, paused: bool) -> BoxFuture<'a, Result<ConsumerInfo, DurableError>>;
+
     /// Attaches a client (creating the consumer from `create_if_missing` when absent).
     fn attach<'a>(
         &'a self,
@@ -162,6 +242,12 @@ pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
 
     /// Shutdown: detaches every client of this instance.
     fn detach_all(&self);
+
+    /// Why the engine cannot take captures now (for readiness), if it cannot: for
+    /// example its disk is nearly full.
+    fn unready(&self) -> Option<String> {
+        None
+    }
 
     /// Waits until every change made so far is durable.
     fn flush(&self) -> BoxFuture<'_, Result<(), DurableError>>;

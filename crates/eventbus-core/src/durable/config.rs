@@ -6,26 +6,50 @@ use serde::{Deserialize, Serialize};
 
 use crate::name::{MAX_NAME_BYTES, MAX_TOKENS, NameError, Pattern};
 
-/// Retry delays: `min(max, initial × multiplier^(attempt−1))`.
+/// How retry delays grow with the attempt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackoffKind {
+    /// `initial × multiplier^(attempt−1)`.
+    #[default]
+    Exponential,
+    /// `initial × attempt` (the seeds' `baseRetryIn * attempts`).
+    Linear,
+}
+
+/// Retry delays, capped at `max_ms`: `min(max, initial × multiplier^(attempt−1))`, or
+/// `min(max, initial × attempt)` for [`BackoffKind::Linear`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Backoff {
     pub initial_ms: u64,
     pub multiplier: f64,
     pub max_ms: u64,
+    /// Stored definitions written before linear backoff existed read as exponential.
+    #[serde(default, skip_serializing_if = "is_exponential")]
+    pub kind: BackoffKind,
+}
+
+fn is_exponential(kind: &BackoffKind) -> bool {
+    *kind == BackoffKind::Exponential
 }
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self { initial_ms: 1_000, multiplier: 2.0, max_ms: 60_000 }
+        Self { initial_ms: 1_000, multiplier: 2.0, max_ms: 60_000, kind: BackoffKind::Exponential }
     }
 }
 
 impl Backoff {
     /// Delay before redelivering after the `attempt`-th failed attempt (1-based).
     pub fn delay(&self, attempt: u32) -> Duration {
-        let factor = self.multiplier.powi(attempt.saturating_sub(1).min(1_000) as i32);
-        let ms = (self.initial_ms as f64 * factor).min(self.max_ms as f64);
-        Duration::from_millis(ms.max(0.0) as u64)
+        let ms = match self.kind {
+            BackoffKind::Exponential => {
+                let factor = self.multiplier.powi(attempt.saturating_sub(1).min(1_000) as i32);
+                (self.initial_ms as f64 * factor).min(self.max_ms as f64).max(0.0) as u64
+            }
+            BackoffKind::Linear => self.initial_ms.saturating_mul(u64::from(attempt.max(1))).min(self.max_ms),
+        };
+        Duration::from_millis(ms)
     }
 }
 
@@ -48,6 +72,22 @@ pub struct ConsumerConfig {
     /// for consumers declared in the configuration. Stored with the definition.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub owner: String,
+    /// One attached client receives at a time; the next takes over when it leaves
+    /// (README "Exclusive consumers").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exclusive: bool,
+    /// Most unfinished events kept; a capture beyond it is dropped for this consumer
+    /// and counted (README "Limits"). 0 = unlimited. Definitions stored before the
+    /// limit existed read as the default.
+    #[serde(default = "default_max_pending")]
+    pub max_pending: u64,
+}
+
+/// [`ConsumerConfig::max_pending`] when not given.
+pub const DEFAULT_MAX_PENDING: u64 = 1_000_000;
+
+fn default_max_pending() -> u64 {
+    DEFAULT_MAX_PENDING
 }
 
 impl ConsumerConfig {
@@ -62,6 +102,8 @@ impl ConsumerConfig {
             max_in_flight: 1_000,
             dead_letter_channel: None,
             owner: String::new(),
+            exclusive: false,
+            max_pending: DEFAULT_MAX_PENDING,
         }
     }
 
@@ -186,7 +228,7 @@ pub enum ConfigError {
     BadName { name: String },
     #[error("a consumer has at most {limit} channels or patterns, not {count}")]
     TooManyChannels { count: usize, limit: usize },
-    #[error("consumer {name:?} needs at least one channel or pattern")]
+    #[error("consumer {} needs at least one channel or pattern", crate::error::quoted(name))]
     NoChannels { name: String },
     #[error(transparent)]
     Filter(#[from] NameError),
@@ -196,7 +238,7 @@ pub enum ConfigError {
     Backoff,
     #[error("dead_letter_channel: {0}")]
     DeadLetterChannel(NameError),
-    #[error("create_if_missing names {given:?}, not {attached:?}")]
+    #[error("create_if_missing names {}, not {}", crate::error::quoted(given), crate::error::quoted(attached))]
     NameMismatch { given: String, attached: String },
 }
 
@@ -206,9 +248,13 @@ mod tests {
 
     #[test]
     fn backoff_schedule() {
-        let b = Backoff { initial_ms: 1_000, multiplier: 2.0, max_ms: 5_000 };
+        let b = Backoff { initial_ms: 1_000, multiplier: 2.0, max_ms: 5_000, kind: BackoffKind::Exponential };
         let delays: Vec<u64> = (1..=5).map(|a| b.delay(a).as_millis() as u64).collect();
         assert_eq!(delays, vec![1_000, 2_000, 4_000, 5_000, 5_000]);
+        let linear = Backoff { kind: BackoffKind::Linear, max_ms: 3_500, ..b };
+        let delays: Vec<u64> = (1..=5).map(|a| linear.delay(a).as_millis() as u64).collect();
+        assert_eq!(delays, vec![1_000, 2_000, 3_000, 3_500, 3_500]);
+        assert_eq!(linear.delay(u32::MAX).as_millis(), 3_500, "no overflow");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 
 use crate::durable::config::ConfigError;
+use crate::error::quoted;
 
 /// An error from below a durable engine (a store, a Redis client), kept as the source.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -11,9 +12,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// (README "Errors"): callers branch on the variant, never on the text.
 #[derive(Debug, thiserror::Error)]
 pub enum DurableError {
-    #[error("no consumer named {0:?}")]
+    #[error("no consumer named {}", quoted(.0))]
     UnknownConsumer(String),
-    #[error("consumer {0:?} already exists with a different configuration")]
+    #[error("consumer {} already exists with a different configuration", quoted(.0))]
     AlreadyExists(String),
     #[error("invalid consumer configuration: {0}")]
     InvalidConfig(#[from] ConfigError),
@@ -27,6 +28,10 @@ pub enum DurableError {
         #[source]
         source: Option<BoxError>,
     },
+    /// The store's disk is nearly full: captures are refused until space is freed
+    /// (README "Limits").
+    #[error("the durable store's disk is nearly full: {free} bytes free, below durable.min_free_disk_bytes ({min})")]
+    DiskFull { free: u64, min: u64 },
     /// The store failed in a way retrying will not fix: corrupt or unreadable records, a
     /// write the disk refused. Logged with its cause; the client sees no internals.
     #[error("the durable store failed ({context})")]
@@ -57,7 +62,7 @@ impl DurableError {
     pub fn bad_page_token(token: &str) -> Self {
         Self::InvalidArgument {
             field: "page_token",
-            message: format!("{token:?} is not a page token this broker issued"),
+            message: format!("{} is not a page token this broker issued", quoted(token)),
         }
     }
 }

@@ -17,6 +17,9 @@ pub struct Failure {
 pub enum LogStatus {
     Completed,
     DeadLettered,
+    /// A dead letter put back to its consumer (`RedriveDeadLetters`): it is pending
+    /// again, and a later line tells how it finished this time.
+    Redriven,
 }
 
 /// One line of a consumer's terminal log.

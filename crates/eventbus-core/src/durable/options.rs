@@ -15,6 +15,10 @@ pub struct DurableOptions {
     pub dedup_window: Duration,
     pub dead_letter_encoder: DeadLetterEncoder,
     pub on_ack: Option<AckObserver>,
+    /// The embedded store refuses captures, and the instance is not ready, while its
+    /// disk has less free space than this (`durable.min_free_disk_bytes`; 0 = no
+    /// check). The Redis engine has no disk of its own and ignores it.
+    pub min_free_disk_bytes: u64,
     /// Starts the engine's background tasks and reports one that stops.
     pub supervisor: Supervisor,
 }

@@ -49,6 +49,14 @@ const PRESENCE_EVERY: Duration = Duration::from_secs(5);
 /// after this.
 const PRESENCE_TTL: Duration = Duration::from_secs(15);
 
+/// How often an exclusive consumer's instance with clients renews its lease, or tries
+/// to take it (README "Exclusive consumers").
+pub(crate) const LEASE_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a lease stands without renewal: an instance that died gives it up after
+/// this.
+pub(crate) const LEASE_TTL: Duration = Duration::from_secs(5);
+
 pub(crate) struct Client {
     pub(crate) id: u64,
     pub(crate) max_in_flight: u32,
@@ -100,6 +108,8 @@ enum Timer {
     Janitor,
     /// Renews this instance's count of attached clients in Redis.
     Presence,
+    /// Renews (or tries to take) an exclusive consumer's lease.
+    Lease,
 }
 
 /// One failed attempt to report.
@@ -169,9 +179,13 @@ pub(crate) struct Outcome {
     pub(crate) more: bool,
     pub(crate) dead: Vec<DeadLetter>,
     pub(crate) error: Option<String>,
+    /// An exclusive consumer's lease: held (after taking or renewing it) or not.
+    pub(crate) lease: Option<bool>,
 }
 
-type ReadFuture = BoxFuture<'static, (Option<MultiplexedConnection>, RedisResult<Value>)>;
+/// A blocking read and, right after it on the same connection, whether the consumer is
+/// paused now.
+type ReadFuture = BoxFuture<'static, (Option<MultiplexedConnection>, RedisResult<(Value, bool)>)>;
 pub(crate) struct Actor {
     rt: Arc<Runtime>,
     shared: Arc<Shared>,
@@ -196,6 +210,12 @@ pub(crate) struct Actor {
     presence_due: bool,
     /// A `Timer::Presence` is set.
     presence_timer: bool,
+    /// This instance holds the exclusive consumer's lease: its clients may receive.
+    lease: bool,
+    /// Take or renew (`true`) or give up (`false`) the lease at the next flush.
+    want_lease: Option<bool>,
+    /// A `Timer::Lease` is set.
+    lease_timer: bool,
 }
 
 impl Actor {
@@ -224,13 +244,31 @@ impl Actor {
             requeue: Vec::new(),
             presence_due: false,
             presence_timer: false,
+            lease: false,
+            want_lease: None,
+            lease_timer: false,
         }
+    }
+
+    /// Whether events may go out now: not paused, and for an exclusive consumer only
+    /// through the instance holding the lease.
+    fn may_deliver(&self) -> bool {
+        !self.rt.is_paused() && (!self.config.exclusive || self.lease)
+    }
+
+    /// Clients that receive: all of them, or the oldest one of an exclusive consumer.
+    fn receivers(&self) -> usize {
+        if self.config.exclusive { self.clients.len().min(1) } else { self.clients.len() }
     }
 
     pub(crate) async fn run(mut self) {
         self.release_orphans().await;
         let stop = loop {
             self.config = self.rt.config();
+            if !self.may_deliver() && !self.buffer.is_empty() {
+                // Read before a pause or the loss of the lease: back on the stream.
+                self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
+            }
             self.dispatch();
             self.flush();
             if self.read.is_none() {
@@ -261,8 +299,13 @@ impl Actor {
                 (conn, result) = async { self.read.as_mut().expect("guarded").await }, if self.read.is_some() => {
                     self.read = None;
                     match result {
-                        Ok(value) => {
+                        Ok((value, paused)) => {
                             self.idle_conn = conn;
+                            // Paused through another instance whose notice has not
+                            // arrived yet: what was just read goes back (loop top).
+                            if paused {
+                                self.rt.paused.store(true, std::sync::atomic::Ordering::Release);
+                            }
                             if let Err(err) = self.take_read(value) {
                                 break StopReason::Lost(format!("unreadable stream entry: {err}"));
                             }
@@ -294,6 +337,13 @@ impl Actor {
                 if !self.presence_timer {
                     self.presence_timer = true;
                     self.add_timer(Instant::now() + PRESENCE_EVERY, Timer::Presence);
+                }
+                if self.config.exclusive && !self.lease {
+                    self.want_lease = Some(true);
+                }
+                if self.config.exclusive && !self.lease_timer {
+                    self.lease_timer = true;
+                    self.add_timer(Instant::now() + LEASE_EVERY, Timer::Lease);
                 }
                 if self.janitor_at.is_empty() {
                     self.schedule_janitor(Instant::now());
@@ -344,6 +394,17 @@ impl Actor {
                     }
                 }
             }
+            Command::Wake(done) => {
+                if !self.may_deliver() && self.read.is_some() {
+                    // Stop the blocked read (closing its connection cancels it), so
+                    // nothing more is taken off the stream while paused.
+                    self.read = None;
+                    self.idle_conn = None;
+                }
+                if let Some(done) = done {
+                    let _ = done.send(());
+                }
+            }
             Command::Stop(reason) => return Some(reason),
         }
         None
@@ -377,6 +438,12 @@ impl Actor {
             self.read = None;
             self.idle_conn = None;
             self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
+            if self.lease {
+                // Another instance's clients may take over once the events released
+                // above are recorded.
+                self.lease = false;
+                self.want_lease = Some(false);
+            }
         }
     }
 
@@ -425,6 +492,13 @@ impl Actor {
                         self.add_timer(now + PRESENCE_EVERY, Timer::Presence);
                     }
                 }
+                Timer::Lease => {
+                    self.lease_timer = self.config.exclusive && !self.clients.is_empty();
+                    if self.lease_timer {
+                        self.want_lease = Some(true);
+                        self.add_timer(now + LEASE_EVERY, Timer::Lease);
+                    }
+                }
                 Timer::Janitor => {
                     self.janitor_at.remove(&at);
                     self.run_janitor();
@@ -448,19 +522,26 @@ impl Actor {
         if outcome.more {
             self.schedule_janitor(Instant::now());
         }
+        if let Some(held) = outcome.lease {
+            self.lease = held && !self.clients.is_empty();
+        }
         for dead in outcome.dead {
             self.publish_dead_letter(dead);
         }
         None
     }
 
-    /// Room the clients have for more events than already read.
+    /// Room the receiving clients have for more events than already read.
     fn room(&self) -> usize {
-        let room: usize = self.clients.iter().map(|c| c.max_in_flight.saturating_sub(c.in_flight) as usize).sum();
+        let receivers = &self.clients[..self.receivers()];
+        let room: usize = receivers.iter().map(|c| c.max_in_flight.saturating_sub(c.in_flight) as usize).sum();
         room.saturating_sub(self.buffer.len())
     }
 
     fn start_read(&mut self) {
+        if !self.may_deliver() {
+            return;
+        }
         let count = self.room().min(READ_BATCH);
         if count == 0 {
             return;
@@ -469,6 +550,8 @@ impl Actor {
         let client = self.shared.client.clone();
         let consumer = self.shared.instance.clone();
         let stream = self.stream.clone();
+        let paused_key = self.shared.keys.paused.clone();
+        let name = Arc::clone(&self.rt.name);
         self.read = Some(Box::pin(async move {
             let mut conn = match conn {
                 Some(c) => c,
@@ -483,7 +566,10 @@ impl Actor {
                     }
                 }
             };
-            let result = redis::cmd("XREADGROUP")
+            // The pause check runs after the read returns, so it sees a pause made
+            // before the events read were published (README "Consumer operations").
+            let result = redis::pipe()
+                .cmd("XREADGROUP")
                 .arg("GROUP")
                 .arg(GROUP)
                 .arg(&consumer)
@@ -494,6 +580,9 @@ impl Actor {
                 .arg("STREAMS")
                 .arg(&stream)
                 .arg(">")
+                .cmd("HEXISTS")
+                .arg(&paused_key)
+                .arg(&*name)
                 .query_async(&mut conn)
                 .await;
             (Some(conn), result)
@@ -529,12 +618,17 @@ impl Actor {
         Ok(())
     }
 
-    /// Hands read events to clients with room, round-robin, in batches.
+    /// Hands read events to clients with room, round-robin, in batches (an exclusive
+    /// consumer: to its oldest client only).
     fn dispatch(&mut self) {
+        if !self.may_deliver() {
+            return;
+        }
         let deadline_in = self.config.ack_deadline();
+        let receivers = self.receivers();
         while !self.buffer.is_empty() {
             let clients = &self.clients;
-            let Some((i, room)) = next_with_room(clients.len(), &mut self.next_client, |i| clients[i].room()) else {
+            let Some((i, room)) = next_with_room(receivers, &mut self.next_client, |i| clients[i].room()) else {
                 break;
             };
             let (now, wall) = (Instant::now(), SystemTime::now());
@@ -597,6 +691,20 @@ impl Actor {
                 .push(now)
                 .push(now + PRESENCE_TTL.as_millis() as u64);
             self.script(|s| &s.presence, args, "recording attached clients failed", |_| Outcome::default());
+        }
+        if let Some(want) = self.want_lease.take() {
+            let mut args = Args::default();
+            args.push(&base)
+                .push(GROUP)
+                .push(&self.shared.instance)
+                .push(LEASE_TTL.as_millis() as u64)
+                .push(u8::from(want));
+            self.script(
+                |s| &s.lease,
+                args,
+                "the exclusive consumer's lease failed",
+                |v| Outcome { lease: Some(matches!(v, Value::Int(1))), ..Outcome::default() },
+            );
         }
         if !self.touches.is_empty() {
             let mut cmd = redis::cmd("XCLAIM");
@@ -682,10 +790,12 @@ impl Args {
     }
 
     fn retry_config(&mut self, config: &ConsumerConfig) -> &mut Self {
+        let linear = u8::from(config.backoff.kind == eventbus_core::durable::BackoffKind::Linear);
         self.push(config.max_attempts)
             .push(config.backoff.initial_ms)
             .push(config.backoff.multiplier)
             .push(config.backoff.max_ms)
+            .push(linear)
     }
 }
 

@@ -109,7 +109,7 @@ impl Shared {
                         .arg(&p.idem)
                         .arg(names.len());
                     for rt in names.iter().filter_map(|n| registry.by_name.get(n)) {
-                        call.arg(&*rt.base);
+                        call.arg(&*rt.base).arg(rt.config().max_pending);
                     }
                     consumers.push(names.len());
                 }

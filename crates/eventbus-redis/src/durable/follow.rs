@@ -86,10 +86,12 @@ impl Shared {
     /// deleted ones detach their local clients.
     pub(super) async fn reload(self: &Arc<Self>) -> Result<(), DurableError> {
         let _one_at_a_time = self.reloading.lock().await;
-        let (version, defs): (Option<String>, HashMap<String, String>) = redis::pipe()
+        type Loaded = (Option<String>, HashMap<String, String>, HashMap<String, String>);
+        let (version, defs, paused): Loaded = redis::pipe()
             .atomic()
             .get(&self.keys.version)
             .hgetall(&self.keys.consumers)
+            .hgetall(&self.keys.paused)
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -129,6 +131,7 @@ impl Shared {
                     }
                     None => Arc::new(Runtime::new(Arc::clone(&name), self.base(&name), config)),
                 };
+                runtime.set_paused(paused.contains_key(&*name));
                 for f in &filters {
                     fresh.trie.insert(f, Arc::clone(&name));
                 }

@@ -7,11 +7,15 @@
 //! | key (`P` = prefix) | what |
 //! |---|---|
 //! | `P:durable:consumers` | hash: name → definition (JSON) |
+//! | `P:durable:paused` | hash: paused consumer → since (ms) |
 //! | `P:durable:version` | bumped by every create/replace/delete |
 //! | `P/durable/changes` | pub/sub notice of a bump (outside `P:*`, so no event subscriber sees it) |
 //! | `P:durable:idem:{key}` | idempotency key → first event id, expires with the window |
 //! | `P:durable:{name}:s` | stream of live events, consumer group `eventbus` |
 //! | `P:durable:{name}:d` / `:r` | retries: due time (zset) / record (hash), also parked events |
+//! | `P:durable:{name}:y` | ids of the events in `:r` (zset, all scored 0: paged by id) |
+//! | `P:durable:{name}:v` / `:w` | dead letters kept for redrive: record (hash) / when (zset) |
+//! | `P:durable:{name}:x` | an exclusive consumer's lease: the instance whose clients receive |
 //! | `P:durable:{name}:k` / `:q:{key}` | ordering key → its one live event / events waiting on it |
 //! | `P:durable:{name}:l` | terminal log (stream, trimmed by count and age) |
 //! | `P:durable:{name}:n` | counters: acked, dead_lettered, redelivered |
@@ -56,7 +60,8 @@ use std::time::Duration;
 use eventbus_core::TaskHandle;
 use eventbus_core::durable::{
     Attachment, BoxFuture, CaptureRequest, Captured, ClientOptions, ConsumerConfig, ConsumerInfo, DeadLetterSink,
-    DurableBackend, DurableError, DurableOptions, LogEntry, LogSlice, LogStatus, Retention,
+    DurableBackend, DurableError, DurableOptions, LogEntry, LogSlice, LogStatus, MAX_REDRIVE, PendingEntry,
+    PendingSlice, PendingState, Redriven, Retention,
 };
 use eventbus_core::trie::Trie;
 use parking_lot::{Mutex, RwLock};
@@ -115,6 +120,8 @@ struct Registry {
 #[derive(Debug)]
 struct GlobalKeys {
     consumers: String,
+    /// hash: paused consumer → since (ms).
+    paused: String,
     version: String,
     notify: String,
     idem: String,
@@ -185,6 +192,7 @@ impl RedisDurable {
         let p = &settings.prefix;
         let keys = GlobalKeys {
             consumers: format!("{p}:durable:consumers"),
+            paused: format!("{p}:durable:paused"),
             version: format!("{p}:durable:version"),
             notify: format!("{p}/durable/changes"),
             idem: format!("{p}:durable:idem:"),
@@ -261,9 +269,10 @@ impl Shared {
 
     async fn try_info(&self, rt: &Runtime) -> Result<ConsumerInfo, redis::RedisError> {
         let stream = format!("{}:s", rt.base);
-        type Counters = (Option<u64>, Option<u64>, Option<u64>);
+        type Counters = (Option<u64>, Option<u64>, Option<u64>, Option<u64>, Option<u64>);
         type Presence = HashMap<String, String>;
-        let (len, pel, waiting, counters, presence): (u64, Value, u64, Counters, Presence) = redis::pipe()
+        type Row = (u64, Value, u64, Counters, Presence, u64, bool);
+        let (len, pel, waiting, counters, presence, redrivable, paused): Row = redis::pipe()
             .cmd("XLEN")
             .arg(&stream)
             .cmd("XPENDING")
@@ -276,8 +285,15 @@ impl Shared {
             .arg("acked")
             .arg("dead_lettered")
             .arg("redelivered")
+            .arg("redriven")
+            .arg("dropped")
             .cmd("HGETALL")
             .arg(format!("{}:c", rt.base))
+            .cmd("ZCARD")
+            .arg(format!("{}:w", rt.base))
+            .cmd("HEXISTS")
+            .arg(&self.keys.paused)
+            .arg(&*rt.name)
             .query_async(&mut self.conn())
             .await?;
         let in_flight = match pel {
@@ -295,6 +311,10 @@ impl Shared {
             acked: counters.0.unwrap_or(0),
             dead_lettered: counters.1.unwrap_or(0),
             redelivered: counters.2.unwrap_or(0),
+            redriven: counters.3.unwrap_or(0),
+            dropped: counters.4.unwrap_or(0),
+            paused,
+            redrivable,
         })
     }
 
@@ -363,6 +383,77 @@ impl Shared {
             start = format!("({last_scanned}");
         }
     }
+}
+
+impl Shared {
+    /// One page of the consumer's pending events (the `PENDING` script's order).
+    async fn pending(&self, rt: &Runtime, limit: usize, page_token: &str) -> Result<PendingSlice, DurableError> {
+        let well_formed = page_token.is_empty()
+            || page_token.strip_prefix("s:").is_some_and(is_stream_id)
+            || page_token.strip_prefix("r:").is_some_and(|id| !id.is_empty());
+        if !well_formed {
+            return Err(DurableError::bad_page_token(page_token));
+        }
+        let config = rt.config();
+        let reply: Vec<Value> = self
+            .scripts
+            .pending
+            .prepare_invoke()
+            .arg(&rt.base)
+            .arg(GROUP)
+            .arg(now_ms())
+            .arg(config.ack_deadline_ms)
+            .arg(limit.clamp(1, 1000))
+            .arg(page_token)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let mut reply = reply.into_iter();
+        let next_page_token = match reply.next() {
+            Some(Value::BulkString(token)) => String::from_utf8(token).map_err(corrupt)?,
+            _ => String::new(),
+        };
+        let entries = reply.map(|row| pending_entry(row).map_err(corrupt)).collect::<Result<_, _>>()?;
+        Ok(PendingSlice { entries, next_page_token })
+    }
+}
+
+/// A row of the `PENDING` script: `{envelope, attempt, next delivery ms or '', failures
+/// JSON, state}`.
+fn pending_entry(row: Value) -> Result<PendingEntry, String> {
+    let Value::Array(parts) = row else { return Err("a pending row that is not a list".into()) };
+    let mut parts = parts.into_iter();
+    let (Some(Value::BulkString(env)), Some(attempt), Some(next), Some(failures), Some(Value::Int(state))) =
+        (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err("a pending row without its five fields".into());
+    };
+    let text = |v: Value| match v {
+        Value::BulkString(b) => String::from_utf8(b).map_err(|e| e.to_string()),
+        Value::Int(n) => Ok(n.to_string()),
+        _ => Err("a pending field that is not text".to_owned()),
+    };
+    let event = envelope::decode_own(bytes::Bytes::from(env)).ok_or("a pending row without an event")?;
+    let next = text(next)?;
+    let state = match state {
+        1 => PendingState::Ready,
+        2 => PendingState::Delayed,
+        3 => PendingState::InFlight,
+        4 => PendingState::BlockedByOrderingKey,
+        other => return Err(format!("unknown pending state {other}")),
+    };
+    Ok(PendingEntry {
+        event: Arc::new(event),
+        attempt: text(attempt)?.parse().map_err(|e| format!("pending attempt: {e}"))?,
+        // Redis scores read back as floats ("1732...0" or "1.7e12" style): parse as f64.
+        next_delivery_ms: if next.is_empty() {
+            None
+        } else {
+            Some(next.parse::<f64>().map_err(|e| format!("pending due time: {e}"))? as u64)
+        },
+        failures: serde_json::from_str(&text(failures)?).map_err(|e| format!("pending failures: {e}"))?,
+        state,
+    })
 }
 
 /// Clients attached across the cluster: this instance's own, live, plus the counts the
@@ -463,6 +554,7 @@ impl DurableBackend for RedisDurable {
                 .delete
                 .key(&self.shared.keys.consumers)
                 .key(&self.shared.keys.version)
+                .key(&self.shared.keys.paused)
                 .arg(name)
                 .arg(self.shared.base(name))
                 .arg(&self.shared.keys.notify)
@@ -487,6 +579,71 @@ impl DurableBackend for RedisDurable {
         Box::pin(async move {
             let rt = self.shared.find(name).await?.ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?;
             self.shared.log(&rt, status, limit, page_token).await
+        })
+    }
+
+    fn list_pending<'a>(
+        &'a self,
+        name: &'a str,
+        limit: usize,
+        page_token: &'a str,
+    ) -> BoxFuture<'a, Result<PendingSlice, DurableError>> {
+        Box::pin(async move {
+            let rt = self.shared.find(name).await?.ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?;
+            self.shared.pending(&rt, limit, page_token).await
+        })
+    }
+
+    fn redrive<'a>(
+        &'a self,
+        name: &'a str,
+        event_ids: &'a [String],
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Redriven, DurableError>> {
+        Box::pin(async move {
+            let rt = self.shared.find(name).await?.ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?;
+            let limit = if limit == 0 { MAX_REDRIVE } else { limit.min(MAX_REDRIVE) };
+            let mut call = self.shared.scripts.redrive.prepare_invoke();
+            call.arg(&rt.base).arg(now_ms()).arg(self.shared.retention.max_entries.max(1)).arg(limit);
+            for id in event_ids.iter().take(MAX_REDRIVE) {
+                call.arg(id);
+            }
+            let (redriven, remaining): (i64, u64) =
+                call.invoke_async(&mut self.shared.conn()).await.map_err(unavailable)?;
+            let Ok(redriven) = u64::try_from(redriven) else {
+                self.shared.reload().await?;
+                return Err(DurableError::UnknownConsumer(name.to_owned()));
+            };
+            tracing::info!(consumer = %rt.name, redriven, remaining, "dead letters redriven");
+            Ok(Redriven { redriven, remaining })
+        })
+    }
+
+    fn set_paused<'a>(&'a self, name: &'a str, paused: bool) -> BoxFuture<'a, Result<ConsumerInfo, DurableError>> {
+        Box::pin(async move {
+            let found: i64 = self
+                .shared
+                .scripts
+                .pause
+                .key(&self.shared.keys.consumers)
+                .key(&self.shared.keys.paused)
+                .key(&self.shared.keys.version)
+                .arg(name)
+                .arg(u8::from(paused))
+                .arg(now_ms())
+                .arg(&self.shared.keys.notify)
+                .invoke_async(&mut self.shared.conn())
+                .await
+                .map_err(unavailable)?;
+            // Every instance reloads on the notice; this one before it answers.
+            self.shared.reload().await?;
+            let rt = match (found, self.shared.runtime(name)) {
+                (1, Some(rt)) => rt,
+                _ => return Err(DurableError::UnknownConsumer(name.to_owned())),
+            };
+            rt.settled().await;
+            tracing::info!(consumer = %rt.name, paused, "durable consumer {}", if paused { "paused" } else { "resumed" });
+            self.shared.info(&rt).await
         })
     }
 

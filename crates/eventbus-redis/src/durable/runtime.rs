@@ -34,6 +34,9 @@ pub(crate) enum Command {
     Nack(u64, String, String, Option<Duration>),
     Extend(u64, Vec<String>, Duration),
     Term(u64, String, String),
+    /// Something the actor reads outside its commands changed (paused or resumed); the
+    /// sender, if any, hears once the actor has acted on it.
+    Wake(Option<tokio::sync::oneshot::Sender<()>>),
     Stop(StopReason),
 }
 
@@ -46,6 +49,8 @@ pub(crate) struct Runtime {
     pub(crate) config: RwLock<Arc<ConsumerConfig>>,
     pub(crate) actor: Mutex<Option<ActorSlot>>,
     pub(crate) clients: std::sync::atomic::AtomicU32,
+    /// Paused by an operator (as last read from Redis): the actor delivers nothing.
+    pub(crate) paused: std::sync::atomic::AtomicBool,
 }
 
 impl Runtime {
@@ -56,6 +61,32 @@ impl Runtime {
             config: RwLock::new(Arc::new(config)),
             actor: Mutex::new(None),
             clients: std::sync::atomic::AtomicU32::new(0),
+            paused: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn is_paused(&self) -> bool {
+        self.paused.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Records the paused state read from Redis; a running actor is woken to act on it.
+    pub(crate) fn set_paused(&self, paused: bool) {
+        if self.paused.swap(paused, std::sync::atomic::Ordering::AcqRel) == paused {
+            return;
+        }
+        if let Some(slot) = self.actor.lock().as_ref() {
+            // Full: the actor is busy and re-reads the flag on its next turn anyway.
+            let _ = slot.tx.try_send(Command::Wake(None));
+        }
+    }
+
+    /// Waits (briefly) until the running actor, if any, has acted on the paused state:
+    /// after a pause it has stopped reading.
+    pub(crate) async fn settled(&self) {
+        let Some(tx) = self.actor.lock().as_ref().map(|slot| slot.tx.clone()) else { return };
+        let (done, settled) = tokio::sync::oneshot::channel();
+        if tx.send(Command::Wake(Some(done))).await.is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), settled).await;
         }
     }
 

@@ -73,7 +73,27 @@ local function release_key(b, key, id)
   redis.call('HSET', b .. ':k', key, nxt)
   local rec = redis.call('HGET', b .. ':r', nxt)
   redis.call('HDEL', b .. ':r', nxt)
+  redis.call('ZREM', b .. ':y', nxt)
   if rec then append(b, cmsgpack.unpack(rec)) end
+end
+
+-- Waits (for its retry, or behind its key) off the stream: record `rec` in `:r`, id
+-- in `:y` (every member scored 0: ListPending pages it by id).
+local function hold(b, id, rec)
+  redis.call('HSET', b .. ':r', id, rec)
+  redis.call('ZADD', b .. ':y', 0, id)
+end
+
+-- Keeps a dead-lettered event for RedriveDeadLetters: record {envelope, ordering key,
+-- attempts, channel} in `:v`, id in `:w` scored by when; the oldest beyond `maxlen` go.
+local function keep_dead(b, id, env, key, attempts, channel, now, maxlen)
+  redis.call('HSET', b .. ':v', id, cmsgpack.pack({env, key or '', attempts, channel}))
+  redis.call('ZADD', b .. ':w', now, id)
+  local over = redis.call('ZCARD', b .. ':w') - tonumber(maxlen)
+  if over > 0 then
+    local gone = redis.call('ZPOPMIN', b .. ':w', over)
+    for j = 1, #gone, 2 do redis.call('HDEL', b .. ':v', gone[j]) end
+  end
 end
 
 -- One terminal-log line: field `j`, the JSON of a `LogEntry` (what the reader parses).
@@ -89,7 +109,8 @@ local function log(b, id, channel, status, attempts, first, now, failures, maxle
 end
 
 -- One failed attempt of stream entry `sid`: back later with backoff, or dead-lettered.
--- cfg = {max_attempts, initial_ms, multiplier, max_ms}. Appends to out.dead / out.next.
+-- cfg = {max_attempts, initial_ms, multiplier, max_ms, kind (0 exponential, 1 linear)}.
+-- Appends to out.dead / out.next.
 -- A dead letter is recorded in the outbox `:o` (event id -> {envelope, attempts,
 -- failures, stamp ms}) and handed back for publication as {envelope, attempts,
 -- failures, event id}.
@@ -108,17 +129,20 @@ local function fail_one(b, g, sid, reason, delay, term, first, now, cfg, maxlen,
   if term == 1 or (cfg[1] > 0 and attempts >= cfg[1]) then
     log(b, id, channel, 'DeadLettered', attempts, first, now, x, maxlen)
     redis.call('HINCRBY', b .. ':n', 'dead_lettered', 1)
+    keep_dead(b, id, f.e, f.k, attempts, channel, now, maxlen)
     release_key(b, f.k, id)
     -- Kept in the outbox until its publication is answered (see TICK).
     redis.call('HSET', b .. ':o', id, cmsgpack.pack({f.e, attempts, x, now}))
     out.dead[#out.dead + 1] = {f.e, tostring(attempts), x, id}
     return
   end
-  if delay < 0 then
+  if delay < 0 and cfg[5] == 1 then
+    delay = math.min(cfg[4], cfg[2] * attempts)
+  elseif delay < 0 then
     delay = math.min(cfg[4], cfg[2] * (cfg[3] ^ (attempts - 1)))
   end
   local due = now + math.floor(delay)
-  redis.call('HSET', b .. ':r', id, cmsgpack.pack({f.e, channel, f.k or '', id, attempts, first, x}))
+  hold(b, id, cmsgpack.pack({f.e, channel, f.k or '', id, attempts, first, x}))
   redis.call('ZADD', b .. ':d', due, id)
   if out.next == nil or due < out.next then out.next = due end
 end
@@ -130,6 +154,7 @@ local function move_due(b, now, count)
     redis.call('ZREM', b .. ':d', id)
     local rec = redis.call('HGET', b .. ':r', id)
     redis.call('HDEL', b .. ':r', id)
+    redis.call('ZREM', b .. ':y', id)
     if rec then append(b, cmsgpack.unpack(rec)) end
   end
   if #ids > 0 then redis.call('HINCRBY', b .. ':n', 'redelivered', #ids) end
@@ -150,7 +175,9 @@ end
 ///
 /// KEYS: version. ARGV: known version, window ms, pub/sub channel prefix, then per
 /// event: event id, envelope, channel, ordering key ('' = none), idempotency key ('' =
-/// none), number of consumers n, then n consumer key bases.
+/// none), number of consumers n, then n (consumer key base, max_pending) pairs. A
+/// consumer holding max_pending unfinished events (0 = no limit) takes no more: the
+/// capture is dropped for it and counted (`:n` dropped).
 /// Returns `{'stale', version}` (nothing done), or `{'ok', r1, r2, ...}` with one `r`
 /// per event: the receivers of its PUBLISH (integer), or for a repeated idempotency
 /// key the original event id (string).
@@ -163,7 +190,7 @@ local j = 4
 while j <= #ARGV do
   local id, env, channel, key, idem = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4]
   local first = j + 6
-  j = first + tonumber(ARGV[j + 5])
+  j = first + 2 * tonumber(ARGV[j + 5])
   local prev = false
   if idem ~= '' then
     prev = redis.call('GET', idem)
@@ -172,19 +199,18 @@ while j <= #ARGV do
   if prev then
     out[#out + 1] = prev
   else
-    for i = first, j - 1 do
-      local b = ARGV[i]
-      local live = true
-      if key ~= '' then live = redis.call('HSETNX', b .. ':k', key, id) == 1 end
-      if live then
-        if key ~= '' then
-          redis.call('XADD', b .. ':s', '*', 'e', env, 'k', key)
-        else
-          redis.call('XADD', b .. ':s', '*', 'e', env)
-        end
-      else
+    for i = first, j - 1, 2 do
+      local b, max = ARGV[i], tonumber(ARGV[i + 1])
+      if max > 0 and redis.call('XLEN', b .. ':s') + redis.call('HLEN', b .. ':r') >= max then
+        redis.call('HINCRBY', b .. ':n', 'dropped', 1)
+      elseif key ~= '' and redis.call('HSETNX', b .. ':k', key, id) == 0 then
         redis.call('HSET', b .. ':r', id, cmsgpack.pack({env, channel, key, id, 0, '', ''}))
+        redis.call('ZADD', b .. ':y', 0, id)
         redis.call('RPUSH', b .. ':q:' .. key, id)
+      elseif key ~= '' then
+        redis.call('XADD', b .. ':s', '*', 'e', env, 'k', key)
+      else
+        redis.call('XADD', b .. ':s', '*', 'e', env)
       end
     end
     out[#out + 1] = redis.call('PUBLISH', pubsub .. channel, env)
@@ -228,6 +254,7 @@ for j = 5, #ARGV, 4 do
   elseif redis.call('ZREM', d, id) == 1 then
     local rec = redis.call('HGET', r, id)
     redis.call('HDEL', r, id)
+    redis.call('ZREM', b .. ':y', id)
     if rec then
       local e = cmsgpack.unpack(rec)
       log(b, e[4], e[2], 'Completed', e[5], e[6], now, e[7], maxlen)
@@ -244,15 +271,15 @@ return done
 "#;
 
 /// Fail (nack, term, deadline, disconnect): ARGV base, group, now, log maxlen, owner,
-/// max_attempts, initial_ms, multiplier, max_ms, then (stream id, reason, delay ms or
+/// max_attempts, initial_ms, multiplier, max_ms, backoff kind, then (stream id, reason, delay ms or
 /// -1 for the backoff, term 1/0, first delivery ms) quintuples. Entries no longer
 /// pending for `owner` are skipped (another instance already handled them).
 /// Returns `{next due ms or '', dead letters {envelope, attempts, failures}...}`.
 const FAIL: &str = r#"
 local b, g, now, maxlen, owner = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local cfg = {tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])}
+local cfg = {tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])}
 local out = {dead = {}}
-for j = 10, #ARGV, 5 do
+for j = 11, #ARGV, 5 do
   local sid = ARGV[j]
   local mine = redis.call('XPENDING', b .. ':s', g, sid, sid, 1, owner)
   if mine[1] then
@@ -284,7 +311,7 @@ return 0
 
 /// Janitor: ARGV base, group, now, log maxlen, instance, lock ms, min idle ms (the ack
 /// deadline), batch, oldest log id to keep, max_attempts, initial_ms, multiplier,
-/// max_ms, outbox grace ms. Under a lock that expires, reclaims entries idle past the
+/// max_ms, backoff kind, outbox grace ms. Under a lock that expires, reclaims entries idle past the
 /// ack deadline (held by an instance that died) as failed attempts, hands back for
 /// publication the dead letters left in the outbox longer than the grace (their
 /// publisher died or failed; restamped so that one janitor takes them at a time),
@@ -292,7 +319,7 @@ return 0
 /// back. Returns `{next due or '', more (1/0), dead letters...}`.
 const TICK: &str = r#"
 local b, g, now, maxlen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local cfg = {tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])}
+local cfg = {tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])}
 local batch = tonumber(ARGV[8])
 local out = {dead = {}}
 local more = 0
@@ -302,7 +329,7 @@ if redis.call('SET', b .. ':lock', ARGV[5], 'NX', 'PX', ARGV[6]) then
     fail_one(b, g, sid, 'ack deadline exceeded', -1, 0, tostring(now - tonumber(ARGV[7])), now, cfg, maxlen, out)
   end
   if claimed[1] ~= '0-0' then more = 1 end
-  local stale = now - tonumber(ARGV[14])
+  local stale = now - tonumber(ARGV[15])
   local cursor, seen = '0', {}
   repeat
     local page = redis.call('HSCAN', b .. ':o', cursor, 'COUNT', batch)
@@ -318,6 +345,13 @@ if redis.call('SET', b .. ':lock', ARGV[5], 'NX', 'PX', ARGV[6]) then
     end
   until cursor == '0' or #out.dead >= batch
   redis.call('XTRIM', b .. ':l', 'MINID', '~', ARGV[9])
+  -- Dead letters kept for redrive past the log's age go too.
+  local oldest = tonumber(string.match(ARGV[9], '^(%d+)'))
+  local expired = redis.call('ZRANGEBYSCORE', b .. ':w', '-inf', '(' .. oldest, 'LIMIT', 0, batch)
+  for _, id in ipairs(expired) do
+    redis.call('ZREM', b .. ':w', id)
+    redis.call('HDEL', b .. ':v', id)
+  end
   -- Group members of instances gone for good (every restart is a new instance) would
   -- pile up: drop those holding nothing and unseen for an hour.
   for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', b .. ':s', g)) do
@@ -350,13 +384,15 @@ redis.call('PUBLISH', ARGV[5], v)
 return {'ok', tostring(v)}
 "#;
 
-/// Delete a consumer and everything it holds: KEYS consumers hash, version; ARGV name,
-/// key base, notify channel. Returns 0 when there was no such consumer.
+/// Delete a consumer and everything it holds: KEYS consumers hash, version, paused
+/// hash; ARGV name, key base, notify channel. Returns 0 when there was no such consumer.
 const DELETE: &str = r#"
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[1])
 local b = ARGV[2]
 for _, key in ipairs(redis.call('HKEYS', b .. ':k')) do redis.call('DEL', b .. ':q:' .. key) end
 redis.call('DEL', b .. ':s', b .. ':d', b .. ':r', b .. ':k', b .. ':l', b .. ':n', b .. ':lock', b .. ':c', b .. ':o')
+redis.call('DEL', b .. ':y', b .. ':v', b .. ':w', b .. ':x')
 local v = redis.call('INCR', KEYS[2])
 redis.call('PUBLISH', ARGV[3], v)
 return 1
@@ -384,6 +420,142 @@ end
 return 1
 "#;
 
+/// Redrive: ARGV base, now, log maxlen, limit, then event ids (none = the `limit`
+/// dead letters kept longest). Each one found in `:v` goes back like a fresh capture
+/// (behind a live event of its key, if any), in event-id order (ids are UUIDv7:
+/// publish order), with a `Redriven` log line. Returns `{redriven, still kept}`, or
+/// `{-1, 0}` when the consumer is gone.
+const REDRIVE: &str = r#"
+local b, now, maxlen, limit = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+if redis.call('EXISTS', b .. ':s') == 0 then return {-1, 0} end
+local ids = {}
+if #ARGV > 4 then
+  for j = 5, #ARGV do ids[#ids + 1] = ARGV[j] end
+else
+  ids = redis.call('ZRANGE', b .. ':w', 0, limit - 1)
+end
+table.sort(ids)
+local done = 0
+for _, id in ipairs(ids) do
+  local rec = redis.call('HGET', b .. ':v', id)
+  if rec then
+    redis.call('HDEL', b .. ':v', id)
+    redis.call('ZREM', b .. ':w', id)
+    local r = cmsgpack.unpack(rec)
+    local env, key, attempts, channel = r[1], r[2], r[3], r[4]
+    if key ~= '' and redis.call('HSETNX', b .. ':k', key, id) == 0 then
+      hold(b, id, cmsgpack.pack({env, channel, key, id, 0, '', ''}))
+      redis.call('RPUSH', b .. ':q:' .. key, id)
+    elseif key ~= '' then
+      redis.call('XADD', b .. ':s', '*', 'e', env, 'k', key)
+    else
+      redis.call('XADD', b .. ':s', '*', 'e', env)
+    end
+    log(b, id, channel, 'Redriven', attempts, nil, now, '[]', maxlen)
+    done = done + 1
+  end
+end
+if done > 0 then redis.call('HINCRBY', b .. ':n', 'redriven', done) end
+return {done, redis.call('ZCARD', b .. ':w')}
+"#;
+
+/// One page of ListPending: ARGV base, group, now, ack deadline ms, limit, token. The
+/// live stream first, in stream order (`s:{last stream id}`), then the events waiting
+/// off it by event id (`r:{last event id}`). Returns `{next token or '', rows...}`,
+/// each row `{envelope, attempt, next delivery ms or '', failures JSON, state}` with
+/// state 1 ready, 2 delayed, 3 in flight, 4 blocked by its ordering key.
+const PENDING: &str = r#"
+local b, g, now, ackdl, limit, token = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local rows = {}
+local phase, after = string.sub(token, 1, 1), string.sub(token, 3)
+if token == '' then phase, after = 's', '' end
+if phase == 's' then
+  local start = '-'
+  if after ~= '' then start = '(' .. after end
+  local entries = redis.call('XRANGE', b .. ':s', start, '+', 'COUNT', limit)
+  local last = ''
+  for _, e in ipairs(entries) do
+    local sid, f = e[1], fields(e[2])
+    local failed = tonumber(f.a) or 0
+    local p = redis.call('XPENDING', b .. ':s', g, sid, sid, 1)
+    if p[1] then
+      rows[#rows + 1] = {f.e, tostring(failed + 1), tostring(now - tonumber(p[1][3]) + ackdl), f.x or '[]', 3}
+    else
+      rows[#rows + 1] = {f.e, tostring(failed), '', f.x or '[]', 1}
+    end
+    last = sid
+  end
+  if #entries == limit then return {'s:' .. last, unpack(rows)} end
+  phase, after = 'r', ''
+end
+local start = '-'
+if after ~= '' then start = '(' .. after end
+local room = limit - #rows
+local ids = redis.call('ZRANGEBYLEX', b .. ':y', start, '+', 'LIMIT', 0, room)
+for _, id in ipairs(ids) do
+  local rec = redis.call('HGET', b .. ':r', id)
+  if rec then
+    local r = cmsgpack.unpack(rec)
+    local due = redis.call('ZSCORE', b .. ':d', id)
+    local x = r[7]
+    if x == nil or x == '' then x = '[]' end
+    if due then
+      rows[#rows + 1] = {r[1], tostring(r[5]), tostring(due), x, 2}
+    else
+      rows[#rows + 1] = {r[1], tostring(r[5]), '', x, 4}
+    end
+  end
+end
+local next = ''
+if #ids == room then next = 'r:' .. ids[#ids] end
+return {next, unpack(rows)}
+"#;
+
+/// Pause or resume: KEYS consumers hash, paused hash, version; ARGV name, paused
+/// (1/0), now, notify channel. Every instance reloads on the notice. Returns 0 for an
+/// unknown consumer, else 1.
+const PAUSE: &str = r#"
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+local changed
+if ARGV[2] == '1' then
+  changed = redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[3])
+else
+  changed = redis.call('HDEL', KEYS[2], ARGV[1])
+end
+if changed == 1 then
+  local v = redis.call('INCR', KEYS[3])
+  redis.call('PUBLISH', ARGV[4], v)
+end
+return 1
+"#;
+
+/// Exclusive consumers' lease: ARGV base, group, instance, ttl ms, want (1 take or
+/// renew, 0 give up). Taken only when free and no other instance still holds events
+/// in flight (they are released first: by their client's detach, or by a janitor past
+/// their ack deadline). Returns 1 while this instance holds it.
+const LEASE: &str = r#"
+local b, g, me, ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local key = b .. ':x'
+local cur = redis.call('GET', key)
+if ARGV[5] == '0' then
+  if cur == me then redis.call('DEL', key) end
+  return 0
+end
+if cur == me then
+  redis.call('PEXPIRE', key, ttl)
+  return 1
+end
+if cur or redis.call('EXISTS', b .. ':s') == 0 then return 0 end
+local summary = redis.call('XPENDING', b .. ':s', g)
+if summary[4] then
+  for _, c in ipairs(summary[4]) do
+    if c[1] ~= me and tonumber(c[2]) > 0 then return 0 end
+  end
+end
+redis.call('SET', key, me, 'PX', ttl)
+return 1
+"#;
+
 /// The scripts, hashed once.
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -395,6 +567,10 @@ pub(crate) struct Scripts {
     pub(crate) define: Script,
     pub(crate) delete: Script,
     pub(crate) presence: Script,
+    pub(crate) redrive: Script,
+    pub(crate) pending: Script,
+    pub(crate) pause: Script,
+    pub(crate) lease: Script,
 }
 
 impl Scripts {
@@ -409,6 +585,10 @@ impl Scripts {
             define: Script::new(DEFINE),
             delete: Script::new(DELETE),
             presence: Script::new(PRESENCE),
+            redrive: with_prelude(REDRIVE),
+            pending: with_prelude(PENDING),
+            pause: Script::new(PAUSE),
+            lease: Script::new(LEASE),
         }
     }
 }

@@ -75,6 +75,13 @@ pub async fn daemon(data_dir: &std::path::Path) -> (tokio::process::Child, Strin
     daemon_with(data_dir, &[]).await
 }
 
+/// Kills `child` with SIGKILL (no chance to flush or clean up) and waits for it.
+pub async fn kill_9(child: &mut tokio::process::Child) {
+    let pid = child.id().unwrap().to_string();
+    assert!(std::process::Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    within(child.wait()).await.unwrap();
+}
+
 /// [`daemon`] with extra environment variables.
 pub async fn daemon_with(data_dir: &std::path::Path, env: &[(&str, String)]) -> (tokio::process::Child, String) {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_eventbusd"))

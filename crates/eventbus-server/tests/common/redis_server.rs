@@ -133,6 +133,14 @@ impl RedisProc {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to redis-server: a stopped Redis keeps its
+    /// sockets open but answers nothing, like a hung one.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("redis-server is running").id();
+        let status = Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status();
+        assert!(status.is_ok_and(|s| s.success()), "kill -{signal} {pid} failed");
+    }
+
     pub fn url(&self) -> String {
         match &self.credentials {
             Some((user, password)) => format!("redis://{user}:{password}@127.0.0.1:{}/", self.port),
