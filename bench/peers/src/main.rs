@@ -7,6 +7,10 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use eventbus_bench::BenchCommand;
 
+/// The allocator of the `eventbus` load generator, so both sides decode alike.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod jetstream;
 mod nats;
 mod redis_target;

@@ -28,6 +28,12 @@ use std::process::ExitCode;
 use clap::Parser;
 use eventbus_client::Client;
 
+/// jemalloc, as in `eventbusd`: decoding pushed events allocates their strings, and
+/// glibc's malloc was a quarter of a subscriber's instructions (callgrind, `bench
+/// fanout`). `peers` uses it too, so the bench compares the systems, not allocators.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use crate::cli::{Cli, Command};
 
 /// `eventbus bench`: one run, reported as text or one JSON object.

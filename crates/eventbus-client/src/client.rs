@@ -36,6 +36,8 @@ pub struct Client {
 #[derive(Debug)]
 struct Inner {
     connector: Connector,
+    /// For the calls made with the crate's own codec (`codec`).
+    channel: AuthChannel,
     bus: EventBusClient<AuthChannel>,
     admin: AdminClient<AuthChannel>,
 }
@@ -61,6 +63,10 @@ impl Client {
         self.inner.admin.clone()
     }
 
+    pub(crate) fn channel(&self) -> AuthChannel {
+        self.inner.channel.clone()
+    }
+
     pub(crate) fn bus(&self) -> EventBusClient<AuthChannel> {
         self.inner.bus.clone()
     }
@@ -75,7 +81,7 @@ impl Client {
     /// (one per publish, in order) from the other half. At most `window` publishes wait
     /// to be sent before [`PublishSender::send`] waits.
     pub async fn publish_stream(&self, window: usize) -> Result<(PublishSender, PublishAnswers), Error> {
-        publish::open(self.bus(), window).await
+        publish::open(self.channel(), window).await
     }
 
     /// Subscribes, and waits until the subscription is live: anything published after
@@ -185,6 +191,7 @@ impl Connector {
         let channel = self.channel().await?;
         let inner = Inner {
             connector: self.clone(),
+            channel: channel.clone(),
             bus: EventBusClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE),
             admin: AdminClient::new(channel).max_decoding_message_size(MAX_MESSAGE),
         };

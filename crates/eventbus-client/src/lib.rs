@@ -83,6 +83,7 @@
 
 mod backoff;
 mod client;
+mod codec;
 mod consume;
 mod error;
 #[cfg(feature = "postgres")]

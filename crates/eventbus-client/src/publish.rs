@@ -1,10 +1,11 @@
 //! Pipelined publishing over one `PublishStream`: a sender half and an answers half.
 
-use eventbus_proto::pb::{self, event_bus_client::EventBusClient};
+use eventbus_proto::pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::Error;
+use crate::codec::{self, Method};
 use crate::options::AuthChannel;
 
 /// The sending half of a `PublishStream`. Cheap to clone; the stream's request side
@@ -40,11 +41,8 @@ impl PublishAnswers {
     }
 }
 
-pub(crate) async fn open(
-    mut bus: EventBusClient<AuthChannel>,
-    window: usize,
-) -> Result<(PublishSender, PublishAnswers), Error> {
+pub(crate) async fn open(channel: AuthChannel, window: usize) -> Result<(PublishSender, PublishAnswers), Error> {
     let (tx, rx) = mpsc::channel(window.max(1));
-    let responses = bus.publish_stream(ReceiverStream::new(rx)).await?.into_inner();
+    let responses = codec::streaming(channel, Method::PublishStream, ReceiverStream::new(rx)).await?;
     Ok((PublishSender { tx }, PublishAnswers { responses }))
 }

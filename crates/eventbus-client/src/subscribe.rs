@@ -12,6 +12,7 @@ use futures::Stream;
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::codec::{self, Method};
 use crate::{Backoff, Client, Error};
 
 /// Items a subscription may hold before its task stops reading the broker (which
@@ -136,7 +137,7 @@ async fn start(
     client: &Client,
     request: &pb::SubscribeRequest,
 ) -> Result<(String, tonic::Streaming<pb::SubscribeResponse>), Error> {
-    let mut stream = client.bus().subscribe(request.clone()).await?.into_inner();
+    let mut stream = codec::server_streaming(client.channel(), Method::Subscribe, request.clone()).await?;
     match stream.message().await? {
         Some(pb::SubscribeResponse { kind: Some(Kind::Started(s)) }) => Ok((s.subscription_id, stream)),
         other => Err(Error::Protocol(format!("expected `started` first, got {other:?}"))),
