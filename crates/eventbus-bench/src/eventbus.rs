@@ -95,10 +95,19 @@ pub struct Acks {
 #[derive(Debug)]
 pub enum EventBusPublisher {
     Unary(Client),
-    Stream { tx: PublishSender, sent: u64, acks: Arc<Acks> },
+    Stream {
+        tx: PublishSender,
+        sent: u64,
+        acks: Arc<Acks>,
+    },
     /// Events gathered `size` at a time, sent in one `PublishBatch`, up to
     /// [`BATCH_WINDOW`] calls in flight.
-    Batch { client: Client, size: usize, pending: Vec<pb::PublishRequest>, calls: JoinSet<anyhow::Result<()>> },
+    Batch {
+        client: Client,
+        size: usize,
+        pending: Vec<pb::PublishRequest>,
+        calls: JoinSet<anyhow::Result<()>>,
+    },
 }
 
 /// Sends what is pending as one `PublishBatch`, then waits while too many are in flight.

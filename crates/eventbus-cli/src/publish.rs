@@ -169,7 +169,10 @@ impl BatchTally {
                 if json {
                     let code = err.status().map_or(0, |s| s.code() as i32);
                     let message = err.status().map_or_else(|| err.to_string(), |s| s.message().to_owned());
-                    println!("{}", json!({"channel": channel, "line": line, "error": {"code": code, "message": message}}));
+                    println!(
+                        "{}",
+                        json!({"channel": channel, "line": line, "error": {"code": code, "message": message}})
+                    );
                 } else {
                     eprintln!("line {line} refused: {err}");
                 }

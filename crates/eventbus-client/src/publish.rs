@@ -82,7 +82,9 @@ mod tests {
             ..Default::default()
         };
         let answers = batch_results(2, pb::PublishBatchResponse { results: vec![ok, refused] }).unwrap_or_default();
-        assert!(matches!(&answers[..], [Ok(p), Err(Error::InvalidArgument(s))] if p.event_id == "e1" && s.message() == "bad channel"));
+        assert!(
+            matches!(&answers[..], [Ok(p), Err(Error::InvalidArgument(s))] if p.event_id == "e1" && s.message() == "bad channel")
+        );
         let short = batch_results(3, pb::PublishBatchResponse { results: vec![] });
         assert!(matches!(short, Err(Error::Protocol(_))));
     }

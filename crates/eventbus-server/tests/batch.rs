@@ -69,7 +69,14 @@ async fn a_refused_event_gets_its_error_and_the_others_are_published() {
 
     assert_eq!(
         codes(&results),
-        [Code::Ok, Code::InvalidArgument, Code::ResourceExhausted, Code::InvalidArgument, Code::InvalidArgument, Code::Ok]
+        [
+            Code::Ok,
+            Code::InvalidArgument,
+            Code::ResourceExhausted,
+            Code::InvalidArgument,
+            Code::InvalidArgument,
+            Code::Ok
+        ]
     );
     let message = |i: usize| results[i].error.as_ref().unwrap().message.clone();
     assert!(message(1).contains("r.*"), "{}", message(1));

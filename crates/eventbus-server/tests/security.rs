@@ -225,7 +225,10 @@ async fn call(server: &TestServer, fixture: &Fixture, rpc: Rpc, cred: Cred) -> C
             }
         }
         // Rights are judged per event: the code is the call's, else its one event's.
-        Rpc::PublishBatch => match bus.publish_batch(pb::PublishBatchRequest { events: vec![event("t.one", "x")] }).await {
+        Rpc::PublishBatch => match bus
+            .publish_batch(pb::PublishBatchRequest { events: vec![event("t.one", "x")] })
+            .await
+        {
             Ok(answer) => answer.into_inner().results[0].error.as_ref().map_or(Code::Ok, |e| Code::from_i32(e.code)),
             Err(status) => status.code(),
         },
@@ -647,7 +650,8 @@ async fn a_batch_publishes_only_where_each_event_has_the_right_and_within_the_ra
     let events = vec![event("p.a", "1"), event("p.secret", "2"), event("q.other", "3"), event("p.b", "4")];
     let request = pb::PublishBatchRequest { events };
     let results = within(bus.publish_batch(request)).await.unwrap().into_inner().results;
-    let codes: Vec<Code> = results.iter().map(|r| r.error.as_ref().map_or(Code::Ok, |e| Code::from_i32(e.code))).collect();
+    let codes: Vec<Code> =
+        results.iter().map(|r| r.error.as_ref().map_or(Code::Ok, |e| Code::from_i32(e.code))).collect();
     assert_eq!(codes, [Code::Ok, Code::PermissionDenied, Code::PermissionDenied, Code::Ok]);
     let refused = &results[1].error.as_ref().unwrap().message;
     assert!(refused.contains("p.secret") && !refused.contains("ebt_part"), "{refused}");
