@@ -71,9 +71,9 @@ impl Client {
         Ok(self.bus().publish(request).await?.into_inner())
     }
 
-    /// Publishes several events in one call (`PublishBatch`), the fastest way to
-    /// publish: in their order, as on one `PublishStream`, durable captures sharing one
-    /// commit. Answers one result per event, in the same order: the broker's answer, or
+    /// Publishes several events in one call (`PublishBatch`): the call's cost is shared
+    /// by its events, many times cheaper than one [`publish`](Self::publish) each. In
+    /// their order, as on one `PublishStream`, durable captures sharing one commit. Answers one result per event, in the same order: the broker's answer, or
     /// that event's own refusal (bad channel, payload too large, no right on its
     /// channel...), which does not stop the others. The call itself fails only for the
     /// whole batch: more than the broker's `eventbus.max_publish_batch` events or a

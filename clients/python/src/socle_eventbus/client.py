@@ -216,8 +216,9 @@ class Client:
         self, requests: Iterable[pb.PublishRequest]
     ) -> List[Union[pb.PublishResponse, EventBusError]]:
         """Publishes several events in one call (`PublishBatch`, see `publish_request`): the
-        fastest way to publish. Events are published in their order (as on one stream) and
-        their durable captures share one commit.
+        call's cost is shared by its events, many times cheaper than one `publish` each.
+        Events are published in their order (as on one stream) and their durable captures
+        share one commit.
 
         Returns one result per request, in the same order: the `PublishResponse`, or, for
         an event the broker refused (bad channel, payload too large, no right on its
