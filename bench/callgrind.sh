@@ -8,7 +8,7 @@
 #   bash bench/callgrind.sh pubonly                 # one workload
 #   BIN=/tmp/old/eventbusd COUNT=20000 bash bench/callgrind.sh fanout1x1 latency
 #
-# Workloads: pubonly fanout1x1 fanout1x16 latency unary durable_unary durable_stream.
+# Workloads: pubonly pubonly_batch fanout1x1 fanout1x16 latency unary durable_unary durable_stream.
 # BIN: the daemon (default target/release/eventbusd); CLI: the load generator
 # (default: next to BIN, else target/release/eventbus); OUT: where callgrind files go.
 set -euo pipefail
@@ -25,10 +25,12 @@ mkdir -p "$OUT"; OUT=$(realpath "$OUT")
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-# The latency workload paces COUNT events at RATE/s.
+# The latency workload paces COUNT events at RATE/s; pubonly_batch sends BATCH events
+# per PublishBatch call (default 256).
 RATE=${RATE:-1000}
 declare -A WORKLOAD=(
   [pubonly]="pubonly --publishers 1 --payload 128 --count COUNT --mode stream"
+  [pubonly_batch]="pubonly --publishers 1 --payload 128 --count COUNT --mode batch --batch ${BATCH:-256}"
   [fanout1x1]="fanout --publishers 1 --subscribers 1 --payload 128 --count COUNT --mode stream"
   [fanout1x16]="fanout --publishers 1 --subscribers 16 --payload 128 --count COUNT --mode stream"
   [latency]="latency --rate $RATE --duration DURATION --subscribers 1 --payload 128"

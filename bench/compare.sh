@@ -54,6 +54,7 @@ WORKLOADS=(
   "fanout --publishers 1 --subscribers 1 --payload 128 --count 300000 --mode stream"
   "latency --rate 10000 --duration 5 --subscribers 1 --payload 128"
   "pubonly --publishers 1 --payload 128 --count 300000 --mode stream"
+  "pubonly --publishers 1 --payload 128 --count 300000 --mode batch --batch 256"
 )
 
 run() { # system workload...

@@ -10,11 +10,12 @@ def key(r):
     p = r["params"]
     if r["workload"] == "durable":
         return f"durable {p['publishers']} pub, {p['payload']} B, {p.get('mode', 'unary')}"
-    if r["workload"] == "fanout":
-        return f"fanout {p['publishers']}→{p['subscribers']}, {p['payload']} B, {p['mode']}"
     if r["workload"] == "latency":
         return f"latency {p['rate']}/s, {p['subscribers']} sub, {p['payload']} B"
-    return f"pubonly {p['publishers']} pub, {p['payload']} B, {p['mode']}"
+    mode = f"{p['mode']} {p['batch']}" if "batch" in p else p["mode"]
+    if r["workload"] == "fanout":
+        return f"fanout {p['publishers']}→{p['subscribers']}, {p['payload']} B, {mode}"
+    return f"pubonly {p['publishers']} pub, {p['payload']} B, {mode}"
 
 
 def durable(runs):

@@ -37,7 +37,7 @@ pub(crate) async fn run(url: &str, json: bool, a: &DurableArgs) -> anyhow::Resul
         let (subject, payload) = (subject.clone(), payload.clone());
         let window = match a.mode {
             PublishMode::Unary => 1,
-            PublishMode::Stream => STREAM_WINDOW,
+            PublishMode::Stream | PublishMode::Batch => STREAM_WINDOW,
         };
         tasks.push(tokio::spawn(async move {
             let mut h = latency_histogram();

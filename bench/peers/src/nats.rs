@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use bytes::Bytes;
-use eventbus_bench::{PublishMode, Publisher, Subscriber, Target};
+use eventbus_bench::{PublishMode, Publisher, Publishing, Subscriber, Target};
 use futures::{FutureExt, StreamExt};
 
 /// Messages taken per `next` when more are already buffered, like an eventbus batch.
@@ -31,8 +31,8 @@ impl Target for NatsTarget {
         "nats"
     }
 
-    async fn publisher(&self, mode: PublishMode) -> anyhow::Result<NatsPublisher> {
-        Ok(NatsPublisher { client: self.client().await?, mode })
+    async fn publisher(&self, how: Publishing) -> anyhow::Result<NatsPublisher> {
+        Ok(NatsPublisher { client: self.client().await?, mode: how.mode })
     }
 
     async fn subscriber(&self, subject: &str, group: Option<&str>) -> anyhow::Result<NatsSubscriber> {

@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use bytes::Bytes;
-use eventbus_bench::{PublishMode, Publisher, Subscriber, Target};
+use eventbus_bench::{PublishMode, Publisher, Publishing, Subscriber, Target};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use redis::aio::MultiplexedConnection;
@@ -33,9 +33,9 @@ impl Target for RedisTarget {
         "redis"
     }
 
-    async fn publisher(&self, mode: PublishMode) -> anyhow::Result<RedisPublisher> {
+    async fn publisher(&self, how: Publishing) -> anyhow::Result<RedisPublisher> {
         let conn = self.client.get_multiplexed_async_connection().await?;
-        Ok(RedisPublisher { conn, mode, pending: FuturesUnordered::new() })
+        Ok(RedisPublisher { conn, mode: how.mode, pending: FuturesUnordered::new() })
     }
 
     async fn subscriber(&self, subject: &str, group: Option<&str>) -> anyhow::Result<RedisSubscriber> {
@@ -68,7 +68,8 @@ impl Publisher for RedisPublisher {
             PublishMode::Unary => {
                 send.await?;
             }
-            PublishMode::Stream => {
+            // Redis has no batch call; pipelined like `stream`.
+            PublishMode::Stream | PublishMode::Batch => {
                 self.pending.push(send.boxed());
                 // Futures only run when polled: poll now so the command goes out, and
                 // collect whatever already finished.

@@ -48,6 +48,27 @@ async def test_publish_stream_answers_in_order(daemon: Daemon, name: str) -> Non
         assert len(answers) == 100 and len({a.event_id for a in answers}) == 100
 
 
+async def test_publish_batch_answers_each_event_in_order(daemon: Daemon, name: str) -> None:
+    async with await Client.connect(daemon.url) as client:
+        sub = client.subscribe(f"{name}.*")
+        nxt = asyncio.ensure_future(sub.__anext__())  # the subscription runs while iterated
+        await sub.started()
+        requests = [publish_request(f"{name}.a", "first"), publish_request(f"{name}.*", "wildcard"),
+                    publish_request(f"{name}.b", "last", metadata={"k": "v"})]
+        results = await client.publish_batch(requests)
+        assert len(results) == 3
+        first, refused, last = results
+        assert isinstance(first, pb.PublishResponse) and first.event_id and first.delivered_count == 1
+        # The refused event's error is returned in its slot, typed; the others are published.
+        assert isinstance(refused, InvalidArgument) and f"{name}.*" in refused.message
+        assert isinstance(last, pb.PublishResponse) and last.event_id
+        received = [await asyncio.wait_for(nxt, 10), await asyncio.wait_for(sub.__anext__(), 10)]
+        assert [(e.id, e.payload) for e in received] == [(first.event_id, b"first"), (last.event_id, b"last")]
+        assert received[1].metadata["k"] == "v"
+        assert await client.publish_batch([]) == []
+        await sub.aclose()
+
+
 async def test_errors_are_typed(daemon: Daemon, name: str) -> None:
     async with await Client.connect(daemon.url) as client:
         with pytest.raises(InvalidArgument):

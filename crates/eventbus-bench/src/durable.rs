@@ -23,7 +23,9 @@ pub struct DurableArgs {
     pub max_batch: u32,
     /// `unary`: each publish awaited before the next; `stream`: each publisher keeps
     /// up to [`STREAM_WINDOW`] publishes unanswered (eventbus: one `PublishStream`;
-    /// JetStream: asynchronous publishes, acks awaited in order).
+    /// JetStream: asynchronous publishes, acks awaited in order); `batch`: eventbus
+    /// sends [`STREAM_WINDOW`] events per `PublishBatch`, each call awaited (JetStream:
+    /// as `stream`).
     #[arg(long, value_enum, default_value_t = PublishMode::Unary)]
     pub mode: PublishMode,
 }
@@ -33,10 +35,7 @@ pub const STREAM_WINDOW: usize = 32;
 
 impl DurableArgs {
     fn mode_name(&self) -> &'static str {
-        match self.mode {
-            PublishMode::Unary => "unary",
-            PublishMode::Stream => "stream",
-        }
+        self.mode.name()
     }
 }
 

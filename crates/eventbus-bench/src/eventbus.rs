@@ -4,14 +4,17 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::target::{PublishMode, Publisher, Subscriber, Target};
+use crate::target::{PublishMode, Publisher, Publishing, Subscriber, Target};
 use anyhow::Context;
 use bytes::Bytes;
 use eventbus_client::{Client, PublishSender, SubscribeOptions, Subscription, SubscriptionItem, pb};
 use tokio::sync::{Mutex, Notify};
+use tokio::task::JoinSet;
 
 /// Publishes in flight on one `PublishStream` before the sender waits.
 const STREAM_WINDOW: usize = 4096;
+/// `PublishBatch` calls in flight per publisher before it waits for the oldest.
+const BATCH_WINDOW: usize = 4;
 /// Bench subscribers ask for the largest queue, so a run measures throughput, not drops.
 const QUEUE_CAPACITY: u32 = 1_000_000;
 
@@ -36,10 +39,14 @@ impl Target for EventBusTarget {
         "eventbus"
     }
 
-    async fn publisher(&self, mode: PublishMode) -> anyhow::Result<EventBusPublisher> {
+    async fn publisher(&self, how: Publishing) -> anyhow::Result<EventBusPublisher> {
         let client = self.client.new_connection().await?;
-        match mode {
+        match how.mode {
             PublishMode::Unary => Ok(EventBusPublisher::Unary(client)),
+            PublishMode::Batch => {
+                let size = how.batch.max(1);
+                Ok(EventBusPublisher::Batch { client, size, pending: Vec::with_capacity(size), calls: JoinSet::new() })
+            }
             PublishMode::Stream => {
                 let (tx, mut answers) = client.publish_stream(STREAM_WINDOW).await?;
                 let acks = Arc::new(Acks::default());
@@ -88,7 +95,42 @@ pub struct Acks {
 #[derive(Debug)]
 pub enum EventBusPublisher {
     Unary(Client),
-    Stream { tx: PublishSender, sent: u64, acks: Arc<Acks> },
+    Stream {
+        tx: PublishSender,
+        sent: u64,
+        acks: Arc<Acks>,
+    },
+    /// Events gathered `size` at a time, sent in one `PublishBatch`, up to
+    /// [`BATCH_WINDOW`] calls in flight.
+    Batch {
+        client: Client,
+        size: usize,
+        pending: Vec<pb::PublishRequest>,
+        calls: JoinSet<anyhow::Result<()>>,
+    },
+}
+
+/// Sends what is pending as one `PublishBatch`, then waits while too many are in flight.
+async fn send_batch(
+    client: &Client,
+    size: usize,
+    pending: &mut Vec<pb::PublishRequest>,
+    calls: &mut JoinSet<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let events = std::mem::replace(pending, Vec::with_capacity(size));
+    let client = client.clone();
+    calls.spawn(async move {
+        for (i, answer) in client.publish_batch(events).await?.into_iter().enumerate() {
+            answer.with_context(|| format!("event {i} of a batch was refused"))?;
+        }
+        Ok(())
+    });
+    while calls.len() >= BATCH_WINDOW {
+        if let Some(done) = calls.join_next().await {
+            done??;
+        }
+    }
+    Ok(())
 }
 
 impl Publisher for EventBusPublisher {
@@ -102,11 +144,26 @@ impl Publisher for EventBusPublisher {
                 tx.send(req).await.context("the publish stream ended")?;
                 *sent += 1;
             }
+            Self::Batch { client, size, pending, calls } => {
+                pending.push(req);
+                if pending.len() >= *size {
+                    send_batch(client, *size, pending, calls).await?;
+                }
+            }
         }
         Ok(())
     }
 
     async fn flush(&mut self) -> anyhow::Result<()> {
+        if let Self::Batch { client, size, pending, calls } = self {
+            if !pending.is_empty() {
+                send_batch(client, *size, pending, calls).await?;
+            }
+            while let Some(done) = calls.join_next().await {
+                done??;
+            }
+            return Ok(());
+        }
         let Self::Stream { sent, acks, .. } = self else { return Ok(()) };
         loop {
             let changed = acks.changed.notified();

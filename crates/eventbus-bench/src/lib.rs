@@ -8,7 +8,8 @@
 //! - [`workload`]: the three workloads (fan-out, latency at a fixed rate, publish-only),
 //!   their command-line arguments and their [`Report`](workload::Report).
 //! - [`durable`]: the durable workload's arguments and report (eventbus and JetStream).
-//! - [`eventbus`]: the eventbus target (unary `Publish` or `PublishStream`), on
+//! - [`eventbus`]: the eventbus target (unary `Publish`, `PublishStream` or
+//!   `PublishBatch`), on
 //!   `eventbus-client` like every other client in the repository.
 
 pub mod durable;
@@ -16,5 +17,5 @@ pub mod eventbus;
 pub mod target;
 pub mod workload;
 
-pub use target::{PublishMode, Publisher, Subscriber, Target};
+pub use target::{PublishMode, Publisher, Publishing, Subscriber, Target};
 pub use workload::{BenchCommand, Report, run};

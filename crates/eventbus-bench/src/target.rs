@@ -4,13 +4,37 @@ use std::future::Future;
 
 use bytes::Bytes;
 
-/// How a publisher sends: one acknowledged call at a time, or a pipelined stream.
+/// How a publisher sends: one acknowledged call at a time, a pipelined stream, or
+/// batches of events per call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PublishMode {
     /// Each publish waits for its answer (eventbus `Publish`).
     Unary,
     /// Publishes are pipelined (eventbus `PublishStream`); answers are read concurrently.
     Stream,
+    /// `--batch` events per call (eventbus `PublishBatch`), a few calls in flight. Systems
+    /// without a batch call (NATS, Redis, JetStream) publish as with `stream`: their
+    /// clients already coalesce pipelined publishes into large writes.
+    Batch,
+}
+
+impl PublishMode {
+    /// The mode's name in reports and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unary => "unary",
+            Self::Stream => "stream",
+            Self::Batch => "batch",
+        }
+    }
+}
+
+/// How a publisher is to publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Publishing {
+    pub mode: PublishMode,
+    /// Events per call in [`PublishMode::Batch`] (at least 1).
+    pub batch: usize,
 }
 
 /// A system under test.
@@ -22,7 +46,7 @@ pub trait Target: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     /// A new publisher (its own connection or stream).
-    fn publisher(&self, mode: PublishMode) -> impl Future<Output = anyhow::Result<Self::Pub>> + Send;
+    fn publisher(&self, how: Publishing) -> impl Future<Output = anyhow::Result<Self::Pub>> + Send;
 
     /// A subscriber on `subject`, optionally in a queue group; live (it will receive
     /// anything published after this returns) when the future resolves.

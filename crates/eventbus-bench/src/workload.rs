@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-use crate::target::{PublishMode, Publisher, Subscriber, Target};
+use crate::target::{PublishMode, Publisher, Publishing, Subscriber, Target};
 
 /// A run ends when no delivery has arrived for this long.
 const IDLE: Duration = Duration::from_secs(2);
@@ -47,11 +47,24 @@ pub struct Load {
     /// Publish mode.
     #[arg(long, value_enum, default_value_t = PublishMode::Stream)]
     pub mode: PublishMode,
+    /// Events per call with `--mode batch`.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
 }
 
 impl Load {
     fn params(&self) -> Value {
-        json!({"publishers": self.publishers, "payload": self.payload, "count": self.count, "mode": mode_name(self.mode)})
+        let mut params = json!({
+            "publishers": self.publishers, "payload": self.payload, "count": self.count, "mode": self.mode.name(),
+        });
+        if self.mode == PublishMode::Batch {
+            params["batch"] = json!(self.batch);
+        }
+        params
+    }
+
+    fn publishing(&self) -> Publishing {
+        Publishing { mode: self.mode, batch: self.batch as usize }
     }
 }
 
@@ -274,10 +287,10 @@ impl Tally {
     }
 }
 
-async fn publishers<T: Target>(target: &T, n: usize, mode: PublishMode) -> anyhow::Result<Vec<T::Pub>> {
+async fn publishers<T: Target>(target: &T, n: usize, how: Publishing) -> anyhow::Result<Vec<T::Pub>> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n.max(1) {
-        out.push(target.publisher(mode).await?);
+        out.push(target.publisher(how).await?);
     }
     Ok(out)
 }
@@ -311,7 +324,7 @@ async fn fanout<T: Target>(target: &T, a: &FanoutArgs, progress: bool) -> anyhow
         subs.push(target.subscriber(&subject, group).await?);
     }
     let load = &a.load;
-    let pubs = publishers(target, load.publishers, load.mode).await?;
+    let pubs = publishers(target, load.publishers, load.publishing()).await?;
     let expected = if a.subscribers == 0 {
         0
     } else if a.group {
@@ -356,7 +369,7 @@ async fn fanout<T: Target>(target: &T, a: &FanoutArgs, progress: bool) -> anyhow
 async fn pubonly<T: Target>(target: &T, a: &PubonlyArgs) -> anyhow::Result<Report> {
     let subject = subject("pubonly");
     let load = &a.load;
-    let pubs = publishers(target, load.publishers, load.mode).await?;
+    let pubs = publishers(target, load.publishers, load.publishing()).await?;
     let start = Instant::now();
     publish_all(pubs, &subject, Bytes::from(vec![0xAB; load.payload]), load.count).await?;
     let publish_secs = start.elapsed().as_secs_f64();
@@ -375,12 +388,16 @@ async fn pubonly<T: Target>(target: &T, a: &PubonlyArgs) -> anyhow::Result<Repor
 
 async fn latency<T: Target>(target: &T, a: &LatencyArgs, progress: bool) -> anyhow::Result<Report> {
     anyhow::ensure!(a.rate > 0 && a.duration > 0.0, "--rate and --duration must be positive");
+    anyhow::ensure!(
+        a.mode != PublishMode::Batch,
+        "latency times each event from its send: --mode batch would hold events back to fill a batch"
+    );
     let subject = subject("latency");
     let mut subs = Vec::with_capacity(a.subscribers);
     for _ in 0..a.subscribers {
         subs.push(target.subscriber(&subject, None).await?);
     }
-    let mut publisher = target.publisher(a.mode).await?;
+    let mut publisher = target.publisher(Publishing { mode: a.mode, batch: 1 }).await?;
     let count = (a.rate as f64 * a.duration).round() as u64;
     let tally = Tally::new(count * a.subscribers as u64);
     let epoch = Instant::now();
@@ -443,7 +460,7 @@ async fn latency<T: Target>(target: &T, a: &LatencyArgs, progress: bool) -> anyh
         Percentiles { p50: us(0.5), p90: us(0.9), p99: us(0.99), p999: us(0.999), max: merged.max() as f64 / 1000.0 };
     let params = json!({
         "rate": a.rate, "duration": a.duration, "subscribers": a.subscribers,
-        "payload": size, "mode": mode_name(a.mode),
+        "payload": size, "mode": a.mode.name(),
     });
     Ok(Report {
         system: target.name(),
@@ -460,13 +477,6 @@ async fn latency<T: Target>(target: &T, a: &LatencyArgs, progress: bool) -> anyh
 
 fn intended_of(payload: &[u8]) -> u64 {
     payload.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_be_bytes)
-}
-
-fn mode_name(mode: PublishMode) -> &'static str {
-    match mode {
-        PublishMode::Unary => "unary",
-        PublishMode::Stream => "stream",
-    }
 }
 
 /// A histogram shared between a subscriber task and the report.

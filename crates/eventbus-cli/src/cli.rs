@@ -300,6 +300,11 @@ pub(crate) struct PublishArgs {
     /// With `-`: one event per line, sent over one PublishStream.
     #[arg(long, requires = "payload")]
     pub(crate) lines: bool,
+    /// With `--lines`: send the lines in PublishBatch calls of up to N events (at most
+    /// the broker's `eventbus.max_publish_batch`) instead of one PublishStream. A
+    /// refused line is reported and the others are published.
+    #[arg(long, value_name = "N", requires = "lines", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) batch: Option<u32>,
 }
 
 #[derive(Debug, Args)]

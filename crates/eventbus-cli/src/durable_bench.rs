@@ -63,6 +63,7 @@ async fn fill(client: &Client, a: &DurableArgs) -> anyhow::Result<Filled> {
         tasks.push(match a.mode {
             PublishMode::Unary => tokio::spawn(publish_unary(client, req, share)),
             PublishMode::Stream => tokio::spawn(publish_stream(client, req, share)),
+            PublishMode::Batch => tokio::spawn(publish_batches(client, req, share)),
         });
     }
     let mut latency = latency_histogram();
@@ -158,6 +159,25 @@ async fn publish_unary(client: Client, req: pb::PublishRequest, share: u64) -> a
         let t = Instant::now();
         client.publish(req.clone()).await?;
         latency.saturating_record(t.elapsed().as_nanos() as u64);
+    }
+    Ok(latency)
+}
+
+/// `share` publishes in `PublishBatch` calls of [`STREAM_WINDOW`] events, each call
+/// awaited (its captures share one commit); each event's latency is its call's.
+async fn publish_batches(client: Client, req: pb::PublishRequest, share: u64) -> anyhow::Result<Histogram<u64>> {
+    let mut latency = latency_histogram();
+    let mut left = share;
+    while left > 0 {
+        let n = left.min(STREAM_WINDOW as u64);
+        let events = (0..n).map(|_| req.clone()).collect();
+        let t = Instant::now();
+        for answer in client.publish_batch(events).await? {
+            answer.context("an event of a batch was refused")?;
+        }
+        let took = t.elapsed().as_nanos() as u64;
+        latency.saturating_record_n(took, n);
+        left -= n;
     }
     Ok(latency)
 }

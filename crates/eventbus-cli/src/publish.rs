@@ -26,7 +26,10 @@ pub(crate) async fn run(client: &Client, json: bool, args: PublishArgs) -> anyho
         if args.payload.as_deref() != Some("-") {
             bail!("--lines reads standard input: give `-` as the payload");
         }
-        return publish_lines(client, json, template).await;
+        return match args.batch {
+            Some(size) => publish_line_batches(client, json, template, size as usize).await,
+            None => publish_lines(client, json, template).await,
+        };
     }
     let payload = match args.payload.as_deref() {
         None => Vec::new(),
@@ -99,4 +102,81 @@ async fn publish_lines(client: &Client, json: bool, template: pb::PublishRequest
         println!("published {events} events: {delivered} deliveries, {failed} failed");
     }
     Ok(())
+}
+
+/// One event per stdin line, in `PublishBatch` calls of up to `size` lines: a refused
+/// line is reported (on stderr, or as a JSON line with its `error`) without stopping
+/// the others, and makes the command fail at the end.
+async fn publish_line_batches(
+    client: &Client,
+    json: bool,
+    template: pb::PublishRequest,
+    size: usize,
+) -> anyhow::Result<()> {
+    let channel = template.channel.clone();
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut tally = BatchTally::default();
+    let mut batch = Vec::with_capacity(size);
+    loop {
+        let line = lines.next_line().await.context("cannot read standard input")?;
+        let end = line.is_none();
+        if let Some(line) = line {
+            batch.push(pb::PublishRequest { payload: line.into_bytes().into(), ..template.clone() });
+        }
+        if batch.len() >= size || (end && !batch.is_empty()) {
+            let events = std::mem::replace(&mut batch, Vec::with_capacity(size));
+            for answer in client.publish_batch(events).await? {
+                tally.record(json, &channel, answer);
+            }
+        }
+        if end {
+            break;
+        }
+    }
+    if !json {
+        let BatchTally { events, delivered, failed, refused } = tally;
+        println!("published {events} events: {delivered} deliveries, {failed} failed, {refused} refused");
+    }
+    if tally.refused > 0 {
+        bail!("{} of {} lines were refused", tally.refused, tally.refused + tally.events);
+    }
+    Ok(())
+}
+
+/// What the answers of `--lines --batch` add up to.
+#[derive(Debug, Default, Clone, Copy)]
+struct BatchTally {
+    events: u64,
+    delivered: u64,
+    failed: u64,
+    refused: u64,
+}
+
+impl BatchTally {
+    fn record(&mut self, json: bool, channel: &str, answer: Result<pb::PublishResponse, eventbus_client::Error>) {
+        match answer {
+            Ok(resp) => {
+                self.events += 1;
+                self.delivered += u64::from(resp.delivered_count);
+                self.failed += u64::from(resp.failed_count);
+                if json {
+                    print_published(true, channel, &resp);
+                }
+            }
+            Err(err) => {
+                let line = self.events + self.refused + 1;
+                self.refused += 1;
+                if json {
+                    let code = err.status().map_or(0, |s| s.code() as i32);
+                    let message = err.status().map_or_else(|| err.to_string(), |s| s.message().to_owned());
+                    println!(
+                        "{}",
+                        json!({"channel": channel, "line": line, "error": {"code": code, "message": message}})
+                    );
+                } else {
+                    eprintln!("line {line} refused: {err}");
+                }
+            }
+        }
+    }
 }

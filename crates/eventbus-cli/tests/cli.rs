@@ -156,6 +156,40 @@ async fn lines_from_stdin_are_published_in_order() {
 }
 
 #[tokio::test]
+async fn lines_in_batches_are_published_in_order_and_a_refused_line_is_reported() {
+    let broker = broker().await;
+    let sub = subscriber(&broker, &["--json", "subscribe", "batch.in", "--count", "5"]).await;
+    let mut cmd = eventbus(&broker, &["publish", "batch.in", "-", "--lines", "--batch", "2"]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(b"one\ntwo\nthree\nfour\nfive\n").await.unwrap();
+    let summary = finish(child).await;
+    assert_eq!(summary.trim(), "published 5 events: 5 deliveries, 0 failed, 0 refused");
+    let (printed, _) = sub.finish().await;
+    let payloads: Vec<String> = printed
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(payloads, ["one", "two", "three", "four", "five"]);
+
+    // A line over the payload limit is refused in its batch; the others are published.
+    let big = "x".repeat(1_100_000);
+    let mut cmd = eventbus(&broker, &["--json", "publish", "batch.big", "-", "--lines", "--batch", "10"]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(format!("small\n{big}\nlast\n").as_bytes()).await.unwrap();
+    let out = tokio::time::timeout(DEADLINE, child.wait_with_output()).await.expect("timed out").unwrap();
+    assert!(!out.status.success(), "a refused line fails the command");
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines[0]["event_id"].is_string() && lines[2]["event_id"].is_string(), "{lines:?}");
+    assert_eq!(lines[1]["line"], 2);
+    assert_eq!(lines[1]["error"]["code"], 8, "RESOURCE_EXHAUSTED: {lines:?}");
+    assert!(String::from_utf8(out.stderr).unwrap().contains("1 of 3 lines were refused"));
+}
+
+#[tokio::test]
 async fn admin_commands_show_the_subscription_and_close_it() {
     let broker = broker().await;
     let sub = subscriber(&broker, &["subscribe", "adm.>", "--name", "watcher", "--group", "g1"]).await;
@@ -221,6 +255,15 @@ async fn bench_reports_throughput_without_loss() {
     .await;
     let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
     assert_eq!(report["received"], 900, "a group gets each event once");
+
+    let out = run(eventbus(
+        &broker,
+        &["--json", "bench", "fanout", "--subscribers", "2", "--count", "1000", "--mode", "batch", "--batch", "64"],
+    ))
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!((report["received"].as_u64(), report["params"]["batch"].as_u64()), (Some(2000), Some(64)));
 
     let out = run(eventbus(&broker, &["--json", "bench", "latency", "--rate", "2000", "--duration", "0.5"])).await;
     let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();

@@ -77,6 +77,43 @@ impl Client {
         Ok(self.bus().publish(request).await?.into_inner())
     }
 
+    /// Publishes several events in one call (`PublishBatch`): the call's cost is shared
+    /// by its events, many times cheaper than one [`publish`](Self::publish) each. In
+    /// their order, as on one `PublishStream`, durable captures sharing one commit. Answers one result per event, in the same order: the broker's answer, or
+    /// that event's own refusal (bad channel, payload too large, no right on its
+    /// channel...), which does not stop the others. The call itself fails only for the
+    /// whole batch: more than the broker's `eventbus.max_publish_batch` events or a
+    /// request over its read limit, no room for the batch in the caller's rate, bad
+    /// credentials, the broker unreachable or shutting down.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: eventbus_client::Client) -> Result<(), eventbus_client::Error> {
+    /// use eventbus_client::pb;
+    ///
+    /// let events = (0..3)
+    ///     .map(|i| pb::PublishRequest {
+    ///         channel: "orders.created".into(),
+    ///         payload: format!("{{\"id\":{i}}}").into_bytes().into(),
+    ///         ..Default::default()
+    ///     })
+    ///     .collect();
+    /// for (i, answer) in client.publish_batch(events).await?.into_iter().enumerate() {
+    ///     match answer {
+    ///         Ok(published) => println!("event {i}: {}", published.event_id),
+    ///         Err(refused) => eprintln!("event {i} refused: {refused}"),
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn publish_batch(
+        &self,
+        events: Vec<pb::PublishRequest>,
+    ) -> Result<Vec<Result<pb::PublishResponse, Error>>, Error> {
+        let sent = events.len();
+        let response = self.bus().publish_batch(pb::PublishBatchRequest { events }).await?.into_inner();
+        publish::batch_results(sent, response)
+    }
+
     /// Opens a `PublishStream`: send many publishes without waiting, read the answers
     /// (one per publish, in order) from the other half. At most `window` publishes wait
     /// to be sent before [`PublishSender::send`] waits.

@@ -289,6 +289,48 @@ impl Bus {
         out
     }
 
+    /// Publishes the events of one batch (`PublishBatch`) in order, and answers every
+    /// one of them, in the same order: unlike [`Bus::publish_many`], a refused event
+    /// does not stop the ones after it. The durable captures of the accepted events
+    /// share one round trip where the engine allows it; should the engine fail part-way,
+    /// the events it left unanswered are refused as not captured (like any publish
+    /// whose answer was lost, a shared store may have captured some of them).
+    pub async fn publish_each(&self, inputs: Vec<PublishInput>) -> Vec<Result<Published, Error>> {
+        let mut out = Vec::with_capacity(inputs.len());
+        let Some(durable) = self.inner.durable.get() else {
+            for input in inputs {
+                out.push(self.publish(input).await);
+            }
+            return out;
+        };
+        let start = Instant::now();
+        let max_payload_bytes = self.inner.config.max_payload_bytes;
+        let prepared: Vec<_> = inputs
+            .into_iter()
+            .map(|input| self.prepare(input, max_payload_bytes).map(|(event, keys)| (Arc::new(event), keys)))
+            .collect();
+        let captured = {
+            let requests: Vec<CaptureRequest<'_>> =
+                prepared.iter().filter_map(|p| p.as_ref().ok()).map(|(e, keys)| keys.request(e)).collect();
+            if requests.is_empty() { Vec::new() } else { durable.capture_many(&requests).await }
+        };
+        let mut captured = captured.into_iter();
+        for prepared in prepared {
+            let published = match prepared {
+                Err(err) => Err(err),
+                Ok((event, _)) => match captured.next() {
+                    Some(Ok(c)) => self.complete(event, c, start).await,
+                    Some(Err(err)) => Err(err.into()),
+                    None => Err(Error::Durable(DurableError::unavailable(
+                        "not captured: the durable engine failed on an earlier event of the batch",
+                    ))),
+                },
+            };
+            out.push(published);
+        }
+        out
+    }
+
     /// Checks a publish and builds its event.
     fn prepare(&self, mut input: PublishInput, max_payload_bytes: usize) -> Result<(Event, PublishKeys), Error> {
         if self.is_shutting_down() {

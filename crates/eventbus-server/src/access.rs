@@ -208,19 +208,31 @@ impl Access {
             return Ok(()); // The anonymous caller has every right: nothing to look at per event.
         }
         let mut count = 0u32;
-        let permissions = &caller.principal.permissions;
         for channel in channels {
             count = count.saturating_add(1);
-            // An invalid channel is the bus's to refuse (INVALID_ARGUMENT, naming the
-            // problem): a right cannot be judged on it.
-            if !permissions.can_publish(channel) && eventbus_core::name::validate_channel(channel).is_ok() {
-                return Err(self.denied(
-                    caller,
-                    Operation::Publish,
-                    format!("channel {}", eventbus_core::quoted(channel)),
-                ));
-            }
+            self.check_publish_right(caller, channel)?;
         }
+        self.take_publish_rate(caller, count)
+    }
+
+    /// One event of a batch: the right to publish on `channel` (the rate is taken for
+    /// the whole batch by [`Access::take_publish_rate`]).
+    pub(crate) fn check_publish_right(&self, caller: &Caller, channel: &str) -> Result<(), EdgeError> {
+        if !self.inner.auth.enabled() {
+            return Ok(());
+        }
+        // An invalid channel is the bus's to refuse (INVALID_ARGUMENT, naming the
+        // problem): a right cannot be judged on it.
+        if !caller.principal.permissions.can_publish(channel) && eventbus_core::name::validate_channel(channel).is_ok()
+        {
+            return Err(self.denied(caller, Operation::Publish, format!("channel {}", eventbus_core::quoted(channel))));
+        }
+        Ok(())
+    }
+
+    /// Room for `count` events in the principal's `max_publish_rate`, taken all at once
+    /// or not at all.
+    pub(crate) fn take_publish_rate(&self, caller: &Caller, count: u32) -> Result<(), EdgeError> {
         if let Some(limiter) = &caller.limiter
             && !limiter.try_acquire(count)
         {

@@ -376,6 +376,8 @@ pub struct EventBusSettings {
     pub overflow: OverflowSetting,
     pub max_batch: usize,
     pub max_payload_bytes: usize,
+    /// Most events in one `PublishBatch` request.
+    pub max_publish_batch: usize,
     pub max_tracked_channels: usize,
     pub redis: RedisSettings,
     pub metrics: MetricsSettings,
@@ -556,6 +558,7 @@ impl Settings {
         }
         within("eventbus.max_batch", e.max_batch, 1, eventbus_core::bus::MAX_BATCH_LIMIT)?;
         within("eventbus.max_payload_bytes", e.max_payload_bytes, 1, MAX_PAYLOAD_LIMIT)?;
+        within("eventbus.max_publish_batch", e.max_publish_batch, 1, MAX_PUBLISH_BATCH_LIMIT)?;
         // The budget must hold at least one event of the largest payload.
         at_least("eventbus.max_queued_bytes", e.max_queued_bytes, e.max_payload_bytes)?;
         at_least("eventbus.default_queue_bytes", e.default_queue_bytes, 1)?;
@@ -727,6 +730,10 @@ impl Settings {
         Duration::from_millis(self.server.shutdown_timeout_ms)
     }
 }
+
+/// Largest `max_publish_batch` accepted: a batch is answered in one message, and its
+/// events are held together while they are published.
+const MAX_PUBLISH_BATCH_LIMIT: usize = 100_000;
 
 /// Largest `max_payload_bytes` accepted: gRPC messages stay well within what clients
 /// can be configured to take.

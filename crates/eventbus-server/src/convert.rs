@@ -60,6 +60,9 @@ pub(crate) enum EdgeError {
     /// A per-principal limit (`max_subscriptions`, `max_publish_rate`) is reached.
     #[error("principal {principal:?} is over its {limit}")]
     OverLimit { principal: String, limit: &'static str },
+    /// A `PublishBatch` with more events than `eventbus.max_publish_batch`.
+    #[error("a batch holds at most eventbus.max_publish_batch = {limit} events; this one has {count}")]
+    BatchTooLarge { count: usize, limit: usize },
 }
 
 impl From<DurableError> for EdgeError {
@@ -90,7 +93,7 @@ impl EdgeError {
             },
             Self::DurableDisabled => (Code::FailedPrecondition, StatusCode::CONFLICT),
             Self::RequestTooLarge { .. } => (Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE),
-            Self::BadRequest(_) => (Code::InvalidArgument, StatusCode::BAD_REQUEST),
+            Self::BadRequest(_) | Self::BatchTooLarge { .. } => (Code::InvalidArgument, StatusCode::BAD_REQUEST),
             Self::Unauthenticated(_) => (Code::Unauthenticated, StatusCode::UNAUTHORIZED),
             Self::PermissionDenied { .. } => (Code::PermissionDenied, StatusCode::FORBIDDEN),
             Self::OverLimit { .. } => (Code::ResourceExhausted, StatusCode::TOO_MANY_REQUESTS),
@@ -190,7 +193,16 @@ pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
         failed_count: failed,
         duration: Some(duration(took)),
         duplicate,
+        error: None,
     }
+}
+
+/// The answer to one refused event of a `PublishBatch`: the status it would have got
+/// alone.
+pub(crate) fn publish_refused(err: impl Into<EdgeError>) -> pb::PublishResponse {
+    let status = Status::from(err.into());
+    let error = pb::PublishError { code: status.code() as i32, message: status.message().to_owned() };
+    pb::PublishResponse { error: Some(error), ..Default::default() }
 }
 
 /// The REST answer to a publish (`PublishResponse`, the duration in microseconds).

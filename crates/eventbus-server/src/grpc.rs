@@ -55,11 +55,19 @@ pub(crate) struct EventBusService {
     metrics: Option<Arc<Metrics>>,
     /// Turns the decode-limit status of an oversized `PublishStream` request into ours.
     limit: PayloadLimit,
+    /// Most events in one `PublishBatch` (`eventbus.max_publish_batch`).
+    max_publish_batch: usize,
 }
 
 impl EventBusService {
-    pub(crate) fn new(bus: Bus, access: Access, metrics: Option<Arc<Metrics>>, limit: PayloadLimit) -> Self {
-        Self { bus, access, metrics, limit }
+    pub(crate) fn new(
+        bus: Bus,
+        access: Access,
+        metrics: Option<Arc<Metrics>>,
+        limit: PayloadLimit,
+        max_publish_batch: usize,
+    ) -> Self {
+        Self { bus, access, metrics, limit, max_publish_batch }
     }
 }
 
@@ -138,6 +146,55 @@ impl pb::event_bus_server::EventBus for EventBusService {
         })
         .flatten();
         Ok(Response::new(Box::pin(responses)))
+    }
+
+    /// Every event answered in its slot: the ones refused at the edge (no right on their
+    /// channel) or by the bus get their `error`, and do not stop the others. Only what
+    /// concerns the whole call (size, rate, shutdown) fails it.
+    async fn publish_batch(
+        &self,
+        req: Request<pb::PublishBatchRequest>,
+    ) -> Result<Response<pb::PublishBatchResponse>, Status> {
+        let peer = peer(&req);
+        let caller = caller(&req)?;
+        let events = req.into_inner().events;
+        if events.len() > self.max_publish_batch {
+            return Err(EdgeError::BatchTooLarge { count: events.len(), limit: self.max_publish_batch }.into());
+        }
+        if self.bus.is_shutting_down() {
+            return Err(status(eventbus_core::Error::ShuttingDown));
+        }
+        // `None`: the slot of an event handed to the bus, answered below in order.
+        let mut results: Vec<Option<pb::PublishResponse>> = Vec::with_capacity(events.len());
+        let mut inputs = Vec::with_capacity(events.len());
+        for req in events {
+            match self.access.check_publish_right(&caller, &req.channel) {
+                Ok(()) => {
+                    inputs.push(convert::publish_input(req, peer.clone()));
+                    results.push(None);
+                }
+                Err(refused) => results.push(Some(convert::publish_refused(refused))),
+            }
+        }
+        self.access.take_publish_rate(&caller, u32::try_from(inputs.len()).unwrap_or(u32::MAX))?;
+        let mut published = self.bus.publish_each(inputs).await.into_iter();
+        let metrics = self.metrics.as_deref();
+        let results = results
+            .into_iter()
+            .map(|slot| match slot {
+                Some(refused) => refused,
+                None => match published.next() {
+                    Some(Ok(p)) => respond(metrics, p),
+                    Some(Err(err)) => convert::publish_refused(err),
+                    // The bus answers every input; should it not, the event is not
+                    // reported as published.
+                    None => convert::publish_refused(eventbus_core::durable::DurableError::unavailable(
+                        "the broker gave no answer for this event",
+                    )),
+                },
+            })
+            .collect();
+        Ok(Response::new(pb::PublishBatchResponse { results }))
     }
 
     type ConsumeStream = consume::ConsumeStream;

@@ -98,7 +98,7 @@ fn is_decode_limit(status: &Status) -> bool {
 
 /// Wraps a gRPC service so that the requests tonic refuses itself get our status
 /// ([`refused_request`]), and (with a payload limit, the `EventBus` server) a unary
-/// `Publish` over the decode limit our refusal naming `max_payload_bytes`. tonic
+/// `Publish` or `PublishBatch` over the decode limit our refusal naming `max_payload_bytes`. tonic
 /// answers such a request before the handler runs, with a trailers-only response; this
 /// rewrites that response. (Streaming requests' statuses reach the handlers, which
 /// translate them: [`PayloadLimit::translate`], [`refused_request`].)
@@ -118,9 +118,10 @@ impl<S: NamedService> NamedService for RequestErrors<S> {
     const NAME: &'static str = S::NAME;
 }
 
-/// Whether `path` is `/{service}/Publish`, the unary publish.
+/// Whether `path` is `/{service}/Publish` or `/{service}/PublishBatch`, the unary
+/// publishes.
 fn is_unary_publish<S: NamedService>(path: &str) -> bool {
-    path.strip_prefix('/').and_then(|p| p.strip_prefix(S::NAME)) == Some("/Publish")
+    matches!(path.strip_prefix('/').and_then(|p| p.strip_prefix(S::NAME)), Some("/Publish" | "/PublishBatch"))
 }
 
 impl<S> Service<Request<Body>> for RequestErrors<S>
@@ -146,7 +147,7 @@ where
 #[derive(Debug)]
 pub(crate) struct RequestErrorsFuture<F> {
     inner: F,
-    /// Set for a unary `Publish`: the only call rewritten.
+    /// Set for a unary `Publish` or `PublishBatch`: the only calls rewritten.
     limit: Option<PayloadLimit>,
 }
 
@@ -189,6 +190,7 @@ mod tests {
     #[test]
     fn only_the_unary_publish_is_rewritten() {
         assert!(is_unary_publish::<Named>("/eventbus.v1.EventBus/Publish"));
+        assert!(is_unary_publish::<Named>("/eventbus.v1.EventBus/PublishBatch"));
         assert!(!is_unary_publish::<Named>("/eventbus.v1.EventBus/PublishStream"));
         assert!(!is_unary_publish::<Named>("/eventbus.v1.EventBus/Subscribe"));
         assert!(!is_unary_publish::<Named>("/eventbus.v1.Admin/Publish"));

@@ -229,7 +229,13 @@ impl Server {
         let limit = PayloadLimit::new(settings.eventbus.max_payload_bytes);
         // Every service but health (probes carry no credentials) authenticates each call.
         let authenticate = Authenticate(access.clone());
-        let event_bus_service = EventBusService::new(bus.clone(), access.clone(), metrics.clone(), limit);
+        let event_bus_service = EventBusService::new(
+            bus.clone(),
+            access.clone(),
+            metrics.clone(),
+            limit,
+            settings.eventbus.max_publish_batch,
+        );
         let event_bus =
             EventBusServer::new(event_bus_service.clone()).max_decoding_message_size(limit.grpc_message_limit());
         // Subscribe streams are encoded by `delivery`, the other methods by the generated

@@ -143,6 +143,7 @@ fn code<T>(result: Result<T, tonic::Status>) -> Code {
 enum Rpc {
     Publish,
     PublishStream,
+    PublishBatch,
     Subscribe,
     Consume,
     GetStats,
@@ -159,9 +160,10 @@ enum Rpc {
     ResumeConsumer,
 }
 
-const RPCS: [Rpc; 16] = [
+const RPCS: [Rpc; 17] = [
     Rpc::Publish,
     Rpc::PublishStream,
+    Rpc::PublishBatch,
     Rpc::Subscribe,
     Rpc::Consume,
     Rpc::GetStats,
@@ -222,6 +224,14 @@ async fn call(server: &TestServer, fixture: &Fixture, rpc: Rpc, cred: Cred) -> C
                 Err(status) => status.code(),
             }
         }
+        // Rights are judged per event: the code is the call's, else its one event's.
+        Rpc::PublishBatch => match bus
+            .publish_batch(pb::PublishBatchRequest { events: vec![event("t.one", "x")] })
+            .await
+        {
+            Ok(answer) => answer.into_inner().results[0].error.as_ref().map_or(Code::Ok, |e| Code::from_i32(e.code)),
+            Err(status) => status.code(),
+        },
         Rpc::Subscribe => code(subscribe_on_authed(&mut bus, sub(&["t.>"])).await),
         Rpc::Consume => {
             let attach = pb::ConsumeRequest {
@@ -626,5 +636,44 @@ async fn reading_pending_needs_the_read_right_and_repairs_the_manage_right() {
             assert_eq!(status("POST", &path).await, expected, "{token} {action}");
         }
     }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_publishes_only_where_each_event_has_the_right_and_within_the_rate() {
+    let partial = "{ publish: { allow: ['p.>'], deny: ['p.secret'] }, max_publish_rate: 8 }";
+    let files = Files::new(&format!("{}{}", base_principals(), entry("part", "ebt_part", partial)));
+    let server = files.start().await;
+    let mut watcher = subscribe_on_authed(&mut bus_client(&server, Cred::WithRight).await, sub(&[">"])).await.unwrap();
+    let mut bus = EventBusClient::with_interceptor(server.channel().await, with_header(Some("Bearer ebt_part".into())));
+
+    let events = vec![event("p.a", "1"), event("p.secret", "2"), event("q.other", "3"), event("p.b", "4")];
+    let request = pb::PublishBatchRequest { events };
+    let results = within(bus.publish_batch(request)).await.unwrap().into_inner().results;
+    let codes: Vec<Code> =
+        results.iter().map(|r| r.error.as_ref().map_or(Code::Ok, |e| Code::from_i32(e.code))).collect();
+    assert_eq!(codes, [Code::Ok, Code::PermissionDenied, Code::PermissionDenied, Code::Ok]);
+    let refused = &results[1].error.as_ref().unwrap().message;
+    assert!(refused.contains("p.secret") && !refused.contains("ebt_part"), "{refused}");
+    // Only the allowed events were published, in order.
+    let seen: Vec<String> = watcher.take(2).await.into_iter().map(|e| e.channel).collect();
+    assert_eq!(seen, ["p.a", "p.b"]);
+
+    // A batch costs a token per event, taken all at once or not at all: 9 events never
+    // fit a bucket of 8, and nothing of such a batch is published.
+    let nine = (0..9).map(|i| event("p.burst", format!("{i}"))).collect();
+    let status = within(bus.publish_batch(pb::PublishBatchRequest { events: nine })).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(status.message().contains("max_publish_rate"), "{}", status.message());
+    let marker = within(bus.publish_batch(pb::PublishBatchRequest { events: vec![event("p.marker", "m")] })).await;
+    assert!(marker.unwrap().into_inner().results[0].error.is_none());
+    assert_eq!(watcher.take(1).await[0].channel, "p.marker");
+
+    // Each refused event is counted like a refused Publish.
+    let text = within(reqwest::get(server.url("/metrics"))).await.unwrap().text().await.unwrap();
+    let denied = text
+        .lines()
+        .find(|l| l.starts_with("socle_eventbus_permission_denied_total") && l.contains("operation=\"publish\""));
+    assert_eq!(denied.and_then(|l| l.rsplit(' ').next()), Some("2"), "{text}");
     server.stop().await;
 }

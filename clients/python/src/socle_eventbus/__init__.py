@@ -1,6 +1,6 @@
 """Socle EventBus client for asyncio.
 
-- `Client`: connect (token, TLS), `publish`, `publish_stream`, `subscribe` (reconnects by
+- `Client`: connect (token, TLS), `publish`, `publish_batch`, `publish_stream`, `subscribe` (reconnects by
   itself and yields a `Gap` after each re-subscription), admin calls.
 - `Worker`: the push worker for durable consumers (handler → `Ack` / `Retry` / `Term`).
 - `socle_eventbus.inbox.Inbox` (extra `postgres`, psycopg 3): a handler wrapper that

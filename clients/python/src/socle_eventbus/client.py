@@ -28,7 +28,7 @@ import grpc.aio
 
 from ._pb import eventbus_pb2 as pb
 from ._pb import eventbus_pb2_grpc as pb_grpc
-from .errors import EventBusError, ResourceExhausted, Unavailable, from_rpc_error, is_transient
+from .errors import EventBusError, ResourceExhausted, Unavailable, from_rpc_error, from_status, is_transient
 
 Payload = Union[bytes, str]
 PemSource = Union[str, bytes, Path, None]
@@ -106,7 +106,8 @@ def publish_request(
     ordering_key: str = "",
     idempotency_key: str = "",
 ) -> pb.PublishRequest:
-    """A `PublishRequest` (for `Client.publish_stream`); a `str` payload is sent as UTF-8."""
+    """A `PublishRequest` (for `Client.publish_stream` and `Client.publish_batch`); a `str`
+    payload is sent as UTF-8."""
     return pb.PublishRequest(
         channel=channel,
         payload=_payload(payload),
@@ -210,6 +211,29 @@ class Client:
         req = publish_request(channel, payload, metadata=metadata, content_type=content_type, source=source,
                               ordering_key=ordering_key, idempotency_key=idempotency_key)
         return await self._unary(self.bus.Publish, req)
+
+    async def publish_batch(
+        self, requests: Iterable[pb.PublishRequest]
+    ) -> List[Union[pb.PublishResponse, EventBusError]]:
+        """Publishes several events in one call (`PublishBatch`, see `publish_request`): the
+        call's cost is shared by its events, many times cheaper than one `publish` each.
+        Events are published in their order (as on one stream) and their durable captures
+        share one commit.
+
+        Returns one result per request, in the same order: the `PublishResponse`, or, for
+        an event the broker refused (bad channel, payload too large, no right on its
+        channel...), the typed error (e.g. `InvalidArgument`), returned, not raised: the
+        other events are published all the same. Raises only for the whole batch: more
+        than the broker's `eventbus.max_publish_batch` events (`InvalidArgument`), over its
+        read limit or the caller's rate (`ResourceExhausted`), bad credentials, broker
+        unavailable."""
+        request = pb.PublishBatchRequest(events=list(requests))
+        response = await self._unary(self.bus.PublishBatch, request)
+        if len(response.results) != len(request.events):
+            raise EventBusError(
+                f"PublishBatch of {len(request.events)} events answered with {len(response.results)} results"
+            )
+        return [from_status(r.error.code, r.error.message) if r.HasField("error") else r for r in response.results]
 
     async def publish_stream(
         self,

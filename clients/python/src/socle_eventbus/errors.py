@@ -63,6 +63,12 @@ def from_rpc_error(err: grpc.RpcError) -> EventBusError:
     return _BY_CODE.get(code, EventBusError)(message, code)  # type: ignore[arg-type]
 
 
+def from_status(code: int, message: str) -> EventBusError:
+    """The typed exception for a status given as numbers (a `PublishError` of a batch)."""
+    status = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+    return _BY_CODE.get(status, EventBusError)(f"{status.name}: {message}".rstrip(": "), status)
+
+
 def is_transient(err: BaseException) -> bool:
     """Errors worth reconnecting for: the broker went away or restarts."""
     if isinstance(err, Unavailable):
