@@ -801,3 +801,31 @@ async fn acks_out_of_order_leave_exactly_the_unacked_entries_on_the_stream() {
         log(&server, "ooo", pb::EventStatus::Completed).await.into_iter().map(|e| e.event_id).collect();
     assert_eq!(done, [ids[2].clone(), ids[3].clone(), ids[0].clone(), ids[1].clone()]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_packed_terminal_log_ages_out_by_log_max_age_ms() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let server = broker_with(&redis, |s| s.durable.log_max_age_ms = 300).await;
+    create(&server, pb::ConsumerConfig { ack_deadline_ms: 200, ..consumer("aging", &["ag.>"]) }).await;
+    let mut c = attach(server.endpoint(), "aging", 0).await.unwrap();
+    for i in 0..5 {
+        publish(&server, event("ag.x", format!("{i}"))).await;
+    }
+    let got = c.deliveries(5).await;
+    c.send(ack(got.iter().map(|d| d.event.as_ref().unwrap().id.clone()).collect())).await;
+    eventually("the batch to be acked", || async { info(&server, "aging").await.acked == 5 }).await;
+    // The janitor (running while a client is attached) drops lines past their age.
+    eventually("the log to age out", || async { log(&server, "aging", pb::EventStatus::Unspecified).await.is_empty() })
+        .await;
+    let counted: u64 = redis::cmd("HGET")
+        .arg("socle:eventbus:durable:aging:n")
+        .arg("logged")
+        .query_async(&mut redis.conn().await)
+        .await
+        .unwrap();
+    assert_eq!(counted, 0, "the line count follows");
+    // Still consuming: the janitor's trim did not break anything.
+    let later = publish(&server, event("ag.x", "later")).await;
+    let d = c.deliveries(1).await;
+    assert_eq!(d[0].event.as_ref().unwrap().id, later.event_id);
+}
