@@ -17,8 +17,8 @@
 //! | `P:durable:{name}:v` / `:w` | dead letters kept for redrive: record (hash) / when (zset) |
 //! | `P:durable:{name}:x` | an exclusive consumer's lease: the instance whose clients receive |
 //! | `P:durable:{name}:k` / `:q:{key}` | ordering key → its one live event / events waiting on it |
-//! | `P:durable:{name}:l` | terminal log (stream, trimmed by count and age) |
-//! | `P:durable:{name}:n` | counters: acked, dead_lettered, redelivered |
+//! | `P:durable:{name}:l` | terminal log (stream: one entry of lines per script, trimmed by line count and age) |
+//! | `P:durable:{name}:n` | counters: acked, dead_lettered, redelivered, redriven, dropped; `logged`: lines in `:l` |
 //! | `P:durable:{name}:c` | instance → clients attached through it and when that count expires |
 //! | `P:durable:{name}:o` | outbox: dead letters recorded, publication not yet answered |
 //! | `P:durable:{name}:lock` | the janitor's lock (expires) |
