@@ -672,3 +672,160 @@ async fn an_exclusive_consumer_fails_over_when_its_instance_dies() {
     let want: HashSet<String> = ids(&held).into_iter().chain(ids(&more)).collect();
     assert_eq!(ids(&taken).into_iter().collect::<HashSet<_>>(), want);
 }
+
+/// The terminal log of `consumer`, read page by page (`limit` a page) through ListEventLog
+/// from `token` on.
+async fn log_pages(server: &TestServer, consumer: &str, limit: u32, mut token: String) -> Vec<String> {
+    let mut ids = Vec::new();
+    loop {
+        let req = pb::ListEventLogRequest { consumer: consumer.into(), limit, page_token: token, ..Default::default() };
+        let page = within(server.admin().await.list_event_log(req)).await.unwrap().into_inner();
+        assert!(page.entries.len() <= limit as usize, "a page holds at most `limit`");
+        ids.extend(page.entries.into_iter().map(|e| e.event_id));
+        if page.next_page_token.is_empty() {
+            return ids;
+        }
+        token = page.next_page_token;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_terminal_log_packs_an_ack_batch_and_still_reads_lines_logged_one_per_entry() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let server = broker(&redis).await;
+    create(&server, consumer("packed", &["pk.>"])).await;
+    // Two lines as every version before packing logged them: one entry, field `j`, each.
+    let key = "socle:eventbus:durable:packed:l";
+    let mut conn = redis.conn().await;
+    let mut old_ids = Vec::new();
+    for (id, status) in [("old-1", "Completed"), ("old-2", "DeadLettered")] {
+        let line = format!(
+            r#"{{"event_id":"{id}","channel":"pk.old","status":"{status}","attempts":1,"first_delivered_ms":1,"finished_ms":2,"failures":[]}}"#
+        );
+        let sid: String = redis::cmd("XADD").arg(key).arg("*").arg("j").arg(line).query_async(&mut conn).await.unwrap();
+        old_ids.push(sid);
+    }
+    let mut c = attach(server.endpoint(), "packed", 0).await.unwrap();
+    let mut sent = Vec::new();
+    for i in 0..7 {
+        sent.push(publish(&server, event("pk.new", format!("{i}"))).await.event_id);
+    }
+    let got = c.deliveries(7).await;
+    let got: Vec<String> = got.iter().map(|d| d.event.as_ref().unwrap().id.clone()).collect();
+    c.send(ack(got.clone())).await;
+    eventually("the batch to be acked", || async { info(&server, "packed").await.acked == 7 }).await;
+    // One ack script, one log entry for its seven lines.
+    let entries: u64 = redis::cmd("XLEN").arg(key).query_async(&mut conn).await.unwrap();
+    assert_eq!(entries, 3, "the two old entries and one pack");
+    let stream: u64 = redis::cmd("XLEN").arg("socle:eventbus:durable:packed:s").query_async(&mut conn).await.unwrap();
+    assert_eq!(stream, 0, "acked entries leave the stream");
+
+    let mut all: Vec<String> = vec!["old-1".into(), "old-2".into()];
+    all.extend(got.iter().cloned());
+    let whole: Vec<String> =
+        log(&server, "packed", pb::EventStatus::Unspecified).await.into_iter().map(|e| e.event_id).collect();
+    assert_eq!(whole, all, "old lines, then the pack's in ack order");
+    for limit in [1, 2, 3, 4, 9, 10] {
+        assert_eq!(log_pages(&server, "packed", limit, String::new()).await, all, "pages of {limit}");
+    }
+    // A token handed out before packing (an entry id) still reads on past that entry.
+    assert_eq!(log_pages(&server, "packed", 3, old_ids[0].clone()).await, all[1..]);
+    let done: Vec<String> =
+        log(&server, "packed", pb::EventStatus::Completed).await.into_iter().map(|e| e.event_id).collect();
+    assert_eq!(done[0], "old-1");
+    assert_eq!(done[1..], got[..]);
+    let dead = log(&server, "packed", pb::EventStatus::DeadLettered).await;
+    assert_eq!((dead.len(), dead[0].event_id.as_str()), (1, "old-2"));
+    for bad in ["nope", "1-1.x", "1-1.", ".3"] {
+        let req = pb::ListEventLogRequest { consumer: "packed".into(), page_token: bad.into(), ..Default::default() };
+        let err = within(server.admin().await.list_event_log(req)).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{bad}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_packed_terminal_log_keeps_about_log_max_entries_lines() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let server = broker_with(&redis, |s| s.durable.log_max_entries = 10).await;
+    create(&server, consumer("short", &["sh.>"])).await;
+    let mut c = attach(server.endpoint(), "short", 0).await.unwrap();
+    let mut last = Vec::new();
+    for round in 1..=6u64 {
+        for i in 0..8 {
+            publish(&server, event("sh.x", format!("{round}-{i}"))).await;
+        }
+        let got = c.deliveries(8).await;
+        last = got.iter().map(|d| d.event.as_ref().unwrap().id.clone()).collect();
+        c.send(ack(last.clone())).await;
+        eventually("the batch to be acked", || async { info(&server, "short").await.acked == round * 8 }).await;
+        let kept = log(&server, "short", pb::EventStatus::Unspecified).await;
+        assert!(kept.len() <= 16, "round {round}: {} lines kept", kept.len());
+    }
+    let kept: Vec<String> =
+        log(&server, "short", pb::EventStatus::Unspecified).await.into_iter().map(|e| e.event_id).collect();
+    assert!(kept.len() <= 10 && kept.ends_with(&last), "the newest batch is kept: {kept:?}");
+    let counted: u64 = redis::cmd("HGET")
+        .arg("socle:eventbus:durable:short:n")
+        .arg("logged")
+        .query_async(&mut redis.conn().await)
+        .await
+        .unwrap();
+    assert_eq!(counted, kept.len() as u64, "the line count matches the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_out_of_order_leave_exactly_the_unacked_entries_on_the_stream() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let server = broker(&redis).await;
+    create(&server, consumer("ooo", &["ooo.>"])).await;
+    let mut c = attach(server.endpoint(), "ooo", 0).await.unwrap();
+    for i in 0..4 {
+        publish(&server, event("ooo.x", format!("{i}"))).await;
+    }
+    let got = c.deliveries(4).await;
+    let ids: Vec<String> = got.iter().map(|d| d.event.as_ref().unwrap().id.clone()).collect();
+    let stream_len = || async {
+        let n: u64 =
+            redis::cmd("XLEN").arg("socle:eventbus:durable:ooo:s").query_async(&mut redis.conn().await).await.unwrap();
+        n
+    };
+    // Acked ahead of older events still in flight: those stay on the stream (pending).
+    for (k, at) in [2usize, 3, 0, 1].into_iter().enumerate() {
+        c.send(ack(vec![ids[at].clone()])).await;
+        let acked = k as u64 + 1;
+        eventually("the ack to apply", || async { info(&server, "ooo").await.acked == acked }).await;
+        assert_eq!(stream_len().await, 4 - acked, "after acking {at}");
+        assert_eq!(info(&server, "ooo").await.in_flight, 4 - acked);
+    }
+    let done: Vec<String> =
+        log(&server, "ooo", pb::EventStatus::Completed).await.into_iter().map(|e| e.event_id).collect();
+    assert_eq!(done, [ids[2].clone(), ids[3].clone(), ids[0].clone(), ids[1].clone()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_packed_terminal_log_ages_out_by_log_max_age_ms() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let server = broker_with(&redis, |s| s.durable.log_max_age_ms = 300).await;
+    create(&server, pb::ConsumerConfig { ack_deadline_ms: 200, ..consumer("aging", &["ag.>"]) }).await;
+    let mut c = attach(server.endpoint(), "aging", 0).await.unwrap();
+    for i in 0..5 {
+        publish(&server, event("ag.x", format!("{i}"))).await;
+    }
+    let got = c.deliveries(5).await;
+    c.send(ack(got.iter().map(|d| d.event.as_ref().unwrap().id.clone()).collect())).await;
+    eventually("the batch to be acked", || async { info(&server, "aging").await.acked == 5 }).await;
+    // The janitor (running while a client is attached) drops lines past their age.
+    eventually("the log to age out", || async { log(&server, "aging", pb::EventStatus::Unspecified).await.is_empty() })
+        .await;
+    let counted: u64 = redis::cmd("HGET")
+        .arg("socle:eventbus:durable:aging:n")
+        .arg("logged")
+        .query_async(&mut redis.conn().await)
+        .await
+        .unwrap();
+    assert_eq!(counted, 0, "the line count follows");
+    // Still consuming: the janitor's trim did not break anything.
+    let later = publish(&server, event("ag.x", "later")).await;
+    let d = c.deliveries(1).await;
+    assert_eq!(d[0].event.as_ref().unwrap().id, later.event_id);
+}

@@ -18,8 +18,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use eventbus_core::Event;
 use eventbus_core::durable::{
-    BoxFuture, ConsumerConfig, Delivery, Failure, LogEntry, LogStatus, REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM,
-    next_with_room,
+    BoxFuture, ConsumerConfig, Delivery, Failure, REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM, next_with_room,
 };
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -125,31 +124,49 @@ struct FailItem {
 struct AckItem {
     /// Empty for a late ack (the event is not held here).
     sid: String,
-    event_id: String,
-    ordering_key: String,
-    /// The terminal-log line (JSON `LogEntry`), empty for a late ack.
-    log_line: String,
+    event_id: Arc<str>,
+    ordering_key: Option<String>,
+}
+
+/// Appends the terminal-log line of a completed event to `lines` (joined by '\n'): the
+/// JSON of its `LogEntry`, written from borrowed parts (no copy of the id, channel or
+/// failures).
+fn write_completed(
+    lines: &mut Vec<u8>,
+    event_id: &str,
+    channel: &str,
+    attempts: u32,
+    first_ms: u64,
+    now: u64,
+    failures: &[Failure],
+) {
+    use std::io::Write as _;
+    if !lines.is_empty() {
+        lines.push(b'\n');
+    }
+    // Writing into a Vec cannot fail; JSON escapes any '\n' inside the strings.
+    lines.extend_from_slice(b"{\"event_id\":");
+    let _ = serde_json::to_writer(&mut *lines, event_id);
+    lines.extend_from_slice(b",\"channel\":");
+    let _ = serde_json::to_writer(&mut *lines, channel);
+    let _ = write!(
+        lines,
+        ",\"status\":\"Completed\",\"attempts\":{attempts},\"first_delivered_ms\":{first_ms},\"finished_ms\":{now},\"failures\":"
+    );
+    let _ = serde_json::to_writer(&mut *lines, failures);
+    lines.push(b'}');
 }
 
 impl AckItem {
-    fn held(event_id: Arc<str>, held: Held) -> Self {
+    /// An ack of an event held here; its log line is appended to `lines` (joined by '\n').
+    fn held(event_id: Arc<str>, held: Held, lines: &mut Vec<u8>, now: u64) -> Self {
         let Ready { sid, event, attempt, ordering_key, failures, .. } = held.entry;
-        let line = LogEntry {
-            event_id: event_id.to_string(),
-            channel: event.channel.clone(),
-            status: LogStatus::Completed,
-            attempts: attempt,
-            first_delivered_ms: Some(held.first_ms),
-            finished_ms: now_ms(),
-            failures,
-        };
-        // A struct of strings and numbers always serialises.
-        let log_line = serde_json::to_string(&line).unwrap_or_default();
-        Self { sid, event_id: event_id.to_string(), ordering_key: ordering_key.unwrap_or_default(), log_line }
+        write_completed(lines, &event_id, &event.channel, attempt, held.first_ms, now, &failures);
+        Self { sid, event_id, ordering_key }
     }
 
     fn late(event_id: String) -> Self {
-        Self { sid: String::new(), event_id, ordering_key: String::new(), log_line: String::new() }
+        Self { sid: String::new(), event_id: event_id.into(), ordering_key: None }
     }
 }
 
@@ -203,6 +220,8 @@ pub(crate) struct Actor {
     idle_conn: Option<MultiplexedConnection>,
     ops: FuturesUnordered<BoxFuture<'static, Outcome>>,
     acks: Vec<AckItem>,
+    /// The log lines of the held ones among `acks`, joined by '\n'.
+    ack_lines: Vec<u8>,
     fails: Vec<FailItem>,
     touches: Vec<String>,
     requeue: Vec<String>,
@@ -239,6 +258,7 @@ impl Actor {
             idle_conn: None,
             ops: FuturesUnordered::new(),
             acks: Vec::new(),
+            ack_lines: Vec::new(),
             fails: Vec::new(),
             touches: Vec::new(),
             requeue: Vec::new(),
@@ -357,7 +377,8 @@ impl Actor {
                             if let Some(on_ack) = &self.shared.options.on_ack {
                                 on_ack(&self.rt.name, held.since.elapsed());
                             }
-                            self.acks.push(AckItem::held(key, held));
+                            let now = now_ms();
+                            self.acks.push(AckItem::held(key, held, &mut self.ack_lines, now));
                         }
                         // Not held here: perhaps waiting for its retry (a late ack).
                         None => self.acks.push(AckItem::late(event_id)),
@@ -658,15 +679,18 @@ impl Actor {
         let base = self.rt.base.clone();
         let maxlen = self.shared.retention.max_entries.max(1);
         if !self.acks.is_empty() {
-            let mut args = Args::default();
-            args.push(&base).push(GROUP).push(maxlen).push(now_ms());
+            let newest = self.acks.iter().filter_map(|a| Some((stream_id_order(&a.sid)?, a.sid.as_str()))).max();
+            let mut args = Args::new(&self.shared.scripts.ack);
+            args.push(&base).push(GROUP).push(maxlen).push(now_ms()).push(&self.ack_lines);
+            args.push(newest.map_or("", |(_, sid)| sid));
+            self.ack_lines.clear();
             for a in self.acks.drain(..) {
-                args.push(a.sid).push(a.event_id).push(a.ordering_key).push(a.log_line);
+                args.push(a.sid).push(&*a.event_id).push(a.ordering_key.as_deref().unwrap_or(""));
             }
             self.script(|s| &s.ack, args, "ack failed", |_| Outcome::default());
         }
         if !self.fails.is_empty() {
-            let mut args = Args::default();
+            let mut args = Args::new(&self.shared.scripts.fail);
             args.push(&base).push(GROUP).push(now_ms()).push(maxlen).push(&self.shared.instance);
             args.retry_config(&self.config);
             for f in self.fails.drain(..) {
@@ -675,7 +699,7 @@ impl Actor {
             self.script(|s| &s.fail, args, "recording a failed attempt failed", |v| outcome_of(v, false));
         }
         if !self.requeue.is_empty() {
-            let mut args = Args::default();
+            let mut args = Args::new(&self.shared.scripts.requeue);
             args.push(&base).push(GROUP).push(&self.shared.instance);
             for sid in self.requeue.drain(..) {
                 args.push(sid);
@@ -684,7 +708,7 @@ impl Actor {
         }
         if std::mem::take(&mut self.presence_due) {
             let now = now_ms();
-            let mut args = Args::default();
+            let mut args = Args::new(&self.shared.scripts.presence);
             args.push(&base)
                 .push(&self.shared.instance)
                 .push(self.clients.len())
@@ -693,7 +717,7 @@ impl Actor {
             self.script(|s| &s.presence, args, "recording attached clients failed", |_| Outcome::default());
         }
         if let Some(want) = self.want_lease.take() {
-            let mut args = Args::default();
+            let mut args = Args::new(&self.shared.scripts.lease);
             args.push(&base)
                 .push(GROUP)
                 .push(&self.shared.instance)
@@ -730,11 +754,18 @@ impl Actor {
     fn script(&mut self, pick: fn(&Scripts) -> &Script, args: Args, what: &'static str, parse: fn(Value) -> Outcome) {
         let shared = Arc::clone(&self.shared);
         self.ops.push(Box::pin(async move {
-            let mut call = pick(&shared.scripts).prepare_invoke();
-            for arg in &args.0 {
-                call.arg(arg);
+            let mut conn = shared.conn();
+            let mut result = args.0.query_async::<Value>(&mut conn).await;
+            if let Err(err) = &result
+                && err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+            {
+                // Redis lost its script cache (restarted, SCRIPT FLUSH): load it, once.
+                result = match pick(&shared.scripts).load_async(&mut conn).await {
+                    Ok(_) => args.0.query_async::<Value>(&mut conn).await,
+                    Err(err) => Err(err),
+                };
             }
-            match call.invoke_async::<Value>(&mut shared.conn()).await {
+            match result {
                 Ok(value) => parse(value),
                 Err(err) => Outcome { error: Some(format!("redis: {what}: {err}")), ..Outcome::default() },
             }
@@ -779,13 +810,19 @@ impl Actor {
     }
 }
 
-/// Script arguments, owned (the script runs after the actor moves on).
-#[derive(Default)]
-struct Args(Vec<Vec<u8>>);
+/// A script call (EVALSHA, no keys), its arguments written straight into the command
+/// (owned: the script runs after the actor moves on).
+struct Args(redis::Cmd);
 
 impl Args {
+    fn new(script: &Script) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(0);
+        Self(cmd)
+    }
+
     fn push(&mut self, value: impl redis::ToRedisArgs) -> &mut Self {
-        self.0.extend(value.to_redis_args());
+        self.0.arg(value);
         self
     }
 
@@ -799,9 +836,42 @@ impl Args {
     }
 }
 
+/// A stream id's place in the stream (`"{ms}-{seq}"`); None for a late ack's empty id.
+fn stream_id_order(sid: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = sid.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use eventbus_core::durable::{LogEntry, LogStatus};
+
+    use super::*;
+
+    #[test]
+    fn completed_lines_read_back_as_log_entries() {
+        let failures = vec![Failure { at_ms: 5, reason: "odd \"reason\"\nover lines".into() }];
+        let mut lines = Vec::new();
+        write_completed(&mut lines, "id-1", "a.b", 2, 3, 9, &failures);
+        write_completed(&mut lines, "id-\u{e9}\n", "c", 1, 4, 10, &[]);
+        let read: Vec<LogEntry> =
+            lines.split(|&b| b == b'\n').map(|l| serde_json::from_slice(l).expect("a log line")).collect();
+        let entry = |event_id: &str, channel: &str, attempts, first, finished, failures: &[Failure]| LogEntry {
+            event_id: event_id.into(),
+            channel: channel.into(),
+            status: LogStatus::Completed,
+            attempts,
+            first_delivered_ms: Some(first),
+            finished_ms: finished,
+            failures: failures.to_vec(),
+        };
+        assert_eq!(read, [entry("id-1", "a.b", 2, 3, 9, &failures), entry("id-\u{e9}\n", "c", 1, 4, 10, &[])]);
     }
 }

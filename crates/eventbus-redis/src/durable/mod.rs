@@ -17,8 +17,8 @@
 //! | `P:durable:{name}:v` / `:w` | dead letters kept for redrive: record (hash) / when (zset) |
 //! | `P:durable:{name}:x` | an exclusive consumer's lease: the instance whose clients receive |
 //! | `P:durable:{name}:k` / `:q:{key}` | ordering key → its one live event / events waiting on it |
-//! | `P:durable:{name}:l` | terminal log (stream, trimmed by count and age) |
-//! | `P:durable:{name}:n` | counters: acked, dead_lettered, redelivered |
+//! | `P:durable:{name}:l` | terminal log (stream: one entry of lines per script, trimmed by line count and age) |
+//! | `P:durable:{name}:n` | counters: acked, dead_lettered, redelivered, redriven, dropped; `logged`: lines in `:l` |
 //! | `P:durable:{name}:c` | instance → clients attached through it and when that count expires |
 //! | `P:durable:{name}:o` | outbox: dead letters recorded, publication not yet answered |
 //! | `P:durable:{name}:lock` | the janitor's lock (expires) |
@@ -347,14 +347,19 @@ impl Shared {
         limit: usize,
         page_token: &str,
     ) -> Result<LogSlice, DurableError> {
-        if !page_token.is_empty() && !is_stream_id(page_token) {
+        let Some((after, line)) = log_token(page_token) else {
             return Err(DurableError::bad_page_token(page_token));
-        }
+        };
         let limit = limit.clamp(1, 1000);
         let key = format!("{}:l", rt.base);
-        let mut start = if page_token.is_empty() { "-".to_owned() } else { format!("({page_token}") };
+        // With `line` n: resume inside entry `after`, from its line n.
+        let mut start = match (after, line) {
+            ("", _) => "-".to_owned(),
+            (id, None) => format!("({id}"),
+            (id, Some(_)) => id.to_owned(),
+        };
+        let mut skip = line.unwrap_or(0);
         let mut page = LogSlice::default();
-        let mut last_scanned = String::new();
         loop {
             let rows: Value = redis::cmd("XRANGE")
                 .arg(&key)
@@ -366,21 +371,25 @@ impl Shared {
                 .await
                 .map_err(unavailable)?;
             let rows = reply::entries_of(rows).map_err(corrupt)?;
-            if rows.is_empty() {
-                return Ok(page);
-            }
-            for row in rows {
-                if page.entries.len() == limit {
-                    page.next_page_token = last_scanned;
-                    return Ok(page);
+            let Some(last) = rows.last() else { return Ok(page) };
+            start = format!("({}", last.id);
+            for row in &rows {
+                if skip > 0 && row.id != after {
+                    skip = 0; // that entry went (trimmed) meanwhile: what follows is all unread
                 }
-                let entry = log_entry(&row).map_err(corrupt)?;
-                if status.is_none_or(|s| s == entry.status) {
-                    page.entries.push(entry);
+                for (i, line) in log_lines(row).map_err(corrupt)?.enumerate().skip(skip) {
+                    if page.entries.len() == limit {
+                        page.next_page_token = format!("{}.{i}", row.id);
+                        return Ok(page);
+                    }
+                    let entry: LogEntry =
+                        serde_json::from_slice(line).map_err(|e| corrupt(format!("log line: {e}")))?;
+                    if status.is_none_or(|s| s == entry.status) {
+                        page.entries.push(entry);
+                    }
                 }
-                last_scanned.clone_from(&row.id);
+                skip = 0;
             }
-            start = format!("({last_scanned}");
         }
     }
 }
@@ -477,9 +486,28 @@ fn is_stream_id(s: &str) -> bool {
         && seq.bytes().all(|b| b.is_ascii_digit())
 }
 
-fn log_entry(row: &reply::Entry) -> Result<LogEntry, String> {
-    let line = row.get("j").ok_or("log line without its entry")?;
-    serde_json::from_slice(line).map_err(|e| format!("log line: {e}"))
+/// A ListEventLog page token: `""` (from the start: `("", None)`), a log entry id (past
+/// that entry, `(id, None)`: every token before lines were packed) or `"{entry id}.{n}"`
+/// (that entry from its line `n` on, `(id, Some(n))`). None when malformed.
+fn log_token(token: &str) -> Option<(&str, Option<usize>)> {
+    if token.is_empty() {
+        return Some(("", None));
+    }
+    match token.split_once('.') {
+        None => is_stream_id(token).then_some((token, None)),
+        Some((id, n)) => {
+            let n = n.bytes().all(|b| b.is_ascii_digit()).then(|| n.parse().ok()).flatten()?;
+            is_stream_id(id).then_some((id, Some(n)))
+        }
+    }
+}
+
+/// The lines of a terminal-log entry: `j` one line (the only format before lines were
+/// packed), or `m` several joined by '\n' (one entry per script that finished events).
+fn log_lines(row: &reply::Entry) -> Result<impl Iterator<Item = &[u8]>, String> {
+    // `split` of a lone line (`j`, never holding a '\n'): the line itself.
+    let lines = row.get("m").or_else(|| row.get("j")).ok_or_else(|| format!("log entry {} holds no line", row.id))?;
+    Ok(lines.split(|&b| b == b'\n'))
 }
 
 impl DurableBackend for RedisDurable {
@@ -718,5 +746,16 @@ mod tests {
         .collect();
         assert_eq!(cluster_clients(1, "me", &presence, 1000), 1 + 2 + 4);
         assert_eq!(cluster_clients(0, "me", &HashMap::new(), 1000), 0);
+    }
+
+    #[test]
+    fn log_tokens_are_entry_ids_with_an_optional_line() {
+        assert_eq!(log_token(""), Some(("", None)));
+        assert_eq!(log_token("17-3"), Some(("17-3", None)), "a token from before lines were packed");
+        assert_eq!(log_token("17-3.0"), Some(("17-3", Some(0))));
+        assert_eq!(log_token("17-3.12"), Some(("17-3", Some(12))));
+        for bad in ["x", "17", "17-", "17-3.", "17-3.x", "17-3.-1", ".3", "17-3.1.2", "17-3.99999999999999999999999"] {
+            assert_eq!(log_token(bad), None, "{bad}");
+        }
     }
 }

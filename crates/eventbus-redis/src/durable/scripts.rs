@@ -6,8 +6,10 @@
 //! (first delivery, ms) and `x` (failures, JSON `[{"at_ms":…,"reason":…}]`). The event
 //! id and channel are read from the envelope (`meta` in the prelude): every field costs
 //! on each read, and only the rare failure paths need them here. A record in `:r` is `cmsgpack({e, c, k, i, a, f, x})`
-//! (`k`, `f`, `x` empty when unset). A terminal-log line has one field, `j`: the JSON of
-//! a `LogEntry`.
+//! (`k`, `f`, `x` empty when unset). A terminal-log entry holds the lines (each the JSON
+//! of a `LogEntry`) of one script: one line in field `j` (the only format before lines
+//! were packed), or `c` their count and `m` the lines joined by '\n'; `:n` field
+//! `logged` counts the lines (absent: a log of `j` entries only).
 
 use redis::Script;
 
@@ -96,16 +98,105 @@ local function keep_dead(b, id, env, key, attempts, channel, now, maxlen)
   end
 end
 
--- One terminal-log line: field `j`, the JSON of a `LogEntry` (what the reader parses).
--- `failures` is JSON text already; built by hand because cjson turns [] into {}.
-local function log(b, id, channel, status, attempts, first, now, failures, maxlen)
+-- One terminal-log line: the JSON of a `LogEntry` (what the reader parses). `failures`
+-- is JSON text already; built by hand because cjson turns [] into {}.
+local function log_line(id, channel, status, attempts, first, now, failures)
   local f = tonumber(first)
   if failures == nil or failures == '' then failures = '[]' end
-  local rec = '{"event_id":' .. cjson.encode(id) .. ',"channel":' .. cjson.encode(channel) ..
+  return '{"event_id":' .. cjson.encode(id) .. ',"channel":' .. cjson.encode(channel) ..
     ',"status":"' .. status .. '","attempts":' .. string.format('%d', attempts) ..
     ',"first_delivered_ms":' .. (f and string.format('%d', f) or 'null') ..
     ',"finished_ms":' .. string.format('%d', now) .. ',"failures":' .. failures .. '}'
-  redis.call('XADD', b .. ':l', 'MAXLEN', '~', maxlen, '*', 'j', rec)
+end
+
+-- Stream ids "ms-seq": a < b.
+local function id_less(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
+  return am < bm or (am == bm and as < bs)
+end
+
+-- The id right after `id`: XTRIM MINID of it drops `id` and everything before.
+local function id_next(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return ms .. '-' .. string.format('%d', tonumber(seq) + 1)
+end
+
+-- Lines held by a log entry (its fields): `c` for a pack (`m`), else one (`j`).
+local function entry_lines(f)
+  for j = 1, #f, 2 do
+    if f[j] == 'c' then return tonumber(f[j + 1]) or 1 end
+  end
+  return 1
+end
+
+-- Lines in the terminal log, kept in `:n` field `logged` by every write and trim. A log
+-- written before lines were counted holds one line per entry.
+local function log_count(b)
+  local n = redis.call('HGET', b .. ':n', 'logged')
+  if n then return tonumber(n) end
+  return redis.call('XLEN', b .. ':l')
+end
+
+-- Drops whole entries from the head of the log: with `minid` (age) those before it,
+-- else (count) the oldest while more than `keep` of the `total` lines stay, but never
+-- `last` (the entry just written). At most `budget` entries. Returns the lines left
+-- and whether the budget ran out.
+local function log_trim(b, total, keep, minid, last, budget)
+  local l = b .. ':l'
+  local upto = '+'
+  if minid then upto = '(' .. minid end
+  local cut, dropped, stop = nil, 0, false
+  while not stop and dropped < budget do
+    local start = '-'
+    if cut then start = '(' .. cut end
+    local rows = redis.call('XRANGE', l, start, upto, 'COUNT', math.min(16, budget - dropped))
+    if #rows == 0 then
+      if not minid then total = 0 end
+      break
+    end
+    for _, r in ipairs(rows) do
+      local lines = entry_lines(r[2])
+      if r[1] == last then
+        -- Counted more than there are (written by an older version): now exact.
+        total = math.min(total, lines)
+        stop = true
+        break
+      end
+      if not minid and total <= keep then stop = true; break end
+      total = total - lines
+      cut = r[1]
+      dropped = dropped + 1
+    end
+  end
+  if cut then redis.call('XTRIM', l, 'MINID', id_next(cut)) end
+  if total < 0 then total = 0 end
+  return total, dropped >= budget
+end
+
+-- Appends `n` lines (`text`: joined by '\n') as one entry: `j` for one line (the
+-- format of every entry before lines were packed), else `c` the count and `m` the
+-- lines. Past `maxlen` lines (with some slack, so that trims come in batches) the
+-- oldest entries go.
+local function log_write(b, text, n, maxlen)
+  if n == 0 then return end
+  local total, last = log_count(b) + n, nil
+  if n == 1 then
+    last = redis.call('XADD', b .. ':l', '*', 'j', text)
+  else
+    last = redis.call('XADD', b .. ':l', '*', 'c', n, 'm', text)
+  end
+  maxlen = tonumber(maxlen)
+  if total > maxlen + math.floor(maxlen / 16) then
+    total = log_trim(b, total, maxlen, nil, last, 1000000)
+  end
+  redis.call('HSET', b .. ':n', 'logged', total)
+end
+
+-- Lines collected by a script (`out.log`), written as one entry.
+local function log_flush(b, out, maxlen)
+  if #out.log > 0 then log_write(b, table.concat(out.log, '\n'), #out.log, maxlen) end
 end
 
 -- One failed attempt of stream entry `sid`: back later with backoff, or dead-lettered.
@@ -127,7 +218,7 @@ local function fail_one(b, g, sid, reason, delay, term, first, now, cfg, maxlen,
   local x = cjson.encode(failures)
   if f.f and f.f ~= '' then first = f.f end
   if term == 1 or (cfg[1] > 0 and attempts >= cfg[1]) then
-    log(b, id, channel, 'DeadLettered', attempts, first, now, x, maxlen)
+    out.log[#out.log + 1] = log_line(id, channel, 'DeadLettered', attempts, first, now, x)
     redis.call('HINCRBY', b .. ':n', 'dead_lettered', 1)
     keep_dead(b, id, f.e, f.k, attempts, channel, now, maxlen)
     release_key(b, f.k, id)
@@ -219,22 +310,29 @@ end
 return out
 "#;
 
-/// Ack: ARGV base, group, log maxlen, now, then (stream id, event id, ordering key,
-/// log line) quadruples; the acking instance knows the entry, so the script does not
-/// read it back. A stream id of '' is a late ack: it completes an event waiting for
-/// its retry (its log line is built here from the retry record). Returns how many
-/// events completed.
+/// Ack: ARGV base, group, log maxlen, now, the terminal-log lines of the acks with a
+/// stream id (joined by '\n', in their order; the acking instance knows the entries, so
+/// the script does not read them back), the newest of their stream ids, then (stream
+/// id, event id, ordering key) triples. A stream id of '' is a late ack: it completes an event waiting for its
+/// retry (its log line is built here from the retry record). The lines are logged as
+/// one entry. Returns how many events completed.
 ///
 /// One XACK takes every stream id. When it acknowledges them all (the usual case),
 /// each was pending and completes. Otherwise some had already left the pending list
 /// (reclaimed past their deadline, say): a delivered entry stays on the stream exactly
 /// as long as it is pending, so the ones still on the stream are the ones this XACK
-/// took, and the others are looked up among the retries as late acks.
+/// took, and the others are looked up among the retries as late acks (and their lines
+/// left out).
+///
+/// The acked entries leave the stream by one XTRIM MINID up to the oldest entry still
+/// pending (everything before it was delivered, and a delivered entry that is not
+/// pending is finished): acks come mostly in stream order, so that takes nearly all of
+/// them; the rest (acked ahead of an older one still in flight) by XDEL.
 const ACK: &str = r#"
-local b, g, maxlen, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local s, l, d, r = b .. ':s', b .. ':l', b .. ':d', b .. ':r'
+local b, g, maxlen, now, lines, newest = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local s, d, r = b .. ':s', b .. ':d', b .. ':r'
 local sids = {}
-for j = 5, #ARGV, 4 do
+for j = 7, #ARGV, 3 do
   if ARGV[j] ~= '' then sids[#sids + 1] = ARGV[j] end
 end
 local took = 0
@@ -244,11 +342,15 @@ end
 local all = took == #sids
 local done = 0
 local acked = {}
-for j = 5, #ARGV, 4 do
-  local sid, id, key, record = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3]
+local out = {log = {}}
+local held, kept = 0, nil
+if not all then kept = {} end
+for j = 7, #ARGV, 3 do
+  local sid, id, key = ARGV[j], ARGV[j + 1], ARGV[j + 2]
+  if sid ~= '' then held = held + 1 end
   if sid ~= '' and (all or redis.call('XRANGE', s, sid, sid)[1]) then
     acked[#acked + 1] = sid
-    redis.call('XADD', l, 'MAXLEN', '~', maxlen, '*', 'j', record)
+    if kept then kept[held] = true end
     if key ~= '' then release_key(b, key, id) end
     done = done + 1
   elseif redis.call('ZREM', d, id) == 1 then
@@ -257,14 +359,47 @@ for j = 5, #ARGV, 4 do
     redis.call('ZREM', b .. ':y', id)
     if rec then
       local e = cmsgpack.unpack(rec)
-      log(b, e[4], e[2], 'Completed', e[5], e[6], now, e[7], maxlen)
+      out.log[#out.log + 1] = log_line(e[4], e[2], 'Completed', e[5], e[6], now, e[7])
       release_key(b, e[3], e[4])
       done = done + 1
     end
   end
 end
-for i = 1, #acked, 512 do
-  redis.call('XDEL', s, unpack(acked, i, math.min(i + 511, #acked)))
+-- The lines of the acks taken here, then those of the late acks.
+local text, n = lines, #acked
+if kept then
+  local mine, i = {}, 0
+  for line in string.gmatch(lines, '[^\n]+') do
+    i = i + 1
+    if kept[i] then mine[#mine + 1] = line end
+  end
+  text = table.concat(mine, '\n')
+end
+if #out.log > 0 then
+  if n > 0 then text = text .. '\n' end
+  text = text .. table.concat(out.log, '\n')
+  n = n + #out.log
+end
+log_write(b, text, n, maxlen)
+if #acked > 0 then
+  local upto, rest = nil, acked
+  if string.match(newest, '^%d+-%d+$') then
+    upto = id_next(newest)
+    local oldest = redis.call('XPENDING', s, g, '-', '+', 1)
+    if oldest[1] and id_less(oldest[1][1], upto) then
+      upto = oldest[1][1]
+      rest = {}
+      for _, sid in ipairs(acked) do
+        if not id_less(sid, upto) then rest[#rest + 1] = sid end
+      end
+    else
+      rest = {}
+    end
+    redis.call('XTRIM', s, 'MINID', upto)
+  end
+  for i = 1, #rest, 512 do
+    redis.call('XDEL', s, unpack(rest, i, math.min(i + 511, #rest)))
+  end
 end
 if done > 0 then redis.call('HINCRBY', b .. ':n', 'acked', done) end
 return done
@@ -278,7 +413,7 @@ return done
 const FAIL: &str = r#"
 local b, g, now, maxlen, owner = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local cfg = {tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])}
-local out = {dead = {}}
+local out = {dead = {}, log = {}}
 for j = 11, #ARGV, 5 do
   local sid = ARGV[j]
   local mine = redis.call('XPENDING', b .. ':s', g, sid, sid, 1, owner)
@@ -286,6 +421,7 @@ for j = 11, #ARGV, 5 do
     fail_one(b, g, sid, ARGV[j + 1], tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), ARGV[j + 4], now, cfg, maxlen, out)
   end
 end
+log_flush(b, out, maxlen)
 local reply = {out.next and tostring(out.next) or ''}
 for _, d in ipairs(out.dead) do reply[#reply + 1] = d end
 return reply
@@ -321,7 +457,7 @@ const TICK: &str = r#"
 local b, g, now, maxlen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local cfg = {tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])}
 local batch = tonumber(ARGV[8])
-local out = {dead = {}}
+local out = {dead = {}, log = {}}
 local more = 0
 if redis.call('SET', b .. ':lock', ARGV[5], 'NX', 'PX', ARGV[6]) then
   local claimed = redis.call('XAUTOCLAIM', b .. ':s', g, '~janitor', ARGV[7], '0-0', 'COUNT', batch, 'JUSTID')
@@ -344,7 +480,14 @@ if redis.call('SET', b .. ':lock', ARGV[5], 'NX', 'PX', ARGV[6]) then
       end
     end
   until cursor == '0' or #out.dead >= batch
-  redis.call('XTRIM', b .. ':l', 'MINID', '~', ARGV[9])
+  log_flush(b, out, maxlen)
+  -- The log by age: whole entries older than ARGV[9], a batch at a time.
+  local aged = redis.call('XRANGE', b .. ':l', '-', '(' .. ARGV[9], 'COUNT', 1)
+  if aged[1] then
+    local total, cut = log_trim(b, log_count(b), 0, ARGV[9], nil, batch)
+    redis.call('HSET', b .. ':n', 'logged', total)
+    if cut then more = 1 end
+  end
   -- Dead letters kept for redrive past the log's age go too.
   local oldest = tonumber(string.match(ARGV[9], '^(%d+)'))
   local expired = redis.call('ZRANGEBYSCORE', b .. ':w', '-inf', '(' .. oldest, 'LIMIT', 0, batch)
@@ -435,7 +578,7 @@ else
   ids = redis.call('ZRANGE', b .. ':w', 0, limit - 1)
 end
 table.sort(ids)
-local done = 0
+local done, lines = 0, {}
 for _, id in ipairs(ids) do
   local rec = redis.call('HGET', b .. ':v', id)
   if rec then
@@ -451,10 +594,11 @@ for _, id in ipairs(ids) do
     else
       redis.call('XADD', b .. ':s', '*', 'e', env)
     end
-    log(b, id, channel, 'Redriven', attempts, nil, now, '[]', maxlen)
+    lines[#lines + 1] = log_line(id, channel, 'Redriven', attempts, nil, now, '[]')
     done = done + 1
   end
 end
+log_write(b, table.concat(lines, '\n'), #lines, maxlen)
 if done > 0 then redis.call('HINCRBY', b .. ':n', 'redriven', done) end
 return {done, redis.call('ZCARD', b .. ':w')}
 "#;
