@@ -25,7 +25,7 @@ type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 
 /// Where a request came from, for `Event.source` and `SubscriptionInfo.peer`.
 fn peer<T>(req: &Request<T>) -> String {
-    req.extensions().get::<PeerInfo>().map(|p| p.addr.to_string()).unwrap_or_default()
+    req.extensions().get::<PeerInfo>().map(|p| p.addr_text().to_owned()).unwrap_or_default()
 }
 
 /// Who sent the request, as [`Authenticate`] found.
