@@ -259,9 +259,6 @@ impl RedbStore {
         let mut logs = self.logs.lock();
         let track = logs.entry(consumer.to_owned()).or_default();
         track.count += 1;
-        if track.count == 1 {
-            track.oldest_ms = Some(entry.finished_ms);
-        }
         let cutoff = now_ms.saturating_sub(self.retention.max_age_ms);
         while track.count > 0 {
             let too_many = track.count > self.retention.max_entries;
