@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::{decode_dead_letter, decode_event, encode_dead_letter, encode_event, set_refs};
 use crate::store::{
-    DedupRecord, EntryRecord, Loaded, LogPage, RedriveSelection, RedrivenEvent, Store, StoreError, StoreOp, StoredEvent,
+    DedupRecord, Loaded, LogPage, RedriveSelection, RedrivenEvent, Store, StoreError, StoreOp, StoredEvent,
 };
 
 const CONSUMERS: TableDefinition<&str, &str> = TableDefinition::new("consumers");
@@ -73,8 +73,9 @@ pub struct RedbStore {
     fsync: Fsync,
     retention: Retention,
     next_log: AtomicU64,
-    /// Log lines per consumer, to enforce `max_entries` without counting.
-    log_counts: Mutex<HashMap<String, u64>>,
+    /// Per consumer: its log lines, to enforce `max_entries` without counting, and the
+    /// age of the oldest, to enforce `max_age_ms` without reading it per append.
+    logs: Mutex<HashMap<String, LogTrack>>,
     /// Events kept for redrive per consumer, likewise.
     dead_counts: Mutex<HashMap<String, u64>>,
     last_durable_ms: AtomicU64,
@@ -112,7 +113,7 @@ impl RedbStore {
             fsync,
             retention,
             next_log: AtomicU64::new(1),
-            log_counts: Mutex::default(),
+            logs: Mutex::default(),
             dead_counts: Mutex::default(),
             last_durable_ms: AtomicU64::new(0),
         };
@@ -149,10 +150,10 @@ impl RedbStore {
             txn.open_table(DEAD_LETTERS).map_err(io)?;
             txn.open_table(PAUSED).map_err(io)?;
             let log = txn.open_table(LOG).map_err(io)?;
-            let mut counts = self.log_counts.lock();
+            let mut logs = self.logs.lock();
             for row in log.iter().map_err(io)? {
                 let (key, _) = row.map_err(io)?;
-                *counts.entry(key.value().0.to_owned()).or_default() += 1;
+                logs.entry(key.value().0.to_owned()).or_default().count += 1;
             }
             let dead = txn.open_table(DEAD).map_err(io)?;
             let mut counts = self.dead_counts.lock();
@@ -164,73 +165,71 @@ impl RedbStore {
         txn.commit().map_err(io)
     }
 
-    fn apply_op(&self, txn: &redb::WriteTransaction, op: &StoreOp, now_ms: u64) -> Result<(), StoreError> {
+    fn apply_op(&self, t: &mut Tables<'_>, op: &StoreOp, now_ms: u64) -> Result<(), StoreError> {
         match op {
             StoreOp::PutConsumer(config) => {
                 let json = serde_json::to_string(config).map_err(corrupt)?;
-                txn.open_table(CONSUMERS).map_err(io)?.insert(config.name.as_str(), json.as_str()).map_err(io)?;
+                t.consumers()?.insert(config.name.as_str(), json.as_str()).map_err(io)?;
             }
             StoreOp::DeleteConsumer(name) => {
-                txn.open_table(CONSUMERS).map_err(io)?.remove(name.as_str()).map_err(io)?;
+                t.consumers()?.remove(name.as_str()).map_err(io)?;
                 let seqs: Vec<u64> = {
-                    let entries = txn.open_table(ENTRIES).map_err(io)?;
-                    let rows = entries.range((name.as_str(), 0)..=(name.as_str(), u64::MAX)).map_err(io)?;
+                    let rows = t.entries()?.range((name.as_str(), 0)..=(name.as_str(), u64::MAX)).map_err(io)?;
                     rows.map(|r| r.map(|(k, _)| k.value().1)).collect::<Result<_, _>>().map_err(io)?
                 };
                 for seq in seqs {
-                    txn.open_table(ENTRIES).map_err(io)?.remove((name.as_str(), seq)).map_err(io)?;
-                    release_event(txn, seq)?;
+                    t.entries()?.remove((name.as_str(), seq)).map_err(io)?;
+                    release_event(t, seq)?;
                 }
-                let mut log = txn.open_table(LOG).map_err(io)?;
-                log.retain_in((name.as_str(), 0)..=(name.as_str(), u64::MAX), |_, _| false).map_err(io)?;
-                self.log_counts.lock().remove(name);
+                t.log()?.retain_in((name.as_str(), 0)..=(name.as_str(), u64::MAX), |_, _| false).map_err(io)?;
+                self.logs.lock().remove(name);
                 let dead: Vec<u64> = {
-                    let table = txn.open_table(DEAD).map_err(io)?;
-                    let rows = table.range((name.as_str(), 0)..=(name.as_str(), u64::MAX)).map_err(io)?;
+                    let rows = t.dead()?.range((name.as_str(), 0)..=(name.as_str(), u64::MAX)).map_err(io)?;
                     rows.map(|r| r.map(|(k, _)| k.value().1)).collect::<Result<_, _>>().map_err(io)?
                 };
                 for seq in dead {
-                    txn.open_table(DEAD).map_err(io)?.remove((name.as_str(), seq)).map_err(io)?;
-                    release_event(txn, seq)?;
+                    t.dead()?.remove((name.as_str(), seq)).map_err(io)?;
+                    release_event(t, seq)?;
                 }
                 self.dead_counts.lock().remove(name);
-                txn.open_table(PAUSED).map_err(io)?.remove(name.as_str()).map_err(io)?;
+                t.paused()?.remove(name.as_str()).map_err(io)?;
             }
             StoreOp::Capture { seq, event, ordering_key, consumers, dedup } => {
                 if !consumers.is_empty() {
                     let bytes = encode_event(event, ordering_key.as_deref(), consumers.len() as u32);
-                    txn.open_table(EVENTS).map_err(io)?.insert(*seq, bytes.as_slice()).map_err(io)?;
-                    let mut entries = txn.open_table(ENTRIES).map_err(io)?;
-                    let fresh = serde_json::to_string(&EntryRecord::default()).map_err(corrupt)?;
+                    t.events()?.insert(*seq, bytes.as_slice()).map_err(io)?;
+                    let entries = t.entries()?;
                     for consumer in consumers {
-                        entries.insert((&**consumer, *seq), fresh.as_str()).map_err(io)?;
+                        entries.insert((&**consumer, *seq), FRESH_ENTRY).map_err(io)?;
                     }
                 }
                 if let Some(d) = dedup {
-                    put_dedup(txn, d, now_ms)?;
+                    put_dedup(t, d, now_ms)?;
                 }
             }
-            StoreOp::Dedup(d) => put_dedup(txn, d, now_ms)?,
+            StoreOp::Dedup(d) => put_dedup(t, d, now_ms)?,
             StoreOp::Update { consumer, seq, entry } => {
                 let json = serde_json::to_string(entry).map_err(corrupt)?;
-                let mut entries = txn.open_table(ENTRIES).map_err(io)?;
-                // An update racing a finish must not resurrect the entry.
-                if entries.get((&**consumer, *seq)).map_err(io)?.is_some() {
-                    entries.insert((&**consumer, *seq), json.as_str()).map_err(io)?;
+                let entries = t.entries()?;
+                // An update racing a finish must not resurrect the entry: one B-tree
+                // walk in the common case (it is there), a second to undo the rare one.
+                let absent = entries.insert((&**consumer, *seq), json.as_str()).map_err(io)?.is_none();
+                if absent {
+                    entries.remove((&**consumer, *seq)).map_err(io)?;
                 }
             }
             StoreOp::Finish { consumer, seq, log } => {
-                let removed = txn.open_table(ENTRIES).map_err(io)?.remove((&**consumer, *seq)).map_err(io)?.is_some();
+                let removed = t.entries()?.remove((&**consumer, *seq)).map_err(io)?.is_some();
                 if removed && log.status == LogStatus::DeadLettered {
                     // Kept, with its event, for a redrive.
-                    self.keep_dead(txn, consumer, *seq, log, now_ms)?;
+                    self.keep_dead(t, consumer, *seq, log, now_ms)?;
                 } else if removed {
-                    release_event(txn, *seq)?;
+                    release_event(t, *seq)?;
                 }
-                self.append_log(txn, consumer, log, now_ms)?;
+                self.append_log(t, consumer, log, now_ms)?;
             }
             StoreOp::SetPaused { consumer, paused } => {
-                let mut table = txn.open_table(PAUSED).map_err(io)?;
+                let table = t.paused()?;
                 if *paused {
                     table.insert(&**consumer, now_ms).map_err(io)?;
                 } else {
@@ -239,58 +238,70 @@ impl RedbStore {
             }
             StoreOp::PutDeadLetter { id, record } => {
                 let bytes = encode_dead_letter(record);
-                txn.open_table(DEAD_LETTERS).map_err(io)?.insert(*id, bytes.as_slice()).map_err(io)?;
+                t.dead_letters()?.insert(*id, bytes.as_slice()).map_err(io)?;
             }
             StoreOp::DeleteDeadLetter { id } => {
-                txn.open_table(DEAD_LETTERS).map_err(io)?.remove(*id).map_err(io)?;
+                t.dead_letters()?.remove(*id).map_err(io)?;
             }
         }
         Ok(())
     }
 
-    fn append_log(
-        &self,
-        txn: &redb::WriteTransaction,
-        consumer: &str,
-        entry: &LogEntry,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        let mut log = txn.open_table(LOG).map_err(io)?;
+    /// Appends a terminal-log line and drops the oldest ones past the count or age
+    /// bound. The log counter (`meta.next_log`) is saved once per transaction, by
+    /// [`Tables::finish`].
+    fn append_log(&self, t: &mut Tables<'_>, consumer: &str, entry: &LogEntry, now_ms: u64) -> Result<(), StoreError> {
         let id = self.next_log.fetch_add(1, Ordering::Relaxed);
+        t.next_log = Some(id + 1);
         let json = serde_json::to_string(entry).map_err(corrupt)?;
+        let log = t.log()?;
         log.insert((consumer, id), json.as_str()).map_err(io)?;
-        let mut counts = self.log_counts.lock();
-        let count = counts.entry(consumer.to_owned()).or_default();
-        *count += 1;
-        // Drop the oldest lines past the count bound or the age bound.
+        let mut logs = self.logs.lock();
+        let track = logs.entry(consumer.to_owned()).or_default();
+        track.count += 1;
         let cutoff = now_ms.saturating_sub(self.retention.max_age_ms);
-        while *count > 0 {
+        while track.count > 0 {
+            let too_many = track.count > self.retention.max_entries;
+            // The oldest line's age is read once and remembered until it is dropped:
+            // otherwise every append would walk to it and parse it.
+            if !too_many && track.oldest_ms.is_some_and(|ms| ms >= cutoff) {
+                break;
+            }
             let Some((key, value)) =
                 log.range((consumer, 0)..=(consumer, u64::MAX)).map_err(io)?.next().transpose().map_err(io)?
             else {
                 break;
             };
             let oldest = key.value().1;
-            let too_many = *count > self.retention.max_entries;
-            let too_old = serde_json::from_str::<LogEntry>(value.value()).map_or(true, |e| e.finished_ms < cutoff);
+            let finished_ms = serde_json::from_str::<LogEntry>(value.value()).ok().map(|e| e.finished_ms);
             drop((key, value));
+            let too_old = finished_ms.is_none_or(|ms| ms < cutoff);
             if !(too_many || too_old) {
+                track.oldest_ms = finished_ms;
                 break;
             }
             log.remove((consumer, oldest)).map_err(io)?;
-            *count -= 1;
+            track.count -= 1;
+            track.oldest_ms = None;
         }
-        txn.open_table(META).map_err(io)?.insert("next_log", self.next_log.load(Ordering::Relaxed)).map_err(io)?;
         Ok(())
     }
 }
 
 impl RedbStore {
+    /// After a transaction that did not commit: the log ages remembered may name lines
+    /// it dropped and that are back, so each is read again at the next append.
+    fn forget_log_ages(&self) {
+        for track in self.logs.lock().values_mut() {
+            track.oldest_ms = None;
+        }
+    }
+
     /// Keeps a dead-lettered event for redrive, dropping the oldest kept ones past the
     /// retention bounds (their events released).
     fn keep_dead(
         &self,
-        txn: &redb::WriteTransaction,
+        t: &mut Tables<'_>,
         consumer: &str,
         seq: u64,
         log: &LogEntry,
@@ -303,7 +314,7 @@ impl RedbStore {
             at_ms: now_ms,
         };
         let json = serde_json::to_string(&record).map_err(corrupt)?;
-        let mut dead = txn.open_table(DEAD).map_err(io)?;
+        let dead = t.dead()?;
         dead.insert((consumer, seq), json.as_str()).map_err(io)?;
         let mut counts = self.dead_counts.lock();
         let count = counts.entry(consumer.to_owned()).or_default();
@@ -327,18 +338,140 @@ impl RedbStore {
             *count -= 1;
             dropped.push(oldest);
         }
-        drop((counts, dead));
+        drop(counts);
         for seq in dropped {
-            release_event(txn, seq)?;
+            release_event(t, seq)?;
+        }
+        Ok(())
+    }
+}
+
+/// The state of a new entry (`EntryRecord::default()` as JSON), written by every
+/// capture: spelled out rather than serialised per event.
+const FRESH_ENTRY: &str = r#"{"attempts":0,"first_delivered_ms":null,"failures":[],"due_ms":null}"#;
+
+/// What the store remembers of one consumer's terminal log, so that appending a line
+/// needs no count and, mostly, no read.
+#[derive(Debug, Default)]
+struct LogTrack {
+    /// Lines in the log.
+    count: u64,
+    /// `finished_ms` of the oldest line, once read; `None` = not known (read it).
+    oldest_ms: Option<u64>,
+}
+
+type Tbl<'txn, K, V> = redb::Table<'txn, K, V>;
+
+/// The tables of one write transaction, each opened at its first use and kept open
+/// until the commit. redb opens and closes a table through the transaction's table
+/// tree, which costs as much as a small insert: per change that was a large part of a
+/// commit's CPU.
+struct Tables<'txn> {
+    txn: &'txn redb::WriteTransaction,
+    consumers: Option<Tbl<'txn, &'static str, &'static str>>,
+    events: Option<Tbl<'txn, u64, &'static [u8]>>,
+    entries: Option<Tbl<'txn, (&'static str, u64), &'static str>>,
+    log: Option<Tbl<'txn, (&'static str, u64), &'static str>>,
+    dedup: Option<Tbl<'txn, &'static str, &'static str>>,
+    dead_letters: Option<Tbl<'txn, u64, &'static [u8]>>,
+    dead: Option<Tbl<'txn, (&'static str, u64), &'static str>>,
+    paused: Option<Tbl<'txn, &'static str, u64>>,
+    /// The highest capture sequence number written, to save `meta.next_seq` once.
+    max_seq: u64,
+    /// The log counter to save as `meta.next_log`, when a line was appended.
+    next_log: Option<u64>,
+}
+
+/// Opens `definition` into `slot` unless it is open already.
+fn open<'s, 'txn, K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &'txn redb::WriteTransaction,
+    slot: &'s mut Option<Tbl<'txn, K, V>>,
+    definition: TableDefinition<K, V>,
+) -> Result<&'s mut Tbl<'txn, K, V>, StoreError> {
+    let table = match slot.take() {
+        Some(table) => table,
+        None => txn.open_table(definition).map_err(io)?,
+    };
+    Ok(slot.insert(table))
+}
+
+impl<'txn> Tables<'txn> {
+    fn new(txn: &'txn redb::WriteTransaction) -> Self {
+        Self {
+            txn,
+            consumers: None,
+            events: None,
+            entries: None,
+            log: None,
+            dedup: None,
+            dead_letters: None,
+            dead: None,
+            paused: None,
+            max_seq: 0,
+            next_log: None,
+        }
+    }
+
+    fn consumers(&mut self) -> Result<&mut Tbl<'txn, &'static str, &'static str>, StoreError> {
+        open(self.txn, &mut self.consumers, CONSUMERS)
+    }
+
+    fn events(&mut self) -> Result<&mut Tbl<'txn, u64, &'static [u8]>, StoreError> {
+        open(self.txn, &mut self.events, EVENTS)
+    }
+
+    fn entries(&mut self) -> Result<&mut Tbl<'txn, (&'static str, u64), &'static str>, StoreError> {
+        open(self.txn, &mut self.entries, ENTRIES)
+    }
+
+    fn log(&mut self) -> Result<&mut Tbl<'txn, (&'static str, u64), &'static str>, StoreError> {
+        open(self.txn, &mut self.log, LOG)
+    }
+
+    fn dedup(&mut self) -> Result<&mut Tbl<'txn, &'static str, &'static str>, StoreError> {
+        open(self.txn, &mut self.dedup, DEDUP)
+    }
+
+    fn dead_letters(&mut self) -> Result<&mut Tbl<'txn, u64, &'static [u8]>, StoreError> {
+        open(self.txn, &mut self.dead_letters, DEAD_LETTERS)
+    }
+
+    fn dead(&mut self) -> Result<&mut Tbl<'txn, (&'static str, u64), &'static str>, StoreError> {
+        open(self.txn, &mut self.dead, DEAD)
+    }
+
+    fn paused(&mut self) -> Result<&mut Tbl<'txn, &'static str, u64>, StoreError> {
+        open(self.txn, &mut self.paused, PAUSED)
+    }
+
+    /// Saves the counters this transaction moved (`meta`) and closes every table, so
+    /// the transaction can commit.
+    fn finish(self) -> Result<(), StoreError> {
+        let Self { txn, max_seq, next_log, .. } = self;
+        if max_seq == 0 && next_log.is_none() {
+            return Ok(());
+        }
+        let mut meta = txn.open_table(META).map_err(io)?;
+        if max_seq > 0 {
+            let saved = meta.get("next_seq").map_err(io)?.map_or(0, |v| v.value());
+            if max_seq + 1 > saved {
+                meta.insert("next_seq", max_seq + 1).map_err(io)?;
+            }
+        }
+        if let Some(next_log) = next_log {
+            let saved = meta.get("next_log").map_err(io)?.map_or(0, |v| v.value());
+            meta.insert("next_log", saved.max(next_log)).map_err(io)?;
         }
         Ok(())
     }
 }
 
 /// One consumer is done with event `seq`: drop it when none holds it any more.
-fn release_event(txn: &redb::WriteTransaction, seq: u64) -> Result<(), StoreError> {
-    let mut events = txn.open_table(EVENTS).map_err(io)?;
-    let bytes = match events.get(seq).map_err(io)? {
+fn release_event(t: &mut Tables<'_>, seq: u64) -> Result<(), StoreError> {
+    let events = t.events()?;
+    // Removed at once (the common case: its last holder); put back, one reference
+    // fewer, when others still hold it.
+    let bytes = match events.remove(seq).map_err(io)? {
         Some(v) => v.value().to_vec(),
         None => return Ok(()),
     };
@@ -346,9 +479,7 @@ fn release_event(txn: &redb::WriteTransaction, seq: u64) -> Result<(), StoreErro
         return Err(StoreError::corrupt(format!("event {seq}: record too short")));
     };
     let refs = u32::from_le_bytes([a, b, c, d]);
-    if refs <= 1 {
-        events.remove(seq).map_err(io)?;
-    } else {
+    if refs > 1 {
         let mut bytes = bytes;
         set_refs(&mut bytes, refs - 1);
         events.insert(seq, bytes.as_slice()).map_err(io)?;
@@ -356,8 +487,8 @@ fn release_event(txn: &redb::WriteTransaction, seq: u64) -> Result<(), StoreErro
     Ok(())
 }
 
-fn put_dedup(txn: &redb::WriteTransaction, d: &DedupRecord, now_ms: u64) -> Result<(), StoreError> {
-    let mut dedup = txn.open_table(DEDUP).map_err(io)?;
+fn put_dedup(t: &mut Tables<'_>, d: &DedupRecord, now_ms: u64) -> Result<(), StoreError> {
+    let dedup = t.dedup()?;
     let json = serde_json::to_string(d).map_err(corrupt)?;
     dedup.insert(d.key.as_str(), json.as_str()).map_err(io)?;
     // Expired keys are pruned as new ones arrive, a few at a time.
@@ -439,21 +570,20 @@ impl Store for RedbStore {
         };
         let durability = if durable { Durability::Immediate } else { Durability::None };
         txn.set_durability(durability).map_err(io)?;
-        let mut max_seq = 0;
-        for op in ops {
-            if let StoreOp::Capture { seq, .. } = op {
-                max_seq = max_seq.max(*seq);
+        let applied = (|| {
+            let mut tables = Tables::new(&txn);
+            for op in ops {
+                if let StoreOp::Capture { seq, .. } = op {
+                    tables.max_seq = tables.max_seq.max(*seq);
+                }
+                self.apply_op(&mut tables, op, now_ms)?;
             }
-            self.apply_op(&txn, op, now_ms)?;
+            tables.finish()
+        })();
+        if let Err(err) = applied.and_then(|()| txn.commit().map_err(io)) {
+            self.forget_log_ages();
+            return Err(err);
         }
-        if max_seq > 0 {
-            let mut meta = txn.open_table(META).map_err(io)?;
-            let saved = meta.get("next_seq").map_err(io)?.map_or(0, |v| v.value());
-            if max_seq + 1 > saved {
-                meta.insert("next_seq", max_seq + 1).map_err(io)?;
-            }
-        }
-        txn.commit().map_err(io)?;
         if durable {
             self.last_durable_ms.store(now_ms, Ordering::Relaxed);
         }
@@ -468,10 +598,10 @@ impl Store for RedbStore {
     ) -> Result<Vec<RedrivenEvent>, StoreError> {
         let now_ms = epoch_ms(std::time::SystemTime::now());
         let txn = self.db.begin_write().map_err(io)?;
-        let chosen: Vec<(u64, DeadRecord)> = {
-            let dead = txn.open_table(DEAD).map_err(io)?;
-            let mut chosen = Vec::new();
-            for row in dead.range((consumer, 0)..=(consumer, u64::MAX)).map_err(io)? {
+        let moved = (|| {
+            let mut t = Tables::new(&txn);
+            let mut chosen: Vec<(u64, DeadRecord)> = Vec::new();
+            for row in t.dead()?.range((consumer, 0)..=(consumer, u64::MAX)).map_err(io)? {
                 let (k, v) = row.map_err(io)?;
                 let record: DeadRecord = serde_json::from_str(v.value()).map_err(corrupt)?;
                 match selection {
@@ -480,40 +610,42 @@ impl Store for RedbStore {
                     _ => chosen.push((k.value().1, record)),
                 }
             }
-            chosen
+            let mut out = Vec::with_capacity(chosen.len());
+            for (old, record) in chosen {
+                let bytes = match t.events()?.get(old).map_err(io)? {
+                    Some(v) => v.value().to_vec(),
+                    None => return Err(StoreError::corrupt(format!("dead-lettered event {old} without its event"))),
+                };
+                let (event, ordering_key, _) = decode_event(&bytes)?;
+                let seq = next_seq.fetch_add(1, Ordering::Relaxed);
+                let fresh = encode_event(&event, ordering_key.as_deref(), 1);
+                t.events()?.insert(seq, fresh.as_slice()).map_err(io)?;
+                release_event(&mut t, old)?;
+                t.dead()?.remove((consumer, old)).map_err(io)?;
+                t.entries()?.insert((consumer, seq), FRESH_ENTRY).map_err(io)?;
+                let line = LogEntry {
+                    event_id: record.event_id,
+                    channel: record.channel,
+                    status: LogStatus::Redriven,
+                    attempts: record.attempts,
+                    first_delivered_ms: None,
+                    finished_ms: now_ms,
+                    failures: Vec::new(),
+                };
+                self.append_log(&mut t, consumer, &line, now_ms)?;
+                t.max_seq = t.max_seq.max(seq);
+                out.push(RedrivenEvent { seq, event, ordering_key });
+            }
+            t.finish()?;
+            Ok(out)
+        })();
+        let out = match moved.and_then(|out| txn.commit().map_err(io).map(|()| out)) {
+            Ok(out) => out,
+            Err(err) => {
+                self.forget_log_ages();
+                return Err(err);
+            }
         };
-        let mut out = Vec::with_capacity(chosen.len());
-        for (old, record) in chosen {
-            let bytes = match txn.open_table(EVENTS).map_err(io)?.get(old).map_err(io)? {
-                Some(v) => v.value().to_vec(),
-                None => return Err(StoreError::corrupt(format!("dead-lettered event {old} without its event"))),
-            };
-            let (event, ordering_key, _) = decode_event(&bytes)?;
-            let seq = next_seq.fetch_add(1, Ordering::Relaxed);
-            let fresh = encode_event(&event, ordering_key.as_deref(), 1);
-            txn.open_table(EVENTS).map_err(io)?.insert(seq, fresh.as_slice()).map_err(io)?;
-            release_event(&txn, old)?;
-            txn.open_table(DEAD).map_err(io)?.remove((consumer, old)).map_err(io)?;
-            let state = serde_json::to_string(&EntryRecord::default()).map_err(corrupt)?;
-            txn.open_table(ENTRIES).map_err(io)?.insert((consumer, seq), state.as_str()).map_err(io)?;
-            let line = LogEntry {
-                event_id: record.event_id,
-                channel: record.channel,
-                status: LogStatus::Redriven,
-                attempts: record.attempts,
-                first_delivered_ms: None,
-                finished_ms: now_ms,
-                failures: Vec::new(),
-            };
-            self.append_log(&txn, consumer, &line, now_ms)?;
-            out.push(RedrivenEvent { seq, event, ordering_key });
-        }
-        if let Some(last) = out.last() {
-            let mut meta = txn.open_table(META).map_err(io)?;
-            let saved = meta.get("next_seq").map_err(io)?.map_or(0, |v| v.value());
-            meta.insert("next_seq", saved.max(last.seq + 1)).map_err(io)?;
-        }
-        txn.commit().map_err(io)?;
         if !out.is_empty()
             && let Some(count) = self.dead_counts.lock().get_mut(consumer)
         {
@@ -574,6 +706,7 @@ mod tests {
     use eventbus_core::durable::{ConsumerConfig, Failure};
 
     use super::*;
+    use crate::store::EntryRecord;
 
     fn event(id: &str) -> Arc<Event> {
         Arc::new(Event::from_parts(
@@ -727,6 +860,41 @@ mod tests {
         let ids: Vec<String> =
             store.log("old", None, 10, None).unwrap().entries.into_iter().map(|e| e.event_id).collect();
         assert_eq!(ids, ["new"]);
+    }
+
+    #[test]
+    fn a_fresh_entry_is_the_default_record() {
+        assert_eq!(FRESH_ENTRY, serde_json::to_string(&EntryRecord::default()).unwrap());
+        assert_eq!(serde_json::from_str::<EntryRecord>(FRESH_ENTRY).unwrap(), EntryRecord::default());
+    }
+
+    #[test]
+    fn the_remembered_log_age_still_drops_lines_that_grow_old() {
+        let mut store =
+            RedbStore::open(Path::new(""), Fsync::Always, Retention { max_entries: 100, max_age_ms: 60_000 }).unwrap();
+        let finish = |seq: u64, at: u64| StoreOp::Finish {
+            consumer: "c".into(),
+            seq,
+            log: log_entry(&format!("e{seq}"), LogStatus::Completed, at),
+        };
+        let now = epoch_ms(SystemTime::now());
+        store.apply(&[finish(1, now - 30_000)]).unwrap();
+        store.apply(&[finish(2, now - 5_000)]).unwrap();
+        assert_eq!(store.log("c", None, 10, None).unwrap().entries.len(), 2, "both young");
+        // The age of e1, remembered, is judged against the clock of each append: once
+        // past the bound (here the bound moves instead of the clock), e1 goes.
+        store.retention.max_age_ms = 10_000;
+        store.apply(&[finish(3, now - 5_000)]).unwrap();
+        let ids: Vec<String> =
+            store.log("c", None, 10, None).unwrap().entries.into_iter().map(|e| e.event_id).collect();
+        assert_eq!(ids, ["e2", "e3"]);
+        // A failed transaction forgets the remembered ages; the next append reads again.
+        store.forget_log_ages();
+        store.retention.max_age_ms = 1_000;
+        store.apply(&[finish(4, now + 60_000)]).unwrap();
+        let ids: Vec<String> =
+            store.log("c", None, 10, None).unwrap().entries.into_iter().map(|e| e.event_id).collect();
+        assert_eq!(ids, ["e4"]);
     }
 
     #[test]
