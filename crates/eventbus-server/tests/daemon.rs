@@ -84,6 +84,48 @@ async fn starts_serves_and_stops_cleanly_on_sigterm() {
 }
 
 #[tokio::test]
+async fn a_second_sigterm_ends_a_shutdown_that_waits_for_a_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = command(dir.path(), &["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]);
+    // Without the second signal, the shutdown would wait this long for the connection.
+    cmd.env("EVENTBUS__SERVER__CLOSE_GRACE_MS", "600000");
+    let mut daemon = spawn(cmd).await;
+    // A peer that opens HTTP/2 and then never reads: the graceful close waits for it.
+    let mut peer = within(tokio::net::TcpStream::connect(&daemon.grpc_addr)).await.unwrap();
+    let settings = [0u8, 0, 0, 4, 0, 0, 0, 0, 0];
+    within(tokio::io::AsyncWriteExt::write_all(
+        &mut peer,
+        &[&b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..], &settings].concat(),
+    ))
+    .await
+    .unwrap();
+
+    let pid = daemon.child.id().unwrap().to_string();
+    let term = || assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    term();
+    let mut log = Vec::new();
+    within(async {
+        while let Some(line) = daemon.stdout.next_line().await.unwrap() {
+            let draining = line.contains("shutting down");
+            log.push(line);
+            if draining {
+                return;
+            }
+        }
+        panic!("eventbusd exited on the first signal: {log:?}");
+    })
+    .await;
+    term();
+    let status = within(daemon.child.wait()).await.unwrap();
+    assert_eq!(status.code(), Some(eventbus_server::shutdown::EXIT_FORCED), "exit status {status:?}");
+    while let Some(line) = daemon.stdout.next_line().await.unwrap() {
+        log.push(line);
+    }
+    assert!(log.iter().any(|l| l.contains("second signal")), "{log:?}");
+    drop(peer);
+}
+
+#[tokio::test]
 async fn file_then_environment_then_flags() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("eventbus.yaml");
