@@ -456,6 +456,7 @@ async fn fd_exhaustion_backs_off_logs_counts_and_stays_responsive() {
     }
     assert!(idle.len() > 256, "only {} connections", idle.len());
     // The warning says the listener cannot accept.
+    let warned = fd::now();
     within(async {
         while let Some(line) = daemon.lines.recv().await {
             if line.contains("cannot accept connections") {
@@ -483,11 +484,21 @@ async fn fd_exhaustion_backs_off_logs_counts_and_stays_responsive() {
     let metrics = within(http.get(url("/metrics")).send()).await.unwrap().text().await.unwrap();
     let errors = fd::sample(&metrics, "socle_eventbus_accept_errors_total");
     assert!(errors > 0.0, "accept errors not counted:\n{metrics}");
-    let mut repeated = 0;
+    // Once per 10 s per listener, not per attempt (the backoff retries at least every
+    // second): on a slow machine the 10 s may have passed since the first warning, and
+    // the HTTP listener may warn once too if a probe needed a new connection.
+    let allowed = 1 + usize::try_from(warned.elapsed().as_secs() / 10).unwrap();
+    let mut repeated = Vec::new();
     while let Ok(line) = daemon.lines.try_recv() {
-        repeated += usize::from(line.contains("cannot accept"));
+        if line.contains("cannot accept") {
+            repeated.push(line);
+        }
     }
-    assert_eq!(repeated, 0, "the accept failure is logged once per 10 s, not per attempt");
+    for listener in ["grpc", "http"] {
+        let lines: Vec<_> = repeated.iter().filter(|l| l.contains(&format!("listener=\"{listener}\""))).collect();
+        let allowed = if listener == "grpc" { allowed - 1 } else { allowed };
+        assert!(lines.len() <= allowed, "the accept failure is logged once per 10 s, not per attempt: {lines:?}");
+    }
 
     // The clients leave: the daemon accepts again.
     drop(idle);
