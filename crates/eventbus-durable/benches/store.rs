@@ -28,6 +28,18 @@ fn event(seq: u64) -> Arc<Event> {
     ))
 }
 
+/// One capture per sequence number, each for `consumer`.
+fn captures(seqs: std::ops::Range<u64>, consumer: &Arc<str>) -> Vec<StoreOp> {
+    seqs.map(|seq| StoreOp::Capture {
+        seq,
+        event: event(seq),
+        ordering_key: None,
+        consumers: vec![Arc::clone(consumer)],
+        dedup: None,
+    })
+    .collect()
+}
+
 fn store_apply(c: &mut Criterion) {
     let retention = Retention { max_entries: 100_000, max_age_ms: 86_400_000 };
     let store = RedbStore::open(Path::new(""), Fsync::Always, retention).expect("in-memory store");
@@ -35,15 +47,7 @@ fn store_apply(c: &mut Criterion) {
     let mut next = 1u64;
     c.bench_function("apply_16_captures", |b| {
         b.iter(|| {
-            let ops: Vec<StoreOp> = (next..next + GROUP)
-                .map(|seq| StoreOp::Capture {
-                    seq,
-                    event: event(seq),
-                    ordering_key: None,
-                    consumers: vec![Arc::clone(&consumer)],
-                    dedup: None,
-                })
-                .collect();
+            let ops = captures(next..next + GROUP, &consumer);
             next += GROUP;
             store.apply(black_box(&ops)).expect("apply");
         })
@@ -53,17 +57,7 @@ fn store_apply(c: &mut Criterion) {
         b.iter(|| {
             let seqs = next..next + GROUP;
             next += GROUP;
-            let captures: Vec<StoreOp> = seqs
-                .clone()
-                .map(|seq| StoreOp::Capture {
-                    seq,
-                    event: event(seq),
-                    ordering_key: None,
-                    consumers: vec![Arc::clone(&consumer)],
-                    dedup: None,
-                })
-                .collect();
-            store.apply(&captures).expect("apply");
+            store.apply(&captures(seqs.clone(), &consumer)).expect("apply");
             let mut ops = Vec::new();
             for seq in seqs {
                 let entry = EntryRecord { attempts: 1, first_delivered_ms: Some(now), ..Default::default() };

@@ -255,6 +255,11 @@ impl Shared {
         Ok(self.runtime(name))
     }
 
+    /// [`Self::find`], a consumer unknown even after the reload being an error.
+    async fn find_known(self: &Arc<Self>, name: &str) -> Result<Arc<Runtime>, DurableError> {
+        self.find(name).await?.ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))
+    }
+
     /// A consumer's state. A consumer whose stream is gone (deleted a moment ago, or
     /// lost with a Redis that kept nothing) is reported unknown after a reload.
     async fn info(self: &Arc<Self>, rt: &Runtime) -> Result<ConsumerInfo, DurableError> {
@@ -551,7 +556,7 @@ impl DurableBackend for RedisDurable {
 
     fn get_consumer<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<ConsumerInfo, DurableError>> {
         Box::pin(async move {
-            let rt = self.shared.find(name).await?.ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?;
+            let rt = self.shared.find_known(name).await?;
             self.shared.info(&rt).await
         })
     }
@@ -605,7 +610,7 @@ impl DurableBackend for RedisDurable {
         page_token: &'a str,
     ) -> BoxFuture<'a, Result<LogSlice, DurableError>> {
         Box::pin(async move {
-            let rt = self.shared.find(name).await?.ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?;
+            let rt = self.shared.find_known(name).await?;
             self.shared.log(&rt, status, limit, page_token).await
         })
     }
@@ -617,7 +622,7 @@ impl DurableBackend for RedisDurable {
         page_token: &'a str,
     ) -> BoxFuture<'a, Result<PendingSlice, DurableError>> {
         Box::pin(async move {
-            let rt = self.shared.find(name).await?.ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?;
+            let rt = self.shared.find_known(name).await?;
             self.shared.pending(&rt, limit, page_token).await
         })
     }
@@ -629,7 +634,7 @@ impl DurableBackend for RedisDurable {
         limit: usize,
     ) -> BoxFuture<'a, Result<Redriven, DurableError>> {
         Box::pin(async move {
-            let rt = self.shared.find(name).await?.ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?;
+            let rt = self.shared.find_known(name).await?;
             let limit = if limit == 0 { MAX_REDRIVE } else { limit.min(MAX_REDRIVE) };
             let mut call = self.shared.scripts.redrive.prepare_invoke();
             call.arg(&rt.base).arg(now_ms()).arg(self.shared.retention.max_entries.max(1)).arg(limit);
