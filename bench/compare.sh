@@ -37,16 +37,17 @@ trap cleanup EXIT
 
 rm -rf "$OUT/jetstream" "$OUT/eventbus-data" "$OUT/redis-aof"
 mkdir -p "$OUT/redis-aof"
-nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$OUT/jetstream" >"$OUT/nats.log" 2>&1 & PIDS+=($!)
-redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no >"$OUT/redis.log" 2>&1 & PIDS+=($!)
+nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$OUT/jetstream" >"$OUT/nats.log" 2>&1 & NATS_PID=$!
+redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no >"$OUT/redis.log" 2>&1 & REDIS_PID=$!
 EVENTBUS__DURABLE__DATA_DIR="$OUT/eventbus-data" target/release/eventbusd --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$HTTP_PORT" --log-level warn \
-  >"$OUT/eventbusd.log" 2>&1 & PIDS+=($!)
+  >"$OUT/eventbusd.log" 2>&1 & EVENTBUSD_PID=$!
 # eventbus in redis mode (durable consumers on Redis Streams), on a persistent Redis.
 redis-server --bind 127.0.0.1 --port "$AOF_PORT" --save '' --appendonly yes --appendfsync "${REDIS_FSYNC:-everysec}" \
-  --dir "$OUT/redis-aof" >"$OUT/redis-aof.log" 2>&1 & PIDS+=($!)
+  --dir "$OUT/redis-aof" >"$OUT/redis-aof.log" 2>&1 & AOF_PID=$!
 EVENTBUS__EVENTBUS__MODE=redis EVENTBUS__EVENTBUS__REDIS__HOST=127.0.0.1 EVENTBUS__EVENTBUS__REDIS__PORT="$AOF_PORT" \
   target/release/eventbusd --grpc-addr "127.0.0.1:$RGRPC_PORT" --http-addr "127.0.0.1:$RHTTP_PORT" --log-level warn \
-  >"$OUT/eventbusd-redis.log" 2>&1 & PIDS+=($!)
+  >"$OUT/eventbusd-redis.log" 2>&1 & REDIS_EVENTBUSD_PID=$!
+PIDS+=("$NATS_PID" "$REDIS_PID" "$EVENTBUSD_PID" "$AOF_PID" "$REDIS_EVENTBUSD_PID")
 wait_port "$NATS_PORT"; wait_port "$REDIS_PORT"; wait_port "$GRPC_PORT"; wait_port "$AOF_PORT"; wait_port "$RGRPC_PORT"
 
 WORKLOADS=(
@@ -57,12 +58,18 @@ WORKLOADS=(
   "pubonly --publishers 1 --payload 128 --count 300000 --mode batch --batch 256"
 )
 
+# The CPU time each side spends (bench/cpu.py): the load generator, and the servers
+# that carry the run (the daemon, plus its Redis in redis mode).
+cpu() { python3 bench/cpu.py "$@"; }
+
 run() { # system workload...
   local system=$1; shift
   case $system in
-    eventbus) target/release/eventbus --server "http://127.0.0.1:$GRPC_PORT" --json bench "$@" ;;
-    nats) target/release/peers --system nats --url "nats://127.0.0.1:$NATS_PORT" --json "$@" ;;
-    redis) target/release/peers --system redis --url "redis://127.0.0.1:$REDIS_PORT" --json "$@" ;;
+    eventbus) cpu --server "$EVENTBUSD_PID" -- target/release/eventbus --server "http://127.0.0.1:$GRPC_PORT" --json bench "$@" ;;
+    eventbus-redis) cpu --server "$REDIS_EVENTBUSD_PID" --server "$AOF_PID" -- \
+      target/release/eventbus --server "http://127.0.0.1:$RGRPC_PORT" --json bench "$@" ;;
+    nats) cpu --server "$NATS_PID" -- target/release/peers --system nats --url "nats://127.0.0.1:$NATS_PORT" --json "$@" ;;
+    redis) cpu --server "$REDIS_PID" -- target/release/peers --system redis --url "redis://127.0.0.1:$REDIS_PORT" --json "$@" ;;
   esac
 }
 
@@ -87,9 +94,9 @@ for round in $(seq "$ROUNDS"); do
     # shellcheck disable=SC2086
     run eventbus $durable | tag "$round" >>"$RESULTS"
     # shellcheck disable=SC2086
-    target/release/eventbus --server "http://127.0.0.1:$RGRPC_PORT" --json bench $durable | tag "$round" eventbus-redis >>"$RESULTS"
+    run eventbus-redis $durable | tag "$round" eventbus-redis >>"$RESULTS"
     # shellcheck disable=SC2086
-    target/release/peers --system nats --url "nats://127.0.0.1:$NATS_PORT" --json $durable | tag "$round" >>"$RESULTS"
+    run nats $durable | tag "$round" >>"$RESULTS"
   done
 done
 

@@ -38,6 +38,36 @@ def durable(runs):
             print(f"| {workload} | {name} | {' | '.join(cells)} | {ratio('eventbus')} | {ratio('eventbus-redis')} |")
 
 
+def events_of(r):
+    """What the CPU is divided by: deliveries in fan-out runs, else publishes (a durable
+    run's CPU covers publishing and consuming each event)."""
+    if r["workload"] == "fanout":
+        return r["received"]
+    if r["workload"] == "durable":
+        return r["params"]["count"]
+    return r["published"]
+
+
+def cpu(runs):
+    """CPU per event on each side (bench/cpu.py): the servers and the load generator."""
+    systems = [s for s in ["eventbus", "eventbus-redis", "nats", "redis"]
+               if any(s in by and all("cpu" in r for r in by[s]) for by in runs.values())]
+    if not systems:
+        return
+    print("\nCPU per event, µs (user + system; server = the daemon, and its Redis in redis mode; "
+          "client = the load generator; per delivery in fan-out, per publish otherwise):\n")
+    head = " | ".join(f"{s} server | {s} client" for s in systems)
+    print(f"| workload | {head} |")
+    print("|---|" + "---:|" * (2 * len(systems)))
+    for workload, by_system in runs.items():
+        cells = []
+        for s in systems:
+            rs = [r for r in by_system.get(s, []) if "cpu" in r and events_of(r)]
+            for side in ("server_s", "client_s"):
+                cells.append(f"{statistics.median(r['cpu'][side] / events_of(r) * 1e6 for r in rs):.2f}" if rs else "-")
+        print(f"| {workload} | {' | '.join(cells)} |")
+
+
 def main(path):
     runs = defaultdict(lambda: defaultdict(list))
     for line in open(path):
@@ -64,6 +94,7 @@ def main(path):
             ratio = lambda peer: f"{med['eventbus'] / med[peer]:.2f}×" if peer in med and med.get(peer) else "-"
             print(f"| {workload} | {name} | {' | '.join(cells)} | {ratio('nats')} | {ratio('redis')} |")
     durable(runs)
+    cpu(runs)
     rounds = max(len(v) for by in runs.values() for v in by.values())
     print(f"\nMedians of {rounds} rounds per cell; latency ratios above 1 mean eventbus is slower.")
 

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::durable::{CaptureRequest, Captured, DurableBackend, DurableError};
 use crate::error::Error;
-use crate::event::{Event, PublishInput, new_id};
+use crate::event::{ChannelCheck, Event, PublishInput, new_id};
 use crate::name::Pattern;
 use crate::router::{GroupTargets, Router, Targets};
 use crate::stats::{
@@ -221,11 +221,11 @@ impl Bus {
     /// [`Bus::publish`] with its own payload limit.
     async fn publish_within(&self, input: PublishInput, max_payload_bytes: usize) -> Result<Published, Error> {
         let start = Instant::now();
-        let (event, keys) = self.prepare(input, max_payload_bytes)?;
+        let (event, keys) = self.prepare(input, max_payload_bytes, ChannelCheck::Needed)?;
+        let event = Arc::new(event);
         let Some(durable) = self.inner.durable.get() else {
             return self.deliver(event, start).await;
         };
-        let event = Arc::new(event);
         let r = keys.request(&event);
         let captured = durable.capture(r.event, r.ordering_key, r.idempotency_key).await?;
         self.complete(event, captured, start).await
@@ -253,7 +253,8 @@ impl Bus {
         let mut prepared = Vec::with_capacity(inputs.len());
         let mut refused = None;
         for input in inputs {
-            match self.prepare(input, self.inner.config.max_payload_bytes) {
+            let check = channel_check(prepared.last().map(|(e, _)| e), &input);
+            match self.prepare(input, self.inner.config.max_payload_bytes, check) {
                 Ok((event, keys)) => prepared.push((Arc::new(event), keys)),
                 Err(err) => {
                     refused = Some(err);
@@ -305,10 +306,11 @@ impl Bus {
         };
         let start = Instant::now();
         let max_payload_bytes = self.inner.config.max_payload_bytes;
-        let prepared: Vec<_> = inputs
-            .into_iter()
-            .map(|input| self.prepare(input, max_payload_bytes).map(|(event, keys)| (Arc::new(event), keys)))
-            .collect();
+        let mut prepared: Vec<Result<(Arc<Event>, PublishKeys), Error>> = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            let check = channel_check(prepared.last().and_then(|p| p.as_ref().ok()).map(|(e, _)| e), &input);
+            prepared.push(self.prepare(input, max_payload_bytes, check).map(|(event, keys)| (Arc::new(event), keys)));
+        }
         let captured = {
             let requests: Vec<CaptureRequest<'_>> =
                 prepared.iter().filter_map(|p| p.as_ref().ok()).map(|(e, keys)| keys.request(e)).collect();
@@ -332,7 +334,12 @@ impl Bus {
     }
 
     /// Checks a publish and builds its event.
-    fn prepare(&self, mut input: PublishInput, max_payload_bytes: usize) -> Result<(Event, PublishKeys), Error> {
+    fn prepare(
+        &self,
+        mut input: PublishInput,
+        max_payload_bytes: usize,
+        channel: ChannelCheck,
+    ) -> Result<(Event, PublishKeys), Error> {
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
         }
@@ -352,7 +359,7 @@ impl Bus {
             ordering: std::mem::take(&mut input.ordering_key),
             idempotency: std::mem::take(&mut input.idempotency_key),
         };
-        let event = input.into_event(max_payload_bytes)?;
+        let event = input.into_event(max_payload_bytes, channel)?;
         if let Some(status) = &self.inner.transport_status {
             let status = *status.borrow();
             if !status.connected {
@@ -397,22 +404,19 @@ impl Bus {
                     duplicate: false,
                 })
             }
-            Captured::Stored(_) => {
-                let event = Arc::try_unwrap(event).unwrap_or_else(|shared| (*shared).clone());
-                self.deliver(event, start).await
-            }
+            Captured::Stored(_) => self.deliver(event, start).await,
         }
     }
 
     /// Hands an event to the local subscribers or the shared transport.
-    async fn deliver(&self, event: Event, start: Instant) -> Result<Published, Error> {
+    async fn deliver(&self, event: Arc<Event>, start: Instant) -> Result<Published, Error> {
         let event_id = event.id.clone();
         let fanout = match &self.inner.transport {
             None => self.inner.dispatch_local(event, true).await,
             Some(transport) => {
                 let channel = self.inner.channel(&event.channel);
                 let at = event.timestamp;
-                let fanout = transport.publish(Arc::new(event)).await?;
+                let fanout = transport.publish(event).await?;
                 channel.counters.mark_published(at);
                 self.inner.counters.published.fetch_add(1, Ordering::Relaxed);
                 fanout
@@ -723,21 +727,34 @@ impl Inner {
 
     /// Routes an event received from the transport to local subscriptions.
     pub(crate) async fn dispatch(&self, event: Event) -> Fanout {
-        self.dispatch_local(event, false).await
+        self.dispatch_local(Arc::new(event), false).await
     }
 
     /// Offers the event to every matching subscription (one member per group). Queues
     /// with room are served first; only then does the publish wait, for all full
     /// DROP_NEWEST queues at once, up to `offer_timeout`.
-    async fn dispatch_local(&self, mut event: Event, count_publish: bool) -> Fanout {
+    async fn dispatch_local(&self, mut event: Arc<Event>, count_publish: bool) -> Fanout {
         let entry = self.channel(&event.channel);
         if count_publish {
             entry.counters.mark_published(event.timestamp);
             self.counters.published.fetch_add(1, Ordering::Relaxed);
         }
-        event.counters = Some(Arc::clone(&entry.counters));
-        event.residency.size = event.approx_size() + crate::event::MEMORY_OVERHEAD;
-        let event = Arc::new(event);
+        let counters = Some(Arc::clone(&entry.counters));
+        let size = event.approx_size() + crate::event::MEMORY_OVERHEAD;
+        match Arc::get_mut(&mut event) {
+            Some(routed) => {
+                routed.counters = counters;
+                routed.residency.size = size;
+            }
+            // Still held elsewhere (a durable engine keeping it): queues get their own
+            // copy, which no queue holds yet.
+            None => {
+                let mut routed = Event::clone(&event);
+                routed.counters = counters;
+                routed.residency.size = size;
+                event = Arc::new(routed);
+            }
+        }
         let targets = self.targets(&entry);
 
         let mut fanout = Fanout::default();
@@ -793,6 +810,12 @@ impl Inner {
         self.removed.notify_waiters();
         true
     }
+}
+
+/// A publish's channel is checked unless the publish before it in the same call, already
+/// accepted, had the same one.
+fn channel_check(previous: Option<&Arc<Event>>, input: &PublishInput) -> ChannelCheck {
+    if previous.is_some_and(|e| e.channel == input.channel) { ChannelCheck::Done } else { ChannelCheck::Needed }
 }
 
 /// One member of a group: round-robin, skipping members whose queue is full; if all

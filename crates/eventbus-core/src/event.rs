@@ -124,6 +124,14 @@ pub struct PublishInput {
     pub idempotency_key: String,
 }
 
+/// Whether a publish's channel still has to be checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChannelCheck {
+    Needed,
+    /// The same name was just checked, for the publish before it.
+    Done,
+}
+
 /// Why a publish's metadata was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MetadataError {
@@ -140,8 +148,12 @@ pub enum MetadataError {
 
 impl PublishInput {
     /// Checks the README "How it behaves" limits and turns the input into an event with a fresh id.
-    pub(crate) fn into_event(self, max_payload_bytes: usize) -> Result<Event, Error> {
-        validate_channel(&self.channel)?;
+    /// The channel check is left out when `channel` says it was done (a run of publishes
+    /// on one channel checks it once).
+    pub(crate) fn into_event(self, max_payload_bytes: usize, channel: ChannelCheck) -> Result<Event, Error> {
+        if channel == ChannelCheck::Needed {
+            validate_channel(&self.channel)?;
+        }
         if self.payload.len() > max_payload_bytes {
             return Err(Error::PayloadTooLarge { size: self.payload.len(), limit: max_payload_bytes });
         }
@@ -226,26 +238,36 @@ mod tests {
 
     #[test]
     fn source_defaults_to_peer() {
-        let ev = input("a.b").into_event(10).unwrap();
+        let ev = input("a.b").into_event(10, ChannelCheck::Needed).unwrap();
         assert_eq!(ev.source, "127.0.0.1:1");
-        let ev = PublishInput { source: "billing".into(), ..input("a.b") }.into_event(10).unwrap();
+        let ev =
+            PublishInput { source: "billing".into(), ..input("a.b") }.into_event(10, ChannelCheck::Needed).unwrap();
         assert_eq!(ev.source, "billing");
     }
 
     #[test]
     fn limits_are_enforced() {
         let big = PublishInput { payload: Bytes::from(vec![0; 11]), ..input("a") };
-        assert!(matches!(big.into_event(10), Err(Error::PayloadTooLarge { size: 11, limit: 10 })));
+        assert!(matches!(
+            big.into_event(10, ChannelCheck::Needed),
+            Err(Error::PayloadTooLarge { size: 11, limit: 10 })
+        ));
         let mut meta = HashMap::new();
         meta.insert(String::new(), "v".into());
         let bad = PublishInput { metadata: meta, ..input("a") };
-        assert!(matches!(bad.into_event(10), Err(Error::Metadata(MetadataError::BadKey { .. }))));
+        assert!(matches!(bad.into_event(10, ChannelCheck::Needed), Err(Error::Metadata(MetadataError::BadKey { .. }))));
         let many: HashMap<_, _> = (0..65).map(|i| (format!("k{i}"), String::new())).collect();
         let bad = PublishInput { metadata: many, ..input("a") };
-        assert!(matches!(bad.into_event(10), Err(Error::Metadata(MetadataError::TooManyEntries { count: 65 }))));
+        assert!(matches!(
+            bad.into_event(10, ChannelCheck::Needed),
+            Err(Error::Metadata(MetadataError::TooManyEntries { count: 65 }))
+        ));
         let long: HashMap<_, _> = [("k".to_owned(), "v".repeat(4097))].into();
         let bad = PublishInput { metadata: long, ..input("a") };
-        assert!(matches!(bad.into_event(10), Err(Error::Metadata(MetadataError::ValueTooLong { .. }))));
+        assert!(matches!(
+            bad.into_event(10, ChannelCheck::Needed),
+            Err(Error::Metadata(MetadataError::ValueTooLong { .. }))
+        ));
     }
 
     #[test]

@@ -431,6 +431,33 @@ async fn publish_many_captures_in_order_and_stops_at_the_first_error() {
     assert_eq!(seen, [&b"a"[..], b"b", b"d"], "subscribers get the same events, in order");
 }
 
+/// A run of publishes on one channel checks the name once; every other name, and a
+/// name after a refused publish, is still checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_are_checked_for_every_new_name_in_a_batch() {
+    let (bus, durable) = bus_with(memory(), Duration::from_secs(120));
+    durable.create_consumer(consumer("all", &[">"])).await.unwrap();
+    let input = |channel: &str| PublishInput { channel: channel.into(), ..Default::default() };
+    let answers = bus
+        .publish_each(vec![
+            input("a.b"),
+            input("a.b"),
+            input("$sys.x"),
+            input("$sys.x"),
+            input("a..b"),
+            input("a.b"),
+            input("a.*"),
+        ])
+        .await;
+    let refused: Vec<bool> = answers.iter().map(Result::is_err).collect();
+    assert_eq!(refused, [false, false, true, true, true, false, true], "{answers:?}");
+
+    let answers = bus.publish_many(vec![input("x.y"), input("x.y"), input("x..y"), input("x.y")]).await;
+    assert_eq!(answers.len(), 3, "{answers:?}");
+    assert!(answers[..2].iter().all(Result::is_ok) && answers[2].is_err(), "{answers:?}");
+    assert_eq!(durable.get_consumer("all").unwrap().pending, 5, "only the accepted events are kept");
+}
+
 /// Issue 13: on the multi-threaded runtime the timer scheduler of every fresh engine
 /// must run. Engines are started the way the daemon starts its one: from the thread
 /// that blocks on the runtime, while the worker threads are idle and pick a spawned

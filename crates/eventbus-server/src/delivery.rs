@@ -9,8 +9,13 @@
 //! once; the bytes are the same as prost's (a test holds them to it), so clients see
 //! no difference.
 //!
-//! [`EncodedSubscribe`] serves `Subscribe` with this encoder in front of the generated
-//! `EventBusServer`; every other method passes through.
+//! `PublishStream`, the other stream that carries one message per event, is served the
+//! same way: its requests decoded from one contiguous `Bytes` each (prost's cheapest
+//! `Buf`; the payload a slice of the received buffer), its answers written straight
+//! from the bus's [`Published`] (no `PublishResponse` with a copy of the event id).
+//!
+//! [`EncodedStreams`] serves both in front of the generated `EventBusServer`; every
+//! other method passes through.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -19,8 +24,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::BufMut;
-use eventbus_core::{CloseReason, Event, SubscriptionHandle};
+use bytes::{Buf, BufMut};
+use eventbus_core::{CloseReason, Event, Published, SubscriptionHandle};
 use eventbus_proto::pb::{self, subscribe_response::Kind};
 use futures::Stream;
 use futures::future::Either;
@@ -28,12 +33,12 @@ use prost::Message;
 use prost::encoding::{self, WireType};
 use tonic::body::Body;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::server::{Grpc, NamedService, ServerStreamingService};
-use tonic::{Request, Response, Status};
+use tonic::server::{Grpc, NamedService, ServerStreamingService, StreamingService};
+use tonic::{Request, Response, Status, Streaming};
 use tower_service::Service;
 
 use crate::convert;
-use crate::grpc::EventBusService;
+use crate::grpc::{Answers, EventBusService};
 use crate::metrics::Metrics;
 use crate::request_limit::PayloadLimit;
 
@@ -121,11 +126,17 @@ fn event_len(e: &Event, timestamp: &prost_types::Timestamp) -> usize {
         + string(7, &e.content_type)
 }
 
-/// `google.protobuf.Timestamp`'s body: zero seconds or nanos are left out; an `int32`
-/// is a sign-extended varint, as prost writes it.
+/// `google.protobuf.Timestamp`'s body.
 fn timestamp_len(t: &prost_types::Timestamp) -> usize {
-    let seconds = if t.seconds == 0 { 0 } else { 1 + encoding::encoded_len_varint(t.seconds as u64) };
-    let nanos = if t.nanos == 0 { 0 } else { 1 + encoding::encoded_len_varint(i64::from(t.nanos) as u64) };
+    seconds_nanos_len(t.seconds, t.nanos)
+}
+
+/// The body of a `google.protobuf.Timestamp` or `Duration` (both `int64 seconds = 1;
+/// int32 nanos = 2;`): zero fields are left out; an `int32` is a sign-extended varint,
+/// as prost writes it.
+fn seconds_nanos_len(seconds: i64, nanos: i32) -> usize {
+    let seconds = if seconds == 0 { 0 } else { 1 + encoding::encoded_len_varint(seconds as u64) };
+    let nanos = if nanos == 0 { 0 } else { 1 + encoding::encoded_len_varint(i64::from(nanos) as u64) };
     seconds + nanos
 }
 
@@ -164,14 +175,21 @@ impl Head {
 
     /// `Event.timestamp` (field 3), whole.
     fn timestamp(&mut self, t: &prost_types::Timestamp) {
-        self.delimited(3, timestamp_len(t));
-        if t.seconds != 0 {
-            self.key(1, WireType::Varint);
-            self.varint(t.seconds as u64);
-        }
-        if t.nanos != 0 {
-            self.key(2, WireType::Varint);
-            self.varint(i64::from(t.nanos) as u64);
+        self.seconds_nanos(3, t.seconds, t.nanos);
+    }
+
+    /// A `Timestamp` or `Duration` field `tag`, whole (see [`seconds_nanos_len`]).
+    fn seconds_nanos(&mut self, tag: u32, seconds: i64, nanos: i32) {
+        self.delimited(tag, seconds_nanos_len(seconds, nanos));
+        self.uint(1, seconds as u64);
+        self.uint(2, i64::from(nanos) as u64);
+    }
+
+    /// A varint field, left out when zero.
+    fn uint(&mut self, tag: u32, value: u64) {
+        if value != 0 {
+            self.key(tag, WireType::Varint);
+            self.varint(value);
         }
     }
 
@@ -308,33 +326,101 @@ impl Codec for SubscribeCodec {
     }
 }
 
+// --- publish streams ---
+
+/// Writes `PublishResponse` as the generated code would from the same values: in field
+/// order, zero values left out, the duration always present.
+fn encode_published(p: &Published, buf: &mut impl BufMut) {
+    let mut head = Head::new();
+    put_string(1, &p.event_id, &mut head, buf);
+    head.uint(2, u64::from(p.delivered));
+    head.uint(3, u64::from(p.failed));
+    head.seconds_nanos(4, p.duration.as_secs() as i64, p.duration.subsec_nanos() as i32);
+    head.uint(5, u64::from(p.duplicate));
+    head.flush(buf);
+}
+
+/// Writes each answer of a `PublishStream`.
+pub(crate) struct AnswerEncoder;
+
+impl Encoder for AnswerEncoder {
+    type Item = Published;
+    type Error = Status;
+
+    fn encode(&mut self, item: Published, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        encode_published(&item, buf);
+        Ok(())
+    }
+}
+
+/// Decodes a request from its bytes taken out of the receive buffer whole (no copy).
+/// A message that does not decode gets the status tonic's own decoder gives it, which
+/// [`crate::request_limit::refused_request`] turns into `INVALID_ARGUMENT`.
+pub(crate) struct PublishDecoder;
+
+impl Decoder for PublishDecoder {
+    type Item = pb::PublishRequest;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<pb::PublishRequest>, Status> {
+        decode_request(buf.copy_to_bytes(buf.remaining())).map(Some)
+    }
+}
+
+/// One request from its bytes, with tonic's status for bytes that are not one.
+fn decode_request(message: bytes::Bytes) -> Result<pb::PublishRequest, Status> {
+    pb::PublishRequest::decode(message).map_err(|e| Status::internal(e.to_string()))
+}
+
+/// `PublishStream`'s codec: [`PublishDecoder`] in, [`AnswerEncoder`] out.
+#[derive(Debug, Default)]
+pub(crate) struct PublishStreamCodec;
+
+impl Codec for PublishStreamCodec {
+    type Encode = Published;
+    type Decode = pb::PublishRequest;
+    type Encoder = AnswerEncoder;
+    type Decoder = PublishDecoder;
+
+    fn encoder(&mut self) -> AnswerEncoder {
+        AnswerEncoder
+    }
+
+    fn decoder(&mut self) -> PublishDecoder {
+        PublishDecoder
+    }
+}
+
 // --- serving ---
 
 /// The `Subscribe` path.
 const SUBSCRIBE_PATH: &str = "/eventbus.v1.EventBus/Subscribe";
+/// The `PublishStream` path.
+const PUBLISH_STREAM_PATH: &str = "/eventbus.v1.EventBus/PublishStream";
 
-/// `Subscribe` served with [`SubscribeCodec`], in front of the generated server
-/// (`inner`), which serves every other method.
+/// `Subscribe` served with [`SubscribeCodec`] and `PublishStream` with
+/// [`PublishStreamCodec`], in front of the generated server (`inner`), which serves
+/// every other method.
 #[derive(Debug, Clone)]
-pub(crate) struct EncodedSubscribe<S> {
+pub(crate) struct EncodedStreams<S> {
     inner: S,
     service: EventBusService,
     limit: PayloadLimit,
 }
 
-impl<S> EncodedSubscribe<S> {
+impl<S> EncodedStreams<S> {
     pub(crate) fn new(inner: S, service: EventBusService, limit: PayloadLimit) -> Self {
         Self { inner, service, limit }
     }
 }
 
-impl<S: NamedService> NamedService for EncodedSubscribe<S> {
+impl<S: NamedService> NamedService for EncodedStreams<S> {
     const NAME: &'static str = S::NAME;
 }
 
 type BoxResponse = Pin<Box<dyn Future<Output = Result<axum::http::Response<Body>, Infallible>> + Send>>;
 
-impl<S> Service<axum::http::Request<Body>> for EncodedSubscribe<S>
+impl<S> Service<axum::http::Request<Body>> for EncodedStreams<S>
 where
     S: Service<axum::http::Request<Body>, Response = axum::http::Response<Body>, Error = Infallible>,
 {
@@ -347,15 +433,34 @@ where
     }
 
     fn call(&mut self, req: axum::http::Request<Body>) -> Self::Future {
-        if req.uri().path() != SUBSCRIBE_PATH {
-            return Either::Left(self.inner.call(req));
-        }
-        let handler = Handler(self.service.clone());
         // The same decode limit as the generated server's, no compression (none is
         // configured on it either).
-        let mut grpc =
-            Grpc::new(SubscribeCodec).apply_max_message_size_config(Some(self.limit.grpc_message_limit()), None);
-        Either::Right(Box::pin(async move { Ok(grpc.server_streaming(handler, req).await) }))
+        let limit = Some(self.limit.grpc_message_limit());
+        match req.uri().path() {
+            SUBSCRIBE_PATH => {
+                let handler = Handler(self.service.clone());
+                let mut grpc = Grpc::new(SubscribeCodec).apply_max_message_size_config(limit, None);
+                Either::Right(Box::pin(async move { Ok(grpc.server_streaming(handler, req).await) }))
+            }
+            PUBLISH_STREAM_PATH => {
+                let handler = PublishHandler(self.service.clone());
+                let mut grpc = Grpc::new(PublishStreamCodec).apply_max_message_size_config(limit, None);
+                Either::Right(Box::pin(async move { Ok(grpc.streaming(handler, req).await) }))
+            }
+            _ => Either::Left(self.inner.call(req)),
+        }
+    }
+}
+
+struct PublishHandler(EventBusService);
+
+impl StreamingService<pb::PublishRequest> for PublishHandler {
+    type Response = Published;
+    type ResponseStream = Answers;
+    type Future = std::future::Ready<Result<Response<Answers>, Status>>;
+
+    fn call(&mut self, req: Request<Streaming<pb::PublishRequest>>) -> Self::Future {
+        std::future::ready(self.0.answer_publishes(req).map(Response::new))
     }
 }
 
@@ -440,6 +545,53 @@ mod tests {
             let batch_len = size_batch(batch, &mut sizes);
             encode_batch(batch, &sizes, batch_len, &mut buf);
             assert_eq!(buf, prost_bytes(batch));
+        }
+    }
+
+    #[test]
+    fn answers_encode_to_the_bytes_prost_writes() {
+        let published = |id: &str, delivered, failed, duration, duplicate| Published {
+            event_id: id.to_owned(),
+            delivered,
+            failed,
+            duration,
+            duplicate,
+        };
+        let cases = [
+            published("", 0, 0, Duration::ZERO, false),
+            published("0190a8e4-7b1c-7cc3-8f00-0123456789ab", 1, 0, Duration::from_micros(12), false),
+            published("x", 0, 3, Duration::from_secs(2), true),
+            published("dup", u32::MAX, u32::MAX, Duration::new(1, 999_999_999), true),
+            published(&"i".repeat(300), 16, 1, Duration::from_secs(u64::from(u32::MAX) * 4), false),
+        ];
+        for p in cases {
+            let mut buf = Vec::new();
+            encode_published(&p, &mut buf);
+            assert_eq!(buf, convert::publish_response(p.clone()).encode_to_vec(), "{p:?}");
+        }
+    }
+
+    #[test]
+    fn requests_decode_as_prost_decodes_them_and_share_the_payload() {
+        let req = pb::PublishRequest {
+            channel: "orders.created".into(),
+            payload: Bytes::from_static(b"{\"id\":1}"),
+            metadata: [("k".to_owned(), "v".to_owned())].into(),
+            ordering_key: "o-1".into(),
+            ..Default::default()
+        };
+        let wire = Bytes::from(req.encode_to_vec());
+        let decoded = decode_request(wire.clone()).unwrap();
+        assert_eq!(decoded, req);
+        let inside = wire.as_ptr_range();
+        assert!(inside.contains(&decoded.payload.as_ptr()), "the payload is a slice of the message");
+
+        // Cut short, and a channel that is not UTF-8: both refused as tonic's decoder
+        // refuses them, which the edge answers INVALID_ARGUMENT.
+        for malformed in [&[0x0a, 0x05, b'a'][..], &[0x0a, 0x02, 0xff, 0xfe][..]] {
+            let status = decode_request(Bytes::copy_from_slice(malformed)).unwrap_err();
+            let refused = crate::request_limit::refused_request(status);
+            assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
         }
     }
 }

@@ -23,6 +23,9 @@ const PUBLISH_CHUNK: usize = 256;
 
 type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
+/// A `PublishStream`'s answers, before encoding.
+pub(crate) type Answers = RpcStream<Published>;
+
 /// Where a request came from, for `Event.source` and `SubscriptionInfo.peer`.
 fn peer<T>(req: &Request<T>) -> String {
     req.extensions().get::<PeerInfo>().map(|p| p.addr_text().to_owned()).unwrap_or_default()
@@ -84,10 +87,15 @@ async fn publish_one(
 
 /// The answer to a publish, its duration recorded.
 fn respond(metrics: Option<&Metrics>, published: Published) -> pb::PublishResponse {
+    observe(metrics, &published);
+    convert::publish_response(published)
+}
+
+/// Records a publish's duration.
+fn observe(metrics: Option<&Metrics>, published: &Published) {
     if let Some(metrics) = metrics {
         metrics.observe_publish(published.duration);
     }
-    convert::publish_response(published)
 }
 
 #[tonic::async_trait]
@@ -103,49 +111,14 @@ impl pb::event_bus_server::EventBus for EventBusService {
 
     type PublishStreamStream = RpcStream<pb::PublishResponse>;
 
+    /// Served by [`crate::delivery::EncodedStreams`], which writes the answers without
+    /// this conversion to the generated type; this form is for direct callers.
     async fn publish_stream(
         &self,
         req: Request<Streaming<pb::PublishRequest>>,
     ) -> Result<Response<Self::PublishStreamStream>, Status> {
-        let peer = peer(&req);
-        let caller = caller(&req)?;
-        let state = Some((req.into_inner().ready_chunks(PUBLISH_CHUNK), self.clone(), (peer, caller)));
-        // The requests that arrived together are published together, in order (one
-        // durable capture round trip for all of them), and answered in that order. An
-        // error ends the stream.
-        let responses = stream::unfold(state, |state| async move {
-            let (mut inbound, svc, (peer, caller)) = state?;
-            let chunk = inbound.next().await?;
-            let mut inputs = Vec::with_capacity(chunk.len());
-            let mut broken = None;
-            for req in chunk {
-                match req {
-                    Ok(req) => {
-                        if let Err(refused) = svc.access.check_publish(&caller, [req.channel.as_str()]) {
-                            broken = Some(refused.into());
-                            break;
-                        }
-                        inputs.push(convert::publish_input(req, peer.clone()));
-                    }
-                    Err(status) => {
-                        broken = Some(svc.limit.translate(status));
-                        break;
-                    }
-                }
-            }
-            let mut answers = Vec::with_capacity(inputs.len() + 1);
-            for published in svc.bus.publish_many(inputs).await {
-                answers.push(published.map_err(status).map(|p| respond(svc.metrics.as_deref(), p)));
-            }
-            let failed = answers.last().is_some_and(Result::is_err);
-            if let Some(status) = broken.filter(|_| !failed) {
-                answers.push(Err(status));
-            }
-            let ended = answers.last().is_some_and(Result::is_err);
-            Some((stream::iter(answers), (!ended).then_some((inbound, svc, (peer, caller)))))
-        })
-        .flatten();
-        Ok(Response::new(Box::pin(responses)))
+        let answers = self.answer_publishes(req)?;
+        Ok(Response::new(Box::pin(answers.map(|answer| answer.map(convert::publish_response)))))
     }
 
     /// Every event answered in its slot: the ones refused at the edge (no right on their
@@ -209,7 +182,7 @@ impl pb::event_bus_server::EventBus for EventBusService {
 
     type SubscribeStream = RpcStream<pb::SubscribeResponse>;
 
-    /// Served by [`crate::delivery::EncodedSubscribe`], which encodes the stream without this
+    /// Served by [`crate::delivery::EncodedStreams`], which encodes the stream without this
     /// conversion to the generated types; this form is for direct callers.
     async fn subscribe(&self, req: Request<pb::SubscribeRequest>) -> Result<Response<Self::SubscribeStream>, Status> {
         let frames = self.open_subscription(req).await?;
@@ -218,6 +191,50 @@ impl pb::event_bus_server::EventBus for EventBusService {
 }
 
 impl EventBusService {
+    /// Publishes a `PublishStream`'s requests and answers each, in order. The requests
+    /// that arrived together are published together (one durable capture round trip
+    /// for all of them). An error ends the stream: a refused request, or one tonic
+    /// could not read, is answered with its status and nothing after it is published.
+    pub(crate) fn answer_publishes(&self, req: Request<Streaming<pb::PublishRequest>>) -> Result<Answers, Status> {
+        let peer = peer(&req);
+        let caller = caller(&req)?;
+        let state = Some((req.into_inner().ready_chunks(PUBLISH_CHUNK), self.clone(), (peer, caller)));
+        let answers = stream::unfold(state, |state| async move {
+            let (mut inbound, svc, (peer, caller)) = state?;
+            let chunk = inbound.next().await?;
+            let mut inputs = Vec::with_capacity(chunk.len());
+            let mut broken = None;
+            for req in chunk {
+                match req {
+                    Ok(req) => {
+                        if let Err(refused) = svc.access.check_publish(&caller, [req.channel.as_str()]) {
+                            broken = Some(refused.into());
+                            break;
+                        }
+                        inputs.push(convert::publish_input(req, peer.clone()));
+                    }
+                    Err(status) => {
+                        broken = Some(svc.limit.translate(status));
+                        break;
+                    }
+                }
+            }
+            let mut answers = Vec::with_capacity(inputs.len() + 1);
+            let metrics = svc.metrics.as_deref();
+            for published in svc.bus.publish_many(inputs).await {
+                answers.push(published.map_err(status).inspect(|p| observe(metrics, p)));
+            }
+            let failed = answers.last().is_some_and(Result::is_err);
+            if let Some(status) = broken.filter(|_| !failed) {
+                answers.push(Err(status));
+            }
+            let ended = answers.last().is_some_and(Result::is_err);
+            Some((stream::iter(answers), (!ended).then_some((inbound, svc, (peer, caller)))))
+        })
+        .flatten();
+        Ok(Box::pin(answers))
+    }
+
     /// Opens a subscription: its stream is `started`, then the batches.
     pub(crate) async fn open_subscription(&self, req: Request<pb::SubscribeRequest>) -> Result<Frames, Status> {
         let peer = peer(&req);

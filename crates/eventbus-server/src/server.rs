@@ -21,7 +21,7 @@ use tracing::{info, warn};
 use crate::access::Access;
 use crate::config::{FsyncSetting, Mode, Settings};
 use crate::convert;
-use crate::delivery::EncodedSubscribe;
+use crate::delivery::EncodedStreams;
 use crate::grpc::{AdminService, Authenticate, EventBusService};
 use crate::http::{self, HttpState, Readiness};
 use crate::http_server;
@@ -240,7 +240,7 @@ impl Server {
             EventBusServer::new(event_bus_service.clone()).max_decoding_message_size(limit.grpc_message_limit());
         // Subscribe streams are encoded by `delivery`, the other methods by the generated
         // server; tonic's own refusals of any of them get our statuses.
-        let event_bus = EncodedSubscribe::new(event_bus, event_bus_service, limit);
+        let event_bus = EncodedStreams::new(event_bus, event_bus_service, limit);
         let event_bus = InterceptedService::new(RequestErrors::new(event_bus, Some(limit)), authenticate.clone());
         let admin = InterceptedService::new(
             RequestErrors::new(AdminServer::new(AdminService::new(bus.clone(), access.clone())), None),
