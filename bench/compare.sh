@@ -4,6 +4,9 @@
 # runs every workload against the three systems interleaved (A B C A B C ...) ROUNDS
 # times, stops them, and prints medians and ratios (bench/summarize.py).
 #
+# Each run also records the CPU time the load generator and the servers spent
+# (bench/cpu.py); summarize.py prints it per event, for each side.
+#
 # The durable workloads (unary and stream publishers) also run against a second
 # eventbusd in redis mode, backed by its own redis-server with AOF (appendfsync
 # everysec, the recommended setting).

@@ -197,14 +197,6 @@ pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
     }
 }
 
-/// The answer to one refused event of a `PublishBatch`: the status it would have got
-/// alone.
-pub(crate) fn publish_refused(err: impl Into<EdgeError>) -> pb::PublishResponse {
-    let status = Status::from(err.into());
-    let error = pb::PublishError { code: status.code() as i32, message: status.message().to_owned() };
-    pb::PublishResponse { error: Some(error), ..Default::default() }
-}
-
 /// The REST answer to a publish (`PublishResponse`, the duration in microseconds).
 #[derive(Debug, Serialize)]
 pub(crate) struct PublishedJson {

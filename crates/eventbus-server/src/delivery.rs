@@ -9,9 +9,9 @@
 //! once; the bytes are the same as prost's (a test holds them to it), so clients see
 //! no difference.
 //!
-//! `PublishStream`, the other stream that carries one message per event, is served the
-//! same way: its requests decoded from one contiguous `Bytes` each (prost's cheapest
-//! `Buf`; the payload a slice of the received buffer), its answers written straight
+//! The publishing methods that carry many events, `PublishStream` and `PublishBatch`,
+//! are served the same way: requests decoded from one contiguous `Bytes` each (prost's
+//! cheapest `Buf`; payloads slices of the received buffer), answers written straight
 //! from the bus's [`Published`] (no `PublishResponse` with a copy of the event id).
 //!
 //! [`EncodedStreams`] serves both in front of the generated `EventBusServer`; every
@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -33,12 +34,12 @@ use prost::Message;
 use prost::encoding::{self, WireType};
 use tonic::body::Body;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::server::{Grpc, NamedService, ServerStreamingService, StreamingService};
+use tonic::server::{Grpc, NamedService, ServerStreamingService, StreamingService, UnaryService};
 use tonic::{Request, Response, Status, Streaming};
 use tower_service::Service;
 
 use crate::convert;
-use crate::grpc::{Answers, EventBusService};
+use crate::grpc::{Answers, BatchAnswer, EventBusService};
 use crate::metrics::Metrics;
 use crate::request_limit::PayloadLimit;
 
@@ -341,6 +342,7 @@ fn encode_published(p: &Published, buf: &mut impl BufMut) {
 }
 
 /// Writes each answer of a `PublishStream`.
+#[derive(Default)]
 pub(crate) struct AnswerEncoder;
 
 impl Encoder for AnswerEncoder {
@@ -353,43 +355,116 @@ impl Encoder for AnswerEncoder {
     }
 }
 
-/// Decodes a request from its bytes taken out of the receive buffer whole (no copy).
-/// A message that does not decode gets the status tonic's own decoder gives it, which
-/// [`crate::request_limit::refused_request`] turns into `INVALID_ARGUMENT`.
-pub(crate) struct PublishDecoder;
+/// The length of [`encode_published`]'s bytes.
+fn published_len(p: &Published) -> usize {
+    let uint =
+        |tag, value: u64| if value == 0 { 0 } else { encoding::key_len(tag) + encoding::encoded_len_varint(value) };
+    let id = if p.event_id.is_empty() { 0 } else { encoding::string::encoded_len(1, &p.event_id) };
+    let duration = seconds_nanos_len(p.duration.as_secs() as i64, p.duration.subsec_nanos() as i32);
+    id + uint(2, u64::from(p.delivered))
+        + uint(3, u64::from(p.failed))
+        + delimited_len(4, duration)
+        + uint(5, u64::from(p.duplicate))
+}
 
-impl Decoder for PublishDecoder {
-    type Item = pb::PublishRequest;
+/// Writes `PublishBatchResponse`: each answer in its slot (`results`, field 1), the
+/// published ones straight from [`Published`], the rare refused ones through prost.
+fn encode_batch_answers(answers: &[BatchAnswer], buf: &mut impl BufMut) {
+    let mut head = Head::new();
+    for answer in answers {
+        match answer {
+            BatchAnswer::Published(p) => {
+                head.delimited(1, published_len(p));
+                head.flush(buf);
+                encode_published(p, buf);
+            }
+            BatchAnswer::Refused(_) => {
+                let refused = answer.clone().into_pb();
+                head.delimited(1, refused.encoded_len());
+                head.flush(buf);
+                refused.encode_raw(buf);
+            }
+        }
+    }
+}
+
+/// Writes a `PublishBatch`'s answers.
+#[derive(Default)]
+pub(crate) struct BatchEncoder;
+
+impl Encoder for BatchEncoder {
+    type Item = Vec<BatchAnswer>;
     type Error = Status;
 
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<pb::PublishRequest>, Status> {
+    fn encode(&mut self, answers: Vec<BatchAnswer>, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        // Room for the whole message at once, not grown answer by answer.
+        buf.reserve(answers.len() * 64);
+        encode_batch_answers(&answers, buf);
+        Ok(())
+    }
+}
+
+/// Decodes a request from its bytes taken out of the receive buffer whole (no copy):
+/// prost reads a `Bytes` faster than tonic's window on its buffer, and payloads stay
+/// slices of the received bytes. A message that does not decode gets the status
+/// tonic's own decoder gives it, which [`crate::request_limit::refused_request`] turns
+/// into `INVALID_ARGUMENT`.
+pub(crate) struct BytesDecoder<M>(PhantomData<fn() -> M>);
+
+impl<M> Default for BytesDecoder<M> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<M: Message + Default> Decoder for BytesDecoder<M> {
+    type Item = M;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<M>, Status> {
         decode_request(buf.copy_to_bytes(buf.remaining())).map(Some)
     }
 }
 
 /// One request from its bytes, with tonic's status for bytes that are not one.
-fn decode_request(message: bytes::Bytes) -> Result<pb::PublishRequest, Status> {
-    pb::PublishRequest::decode(message).map_err(|e| Status::internal(e.to_string()))
+fn decode_request<M: Message + Default>(message: bytes::Bytes) -> Result<M, Status> {
+    M::decode(message).map_err(|e| Status::internal(e.to_string()))
 }
 
-/// `PublishStream`'s codec: [`PublishDecoder`] in, [`AnswerEncoder`] out.
-#[derive(Debug, Default)]
-pub(crate) struct PublishStreamCodec;
+/// The codec of a method served here: requests through [`BytesDecoder`], answers
+/// through `E`.
+pub(crate) struct DirectCodec<M, E>(PhantomData<fn(M) -> E>);
 
-impl Codec for PublishStreamCodec {
-    type Encode = Published;
-    type Decode = pb::PublishRequest;
-    type Encoder = AnswerEncoder;
-    type Decoder = PublishDecoder;
-
-    fn encoder(&mut self) -> AnswerEncoder {
-        AnswerEncoder
-    }
-
-    fn decoder(&mut self) -> PublishDecoder {
-        PublishDecoder
+impl<M, E> Default for DirectCodec<M, E> {
+    fn default() -> Self {
+        Self(PhantomData)
     }
 }
+
+impl<M, E> Codec for DirectCodec<M, E>
+where
+    M: Message + Default + Send + 'static,
+    E: Encoder<Error = Status> + Default + Send + 'static,
+    E::Item: Send + 'static,
+{
+    type Encode = E::Item;
+    type Decode = M;
+    type Encoder = E;
+    type Decoder = BytesDecoder<M>;
+
+    fn encoder(&mut self) -> E {
+        E::default()
+    }
+
+    fn decoder(&mut self) -> BytesDecoder<M> {
+        BytesDecoder::default()
+    }
+}
+
+/// `PublishStream`'s codec.
+type PublishStreamCodec = DirectCodec<pb::PublishRequest, AnswerEncoder>;
+/// `PublishBatch`'s codec.
+type PublishBatchCodec = DirectCodec<pb::PublishBatchRequest, BatchEncoder>;
 
 // --- serving ---
 
@@ -397,10 +472,12 @@ impl Codec for PublishStreamCodec {
 const SUBSCRIBE_PATH: &str = "/eventbus.v1.EventBus/Subscribe";
 /// The `PublishStream` path.
 const PUBLISH_STREAM_PATH: &str = "/eventbus.v1.EventBus/PublishStream";
+/// The `PublishBatch` path.
+const PUBLISH_BATCH_PATH: &str = "/eventbus.v1.EventBus/PublishBatch";
 
-/// `Subscribe` served with [`SubscribeCodec`] and `PublishStream` with
-/// [`PublishStreamCodec`], in front of the generated server (`inner`), which serves
-/// every other method.
+/// `Subscribe` served with [`SubscribeCodec`], `PublishStream` and `PublishBatch` with
+/// [`DirectCodec`]s, in front of the generated server (`inner`), which serves every
+/// other method.
 #[derive(Debug, Clone)]
 pub(crate) struct EncodedStreams<S> {
     inner: S,
@@ -444,8 +521,13 @@ where
             }
             PUBLISH_STREAM_PATH => {
                 let handler = PublishHandler(self.service.clone());
-                let mut grpc = Grpc::new(PublishStreamCodec).apply_max_message_size_config(limit, None);
+                let mut grpc = Grpc::new(PublishStreamCodec::default()).apply_max_message_size_config(limit, None);
                 Either::Right(Box::pin(async move { Ok(grpc.streaming(handler, req).await) }))
+            }
+            PUBLISH_BATCH_PATH => {
+                let handler = BatchHandler(self.service.clone());
+                let mut grpc = Grpc::new(PublishBatchCodec::default()).apply_max_message_size_config(limit, None);
+                Either::Right(Box::pin(async move { Ok(grpc.unary(handler, req).await) }))
             }
             _ => Either::Left(self.inner.call(req)),
         }
@@ -461,6 +543,18 @@ impl StreamingService<pb::PublishRequest> for PublishHandler {
 
     fn call(&mut self, req: Request<Streaming<pb::PublishRequest>>) -> Self::Future {
         std::future::ready(self.0.answer_publishes(req).map(Response::new))
+    }
+}
+
+struct BatchHandler(EventBusService);
+
+impl UnaryService<pb::PublishBatchRequest> for BatchHandler {
+    type Response = Vec<BatchAnswer>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Vec<BatchAnswer>>, Status>> + Send>>;
+
+    fn call(&mut self, req: Request<pb::PublishBatchRequest>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { service.answer_batch(req).await.map(Response::new) })
     }
 }
 
@@ -564,10 +658,25 @@ mod tests {
             published("dup", u32::MAX, u32::MAX, Duration::new(1, 999_999_999), true),
             published(&"i".repeat(300), 16, 1, Duration::from_secs(u64::from(u32::MAX) * 4), false),
         ];
-        for p in cases {
+        for p in &cases {
             let mut buf = Vec::new();
-            encode_published(&p, &mut buf);
+            encode_published(p, &mut buf);
             assert_eq!(buf, convert::publish_response(p.clone()).encode_to_vec(), "{p:?}");
+            assert_eq!(published_len(p), buf.len(), "{p:?}");
+        }
+
+        // A batch: every slot in order, refused ones with their error.
+        let refused = |code: tonic::Code, message: &str| {
+            BatchAnswer::Refused(pb::PublishError { code: code as i32, message: message.to_owned() })
+        };
+        let mut answers: Vec<BatchAnswer> = cases.iter().cloned().map(BatchAnswer::Published).collect();
+        answers.insert(1, refused(tonic::Code::PermissionDenied, "no publish right on channel \"a.b\""));
+        answers.push(refused(tonic::Code::InvalidArgument, ""));
+        for batch in [&answers[..], &answers[..0], &answers[1..2]] {
+            let mut buf = Vec::new();
+            encode_batch_answers(batch, &mut buf);
+            let results = batch.iter().cloned().map(BatchAnswer::into_pb).collect();
+            assert_eq!(buf, pb::PublishBatchResponse { results }.encode_to_vec());
         }
     }
 
@@ -581,7 +690,7 @@ mod tests {
             ..Default::default()
         };
         let wire = Bytes::from(req.encode_to_vec());
-        let decoded = decode_request(wire.clone()).unwrap();
+        let decoded: pb::PublishRequest = decode_request(wire.clone()).unwrap();
         assert_eq!(decoded, req);
         let inside = wire.as_ptr_range();
         assert!(inside.contains(&decoded.payload.as_ptr()), "the payload is a slice of the message");
@@ -589,7 +698,7 @@ mod tests {
         // Cut short, and a channel that is not UTF-8: both refused as tonic's decoder
         // refuses them, which the edge answers INVALID_ARGUMENT.
         for malformed in [&[0x0a, 0x05, b'a'][..], &[0x0a, 0x02, 0xff, 0xfe][..]] {
-            let status = decode_request(Bytes::copy_from_slice(malformed)).unwrap_err();
+            let status = decode_request::<pb::PublishRequest>(Bytes::copy_from_slice(malformed)).unwrap_err();
             let refused = crate::request_limit::refused_request(status);
             assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
         }

@@ -26,6 +26,29 @@ type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 /// A `PublishStream`'s answers, before encoding.
 pub(crate) type Answers = RpcStream<Published>;
 
+/// The answer to one event of a `PublishBatch`, before encoding.
+#[derive(Debug, Clone)]
+pub(crate) enum BatchAnswer {
+    Published(Published),
+    /// The status the event would have got alone.
+    Refused(pb::PublishError),
+}
+
+impl BatchAnswer {
+    fn refused(err: impl Into<EdgeError>) -> Self {
+        let status = Status::from(err.into());
+        Self::Refused(pb::PublishError { code: status.code() as i32, message: status.message().to_owned() })
+    }
+
+    /// The generated message with the same bytes.
+    pub(crate) fn into_pb(self) -> pb::PublishResponse {
+        match self {
+            Self::Published(p) => convert::publish_response(p),
+            Self::Refused(error) => pb::PublishResponse { error: Some(error), ..Default::default() },
+        }
+    }
+}
+
 /// Where a request came from, for `Event.source` and `SubscriptionInfo.peer`.
 fn peer<T>(req: &Request<T>) -> String {
     req.extensions().get::<PeerInfo>().map(|p| p.addr_text().to_owned()).unwrap_or_default()
@@ -121,52 +144,14 @@ impl pb::event_bus_server::EventBus for EventBusService {
         Ok(Response::new(Box::pin(answers.map(|answer| answer.map(convert::publish_response)))))
     }
 
-    /// Every event answered in its slot: the ones refused at the edge (no right on their
-    /// channel) or by the bus get their `error`, and do not stop the others. Only what
-    /// concerns the whole call (size, rate, shutdown) fails it.
+    /// Served by [`crate::delivery::EncodedStreams`], which writes the answers without
+    /// this conversion to the generated type; this form is for direct callers.
     async fn publish_batch(
         &self,
         req: Request<pb::PublishBatchRequest>,
     ) -> Result<Response<pb::PublishBatchResponse>, Status> {
-        let peer = peer(&req);
-        let caller = caller(&req)?;
-        let events = req.into_inner().events;
-        if events.len() > self.max_publish_batch {
-            return Err(EdgeError::BatchTooLarge { count: events.len(), limit: self.max_publish_batch }.into());
-        }
-        if self.bus.is_shutting_down() {
-            return Err(status(eventbus_core::Error::ShuttingDown));
-        }
-        // `None`: the slot of an event handed to the bus, answered below in order.
-        let mut results: Vec<Option<pb::PublishResponse>> = Vec::with_capacity(events.len());
-        let mut inputs = Vec::with_capacity(events.len());
-        for req in events {
-            match self.access.check_publish_right(&caller, &req.channel) {
-                Ok(()) => {
-                    inputs.push(convert::publish_input(req, peer.clone()));
-                    results.push(None);
-                }
-                Err(refused) => results.push(Some(convert::publish_refused(refused))),
-            }
-        }
-        self.access.take_publish_rate(&caller, u32::try_from(inputs.len()).unwrap_or(u32::MAX))?;
-        let mut published = self.bus.publish_each(inputs).await.into_iter();
-        let metrics = self.metrics.as_deref();
-        let results = results
-            .into_iter()
-            .map(|slot| match slot {
-                Some(refused) => refused,
-                None => match published.next() {
-                    Some(Ok(p)) => respond(metrics, p),
-                    Some(Err(err)) => convert::publish_refused(err),
-                    // The bus answers every input; should it not, the event is not
-                    // reported as published.
-                    None => convert::publish_refused(eventbus_core::durable::DurableError::unavailable(
-                        "the broker gave no answer for this event",
-                    )),
-                },
-            })
-            .collect();
+        let answers = self.answer_batch(req).await?;
+        let results = answers.into_iter().map(BatchAnswer::into_pb).collect();
         Ok(Response::new(pb::PublishBatchResponse { results }))
     }
 
@@ -233,6 +218,55 @@ impl EventBusService {
         })
         .flatten();
         Ok(Box::pin(answers))
+    }
+
+    /// Publishes a `PublishBatch`, every event answered in its slot: the ones refused at
+    /// the edge (no right on their channel) or by the bus get their error, and do not
+    /// stop the others. Only what concerns the whole call (size, rate, shutdown) fails it.
+    pub(crate) async fn answer_batch(&self, req: Request<pb::PublishBatchRequest>) -> Result<Vec<BatchAnswer>, Status> {
+        let peer = peer(&req);
+        let caller = caller(&req)?;
+        let events = req.into_inner().events;
+        if events.len() > self.max_publish_batch {
+            return Err(EdgeError::BatchTooLarge { count: events.len(), limit: self.max_publish_batch }.into());
+        }
+        if self.bus.is_shutting_down() {
+            return Err(status(eventbus_core::Error::ShuttingDown));
+        }
+        // `None`: the slot of an event handed to the bus, answered below in order.
+        let mut answers: Vec<Option<BatchAnswer>> = Vec::with_capacity(events.len());
+        let mut inputs = Vec::with_capacity(events.len());
+        for req in events {
+            match self.access.check_publish_right(&caller, &req.channel) {
+                Ok(()) => {
+                    inputs.push(convert::publish_input(req, peer.clone()));
+                    answers.push(None);
+                }
+                Err(refused) => answers.push(Some(BatchAnswer::refused(refused))),
+            }
+        }
+        self.access.take_publish_rate(&caller, u32::try_from(inputs.len()).unwrap_or(u32::MAX))?;
+        let mut published = self.bus.publish_each(inputs).await.into_iter();
+        let metrics = self.metrics.as_deref();
+        let answers = answers
+            .into_iter()
+            .map(|slot| match slot {
+                Some(refused) => refused,
+                None => match published.next() {
+                    Some(Ok(p)) => {
+                        observe(metrics, &p);
+                        BatchAnswer::Published(p)
+                    }
+                    Some(Err(err)) => BatchAnswer::refused(err),
+                    // The bus answers every input; should it not, the event is not
+                    // reported as published.
+                    None => BatchAnswer::refused(eventbus_core::durable::DurableError::unavailable(
+                        "the broker gave no answer for this event",
+                    )),
+                },
+            })
+            .collect();
+        Ok(answers)
     }
 
     /// Opens a subscription: its stream is `started`, then the batches.
