@@ -246,8 +246,10 @@ class Client:
         unanswered at a time (None: no bound). An invalid request ends the stream with its
         error (earlier events stay published).
 
-        The window keeps a fast producer from queueing thousands of small HTTP/2 frames
-        the broker has not read yet (which h2 answers with ENHANCE_YOUR_CALM)."""
+        The window bounds what a fast producer keeps queued, here and on the broker: past
+        the broker's HTTP/2 stream window the sends wait on flow control anyway, and a
+        connection whose streams together leave too many small frames unread is cut
+        (README "Limits", HTTP/2 framing)."""
         room = asyncio.Semaphore(window) if window else None
 
         async def paced() -> AsyncIterator[pb.PublishRequest]:
