@@ -114,6 +114,63 @@ fn respond(metrics: Option<&Metrics>, published: Published) -> pb::PublishRespon
     convert::publish_response(published)
 }
 
+/// Reads and decodes a `PublishStream`'s requests in a task of their own, a chunk (the
+/// requests that arrived together) at a time, at most two chunks ahead of the publishing:
+/// decoding overlaps publishing and answering, on another core when one is free. The
+/// task ends with the request stream, or as soon as the answers are no longer wanted.
+fn read_ahead<S>(inbound: S) -> ReadAhead
+where
+    S: Stream<Item = Result<pb::PublishRequest, Status>> + Send + 'static,
+{
+    let (tx, chunks) = tokio::sync::mpsc::channel(2);
+    let mut inbound = Box::pin(inbound.ready_chunks(PUBLISH_CHUNK));
+    let reader = tokio::spawn(async move {
+        loop {
+            let chunk = tokio::select! {
+                () = tx.closed() => return,
+                chunk = inbound.next() => chunk,
+            };
+            let Some(chunk) = chunk else { return };
+            if tx.send(chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    ReadAhead { chunks, reader: Some(reader) }
+}
+
+/// The receiving end of [`read_ahead`].
+struct ReadAhead {
+    chunks: tokio::sync::mpsc::Receiver<Vec<Result<pb::PublishRequest, Status>>>,
+    reader: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ReadAhead {
+    /// The next chunk; `None` once the request stream has ended. A reader that died
+    /// (it cannot, short of a bug) ends the stream with INTERNAL rather than as if the
+    /// publisher had finished.
+    async fn recv(&mut self) -> Option<Vec<Result<pb::PublishRequest, Status>>> {
+        if let Some(chunk) = self.chunks.recv().await {
+            return Some(chunk);
+        }
+        match self.reader.take()?.await {
+            Ok(()) => None,
+            Err(err) => {
+                tracing::error!(error = %err, "a publish stream's reader failed");
+                Some(vec![Err(Status::internal("the broker stopped reading this stream"))])
+            }
+        }
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        if let Some(reader) = &self.reader {
+            reader.abort();
+        }
+    }
+}
+
 /// Records a publish's duration.
 fn observe(metrics: Option<&Metrics>, published: &Published) {
     if let Some(metrics) = metrics {
@@ -183,10 +240,11 @@ impl EventBusService {
     pub(crate) fn answer_publishes(&self, req: Request<Streaming<pb::PublishRequest>>) -> Result<Answers, Status> {
         let peer = peer(&req);
         let caller = caller(&req)?;
-        let state = Some((req.into_inner().ready_chunks(PUBLISH_CHUNK), self.clone(), (peer, caller)));
+        let inbound = read_ahead(req.into_inner());
+        let state = Some((inbound, self.clone(), (peer, caller)));
         let answers = stream::unfold(state, |state| async move {
             let (mut inbound, svc, (peer, caller)) = state?;
-            let chunk = inbound.next().await?;
+            let chunk = inbound.recv().await?;
             let mut inputs = Vec::with_capacity(chunk.len());
             let mut broken = None;
             for req in chunk {
@@ -461,5 +519,69 @@ impl AdminService {
         self.access.check_manage_consumer(caller, name)?;
         let info = convert::durable(&self.bus)?.set_paused(name, paused).await.map_err(status)?;
         Ok(Response::new(convert::consumer_info(&info)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    fn request(n: usize) -> Result<pb::PublishRequest, Status> {
+        Ok(pb::PublishRequest { channel: format!("c.{n}"), ..Default::default() })
+    }
+
+    /// Sets its flag when dropped: the reader let go of the request stream.
+    struct Dropped(Arc<AtomicBool>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    async fn within<T>(fut: impl Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(10), fut).await.expect("timed out")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_reader_keeps_the_order_and_ends_with_the_requests() {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let mut chunks = read_ahead(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let sender = tokio::spawn(async move {
+            for n in 0..2_000 {
+                tx.send(request(n)).await.unwrap();
+            }
+        });
+        let mut seen = Vec::new();
+        while let Some(chunk) = within(chunks.recv()).await {
+            assert!(!chunk.is_empty() && chunk.len() <= PUBLISH_CHUNK);
+            seen.extend(chunk.into_iter().map(|r| r.unwrap().channel));
+        }
+        within(sender).await.unwrap();
+        assert_eq!(seen, (0..2_000).map(|n| format!("c.{n}")).collect::<Vec<_>>());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_whose_answers_are_not_wanted_lets_go_of_the_requests() {
+        let released = Arc::new(AtomicBool::new(false));
+        let guard = Dropped(Arc::clone(&released));
+        // A request stream that never ends: one request, then nothing, ever.
+        let inbound = stream::once(async { request(0) }).chain(stream::pending()).map(move |r| {
+            let _held = &guard;
+            r
+        });
+        let mut chunks = read_ahead(inbound);
+        assert_eq!(within(chunks.recv()).await.map(|c| c.len()), Some(1));
+        assert!(!released.load(Ordering::SeqCst), "still reading");
+        drop(chunks);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !released.load(Ordering::SeqCst) {
+            assert!(tokio::time::Instant::now() < deadline, "the reader still holds the request stream");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }

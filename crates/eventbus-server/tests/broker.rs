@@ -240,6 +240,53 @@ async fn publish_stream_answers_each_request_in_order() {
     server.stop().await;
 }
 
+/// A `PublishStream`'s requests are read in a task of their own, ahead of the
+/// publishing: on the multi-threaded runtime, thousands of publishes sent while the
+/// answers are read keep their order end to end, and a publisher that leaves
+/// mid-stream leaves no task behind (the reader's own cases: `grpc.rs` unit tests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_streams_read_ahead_in_order_and_leave_no_task_behind() {
+    const COUNT: usize = 5_000;
+    let server = start().await;
+    let mut s = server.subscribe(sub(&["ra.>"])).await;
+    let mut client = server.client().await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let mut responses =
+        client.publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let sender = tokio::spawn(async move {
+        for i in 0..COUNT {
+            tx.send(event("ra.x", format!("{i}"))).await.unwrap();
+        }
+    });
+    let mut ids = Vec::with_capacity(COUNT);
+    while let Some(resp) = within(responses.message()).await.unwrap() {
+        ids.push(resp.event_id);
+    }
+    within(sender).await.unwrap();
+    assert_eq!(ids.len(), COUNT, "every publish answered, then the stream ends with OK");
+    let got = s.take(COUNT).await;
+    assert_eq!(got.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ids, "answers and deliveries in send order");
+    assert!(got.iter().enumerate().all(|(i, e)| e.payload == i.to_string().as_bytes()));
+
+    // A publisher that leaves half-way: its tasks, and the daemon's for its stream, end.
+    let idle = metrics.num_alive_tasks();
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let mut responses =
+        client.publish_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    for i in 0..10 {
+        tx.send(event("ra.y", format!("{i}"))).await.unwrap();
+        assert!(within(responses.message()).await.unwrap().is_some());
+    }
+    assert!(metrics.num_alive_tasks() > idle, "the open stream runs tasks of its own");
+    drop((responses, tx));
+    eventually("the abandoned stream's tasks to end", || async { metrics.num_alive_tasks() <= idle }).await;
+    let delivered = s.take(10).await;
+    assert!(delivered.iter().all(|e| e.channel == "ra.y"), "the answered publishes were delivered");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn bad_input_gets_the_spec_status_and_names_the_problem() {
     let server = start_with(|s| s.eventbus.max_payload_bytes = 1024).await;
