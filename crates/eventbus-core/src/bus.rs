@@ -741,20 +741,11 @@ impl Inner {
         }
         let counters = Some(Arc::clone(&entry.counters));
         let size = event.approx_size() + crate::event::MEMORY_OVERHEAD;
-        match Arc::get_mut(&mut event) {
-            Some(routed) => {
-                routed.counters = counters;
-                routed.residency.size = size;
-            }
-            // Still held elsewhere (a durable engine keeping it): queues get their own
-            // copy, which no queue holds yet.
-            None => {
-                let mut routed = Event::clone(&event);
-                routed.counters = counters;
-                routed.residency.size = size;
-                event = Arc::new(routed);
-            }
-        }
+        // Still held elsewhere (a durable engine keeping it), the queues get their own
+        // copy, which no queue holds yet (`Event`'s `Clone`).
+        let routed = Arc::make_mut(&mut event);
+        routed.counters = counters;
+        routed.residency.size = size;
         let targets = self.targets(&entry);
 
         let mut fanout = Fanout::default();
