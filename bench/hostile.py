@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Short hostile-client soak for eventbusd (issue 19): idle connections and file-descriptor
+"""Short hostile-client soak for eventbusd: idle connections and file-descriptor
 exhaustion. Starts the daemon (127.0.0.1, port 0), runs each scenario, and prints the
 process's RSS, open file descriptors, CPU use and /healthz latency before, during and
 after. Standard library only.

@@ -1,4 +1,4 @@
--- Socle EventBus inbox (SPEC §13), PostgreSQL 12+: the events each consumer has
+-- Socle EventBus inbox, PostgreSQL 12+: the events each consumer has
 -- processed, written by the `eventbus_client::inbox::Inbox` handler wrapper in the
 -- handler's own transaction, so the side effect and this mark commit together and a
 -- redelivered event is skipped and acked.

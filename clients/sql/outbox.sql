@@ -1,12 +1,14 @@
--- Socle EventBus transactional outbox (SPEC §13), PostgreSQL 12+.
+-- Socle EventBus transactional outbox, PostgreSQL 12+.
 --
 -- The application inserts a row in the same transaction as its own data; the relay
 -- (`eventbus relay --database-url ...`) publishes each row once and marks it.
 -- Idempotent: run it as often as you like (every migration, every deploy).
 
 create table if not exists eventbus_outbox (
-    -- Order of publication; the event's idempotency key is `outbox:<table>:<id>`, so a
-    -- relay that crashes after publishing and before marking duplicates nothing.
+    -- Order of publication; the event's idempotency key is
+    -- `outbox:<source>:<table>:<id>` (source: the database's system identifier, name and
+    -- schema, or the relay's --source), so a relay that crashes after publishing and
+    -- before marking duplicates nothing, and two databases' outboxes never collide.
     id            bigserial primary key,
     -- The channel to publish on (e.g. `orders.created`), checked by the broker.
     channel       text        not null,
@@ -17,7 +19,9 @@ create table if not exists eventbus_outbox (
     metadata      jsonb       not null default '{}',
     -- The payload's media type (e.g. `application/json`); empty = unspecified.
     content_type  text        not null default '',
-    -- Events with one ordering key are delivered one at a time, in id order; null = none.
+    -- Events with one ordering key are published in id order, by one relay at a time
+    -- (the relays take a per-key advisory lock when they claim), and delivered one at a
+    -- time in that order; null = none.
     ordering_key  text,
     -- When the application wrote the row: the relay's lag is measured from it.
     created_at    timestamptz not null default now(),

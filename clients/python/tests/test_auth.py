@@ -1,4 +1,4 @@
-"""Bearer-token authentication (SPEC §11): the token is sent as `authorization: Bearer`."""
+"""Bearer-token authentication: the token is sent as `authorization: Bearer`."""
 
 from __future__ import annotations
 

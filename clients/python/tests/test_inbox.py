@@ -1,4 +1,4 @@
-"""SPEC §13 inbox, against the PostgreSQL on 127.0.0.1:5432 (a schema of its own per
+"""Inbox, against the PostgreSQL on 127.0.0.1:5432 (a schema of its own per
 test). Without PostgreSQL the tests are skipped with a notice, unless
 EVENTBUS_REQUIRE_POSTGRES=1."""
 

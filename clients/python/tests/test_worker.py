@@ -1,4 +1,4 @@
-"""Worker behaviour against a real daemon (issue 16 item 3, SPEC §9 and §12)."""
+"""Worker behaviour against a real daemon."""
 
 from __future__ import annotations
 

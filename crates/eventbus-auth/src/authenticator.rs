@@ -96,7 +96,7 @@ impl State {
         );
         let directory = match settings.principals_file.as_str() {
             "" => Directory::default(),
-            path => Directory::load(path, &defaults)?,
+            path => Directory::load(path, &defaults, settings.allow_empty_principals)?,
         };
         let jwt = JwtVerifier::load(&settings.jwt, &defaults)?;
         if directory.tokens.is_empty() && directory.certs.is_empty() && jwt.is_none() {

@@ -27,6 +27,11 @@ pub enum AuthError {
     /// A principal is malformed (no credential, a digest that is not SHA-256 hex, …).
     #[error("{path}: principal {name:?}: {problem}")]
     InvalidPrincipal { path: String, name: String, problem: String },
+    /// The principals file names no principal: loading it would lock every client out.
+    #[error(
+        "{path} names no principal, which would refuse every client; fill it in, or set auth.allow_empty_principals: true"
+    )]
+    NoPrincipals { path: String },
     /// A principal's permissions break a rule.
     #[error("{path}: permissions of {name:?} are invalid")]
     InvalidPermissions {

@@ -22,6 +22,9 @@ use crate::permissions::{CompiledPermissions, Permissions};
 use crate::principal::{CredentialKind, Principal};
 use crate::settings::JwtSettings;
 
+/// What the name of a JWT's principal starts with (then its `sub`); names in the
+/// principals file cannot.
+pub const JWT_PREFIX: &str = "jwt:";
 /// Verified tokens kept at most; past it, expired entries go, then all of them.
 const CACHE_CAPACITY: usize = 4096;
 /// Largest accepted `leeway_secs`: a day of clock skew is already a misconfiguration.
@@ -56,8 +59,10 @@ struct Claims {
     sub: Option<Value>,
     #[serde(default)]
     exp: Option<Value>,
+    /// Kept as written, so that a key repeated inside it is refused rather than one of
+    /// its values silently winning.
     #[serde(default)]
-    eventbus: Option<Value>,
+    eventbus: Option<Box<serde_json::value::RawValue>>,
 }
 
 impl fmt::Debug for JwtVerifier {
@@ -123,25 +128,34 @@ impl JwtVerifier {
             return Ok(Arc::clone(&hit.principal));
         }
         let header = jsonwebtoken::decode_header(token).map_err(|e| classify(e.kind()))?;
+        // No extension is understood here, so a token that makes one critical cannot
+        // be honoured (RFC 7515, section 4.1.11).
+        if header.crit.is_some() {
+            return Err(AuthFailure::InvalidClaims);
+        }
         // A token signed with an algorithm no configured key serves cannot be verified.
         let key = self.keys.iter().find(|k| k.algorithm == header.alg).ok_or(AuthFailure::BadSignature)?;
         let claims =
             jsonwebtoken::decode::<Claims>(token, &key.key, &key.validation).map_err(|e| classify(e.kind()))?.claims;
+        // JWT subjects live in a namespace of their own: a token whose `sub` equals a
+        // static principal's name is another principal, with other owners and limits.
         let name = match claims.sub {
-            Some(Value::String(sub)) if !sub.is_empty() => sub,
+            Some(Value::String(sub)) if !sub.is_empty() => format!("{JWT_PREFIX}{sub}"),
             _ => return Err(AuthFailure::InvalidClaims),
         };
         let permissions = match claims.eventbus {
             None => Arc::clone(&self.defaults),
-            Some(value) => Arc::new(
-                serde_json::from_value::<Permissions>(value)
+            Some(raw) => Arc::new(
+                serde_json::from_str::<Permissions>(raw.get())
                     .ok()
                     .and_then(|p| p.compile().ok())
                     .ok_or(AuthFailure::InvalidClaims)?,
             ),
         };
         let exp = claims.exp.as_ref().and_then(Value::as_u64).ok_or(AuthFailure::InvalidClaims)?;
-        let principal = Arc::new(Principal { name, permissions, source: CredentialKind::Jwt });
+        let leeway = key.validation.leeway;
+        let expires_at = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(exp.saturating_add(leeway)));
+        let principal = Arc::new(Principal { name, permissions, source: CredentialKind::Jwt, expires_at });
         self.remember(*digest, Verified { principal: Arc::clone(&principal), exp }, now);
         Ok(principal)
     }

@@ -30,6 +30,7 @@ pub mod token;
 
 pub use authenticator::{AuthFailure, Authenticator};
 pub use error::{AuthError, PermissionsError, Refusal, RefusalReason};
+pub use jwt::JWT_PREFIX;
 pub use pattern::{covers, overlaps};
 pub use permissions::{AllowDeny, CompiledPermissions, ConsumerRights, Permissions};
 pub use principal::{CredentialKind, Principal};

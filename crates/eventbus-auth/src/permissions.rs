@@ -32,6 +32,11 @@ pub struct Permissions {
     pub max_subscriptions: Option<u32>,
     /// Most events published per second (token bucket); none when absent.
     pub max_publish_rate: Option<f64>,
+    /// Most durable consumers it owns at once; `auth.default_max_consumers` when absent.
+    pub max_consumers: Option<u32>,
+    /// Most bytes queued across its subscriptions; `auth.default_max_queued_bytes` when
+    /// absent.
+    pub max_queued_bytes: Option<u64>,
 }
 
 /// Allow and deny channel patterns; deny wins.
@@ -61,6 +66,8 @@ impl Permissions {
             admin: true,
             max_subscriptions: None,
             max_publish_rate: None,
+            max_consumers: None,
+            max_queued_bytes: None,
         }
     }
 

@@ -27,6 +27,9 @@ pub struct Principal {
     pub permissions: Arc<CompiledPermissions>,
     /// How it authenticated.
     pub source: CredentialKind,
+    /// When its credential stops being accepted (a JWT's `exp` plus the leeway): open
+    /// streams end then. `None` for credentials that do not expire.
+    pub expires_at: Option<std::time::SystemTime>,
 }
 
 static ANONYMOUS: LazyLock<Arc<Principal>> = LazyLock::new(|| {
@@ -34,6 +37,7 @@ static ANONYMOUS: LazyLock<Arc<Principal>> = LazyLock::new(|| {
         name: String::new(),
         permissions: Arc::new(CompiledPermissions::all()),
         source: CredentialKind::Anonymous,
+        expires_at: None,
     })
 });
 

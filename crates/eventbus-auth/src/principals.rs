@@ -56,11 +56,23 @@ pub(crate) struct Directory {
 
 impl Directory {
     /// Reads, parses and validates `path`.
-    pub(crate) fn load(path: &str, defaults: &Arc<CompiledPermissions>) -> Result<Self, AuthError> {
+    /// Reads the principals file at `path`. A file naming nobody (empty, blank, or
+    /// `principals: []`) is refused unless `allow_empty`: a truncated file written by
+    /// mistake must not lock every client out on the next reload.
+    pub(crate) fn load(path: &str, defaults: &Arc<CompiledPermissions>, allow_empty: bool) -> Result<Self, AuthError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| AuthError::Unreadable { path: path.to_owned(), source })?;
+        if text.trim().is_empty() {
+            return match allow_empty {
+                true => Ok(Self::default()),
+                false => Err(AuthError::NoPrincipals { path: path.to_owned() }),
+            };
+        }
         let file: PrincipalsFile =
             serde_norway::from_str(&text).map_err(|source| AuthError::Parse { path: path.to_owned(), source })?;
+        if file.principals.is_empty() && !allow_empty {
+            return Err(AuthError::NoPrincipals { path: path.to_owned() });
+        }
         Self::build(path, file, defaults)
     }
 
@@ -75,6 +87,9 @@ impl Directory {
             };
             if entry.name.is_empty() {
                 return Err(invalid("the name is empty"));
+            }
+            if entry.name.starts_with(crate::jwt::JWT_PREFIX) {
+                return Err(invalid("names starting with `jwt:` are those of JWT subjects"));
             }
             if !names.insert(entry.name.clone()) {
                 return Err(AuthError::DuplicatePrincipal { path: path.to_owned(), name: entry.name });
@@ -101,6 +116,7 @@ impl Directory {
                     name: entry.name.clone(),
                     permissions: Arc::clone(&permissions),
                     source: CredentialKind::Token,
+                    expires_at: None,
                 });
                 if let Some(first) = directory.tokens.insert(digest, principal) {
                     return Err(AuthError::DuplicateToken {
@@ -111,8 +127,12 @@ impl Directory {
                 }
             }
             if let Some(subject) = entry.cert_subject {
-                let principal =
-                    Arc::new(Principal { name: entry.name.clone(), permissions, source: CredentialKind::Certificate });
+                let principal = Arc::new(Principal {
+                    name: entry.name.clone(),
+                    permissions,
+                    source: CredentialKind::Certificate,
+                    expires_at: None,
+                });
                 if let Some(first) = directory.certs.insert(subject.clone(), principal) {
                     return Err(AuthError::DuplicateCertSubject {
                         path: path.to_owned(),
@@ -192,6 +212,12 @@ principals:
         let cause = std::error::Error::source(&err).unwrap().to_string();
         assert!(cause.contains("unknown field `token`"), "{cause}");
         assert!(matches!(build("users: []").unwrap_err(), AuthError::Parse { .. }));
+    }
+
+    #[test]
+    fn names_of_jwt_subjects_are_refused() {
+        let err = build("principals:\n  - name: 'jwt:alice'\n    cert_subject: a\n").unwrap_err();
+        assert!(err.to_string().contains("jwt:"), "{err}");
     }
 
     #[test]

@@ -22,6 +22,15 @@ pub struct AuthSettings {
     pub default_permissions: Permissions,
     /// Require credentials on `/metrics`, `/healthz` and `/readyz` too.
     pub protect_metrics: bool,
+    /// Accept a principals file that names nobody (at start or on reload); refused by
+    /// default, since it refuses every client.
+    pub allow_empty_principals: bool,
+    /// Most durable consumers a principal owns when its permissions set no
+    /// `max_consumers` (0 = no bound).
+    pub default_max_consumers: u32,
+    /// Most bytes queued across the subscriptions of a principal whose permissions set no
+    /// `max_queued_bytes` (0 = no bound but `eventbus.max_queued_bytes`).
+    pub default_max_queued_bytes: u64,
 }
 
 /// `auth.jwt`: keys and the claims a token must carry.

@@ -59,6 +59,9 @@ fn setup() -> (TempDir, AuthSettings) {
             ..Permissions::default()
         },
         protect_metrics: true,
+        default_max_consumers: 0,
+        allow_empty_principals: false,
+        default_max_queued_bytes: 0,
     };
     (dir, settings)
 }
@@ -160,7 +163,7 @@ fn hs256_jwt_without_eventbus_claim_gets_default_permissions() {
     let auth = Authenticator::load(&settings).unwrap();
     let token = hs256(&good_claims());
     let alice = bearer(&auth, &token).unwrap();
-    assert_eq!((alice.name.as_str(), alice.source), ("alice", CredentialKind::Jwt));
+    assert_eq!((alice.name.as_str(), alice.source), ("jwt:alice", CredentialKind::Jwt));
     assert!(alice.permissions.can_publish("public.news"));
     assert!(!alice.permissions.can_publish("orders.created"));
     // Verified once, then answered from the cache.
@@ -224,7 +227,7 @@ fn issuer_and_audience_are_optional() {
     settings.jwt.audience.clear();
     let auth = Authenticator::load(&settings).unwrap();
     let claims = json!({ "sub": "bob", "exp": now() + 60, "iss": "anyone", "aud": "anything" });
-    assert_eq!(bearer(&auth, &hs256(&claims)).unwrap().name, "bob");
+    assert_eq!(bearer(&auth, &hs256(&claims)).unwrap().name, "jwt:bob");
 }
 
 #[test]
@@ -236,7 +239,7 @@ fn rs256_with_a_pem_public_key() {
     let auth = Authenticator::load(&settings).unwrap();
     let private = std::fs::read(fixtures.join("rsa_private.pem")).unwrap();
     let token = sign(Algorithm::RS256, &EncodingKey::from_rsa_pem(&private).unwrap(), &good_claims());
-    assert_eq!(bearer(&auth, &token).unwrap().name, "alice");
+    assert_eq!(bearer(&auth, &token).unwrap().name, "jwt:alice");
     // An HS256 token means nothing to an RS256-only setup.
     assert_eq!(bearer(&auth, &hs256(&good_claims())).unwrap_err(), AuthFailure::BadSignature);
     drop(dir);
@@ -249,9 +252,9 @@ fn es256_with_a_generated_key_pair() {
     settings.jwt.public_key_file = write(dir.path(), "ec.pem", &pair.public_key_pem());
     let auth = Authenticator::load(&settings).unwrap();
     let key = EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap();
-    assert_eq!(bearer(&auth, &sign(Algorithm::ES256, &key, &good_claims())).unwrap().name, "alice");
+    assert_eq!(bearer(&auth, &sign(Algorithm::ES256, &key, &good_claims())).unwrap().name, "jwt:alice");
     // HS256 stays configured beside it.
-    assert_eq!(bearer(&auth, &hs256(&good_claims())).unwrap().name, "alice");
+    assert_eq!(bearer(&auth, &hs256(&good_claims())).unwrap().name, "jwt:alice");
 
     let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let other_key = EncodingKey::from_ec_pem(other.serialize_pem().as_bytes()).unwrap();

@@ -111,9 +111,14 @@ pub(crate) struct RelayArgs {
     /// Rows claimed and published per transaction.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) batch: u32,
-    /// Where to serve /metrics (`socle_eventbus_relay_*`).
-    #[arg(long, default_value = "127.0.0.1:9187")]
-    pub(crate) metrics_addr: std::net::SocketAddr,
+    /// Where to serve /metrics (`socle_eventbus_relay_*`). Default 127.0.0.1:9187, or,
+    /// when that is taken (a second relay on the host), a free port named in the log.
+    #[arg(long)]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    /// Names this outbox in the idempotency keys (`outbox:<source>:<table>:<id>`);
+    /// default: the database's `<system identifier>:<database>:<schema>`.
+    #[arg(long)]
+    pub(crate) source: Option<String>,
     /// Delete published rows older than this many seconds (0 keeps them).
     #[arg(long, default_value_t = 0)]
     pub(crate) retention_secs: u64,
@@ -340,6 +345,7 @@ pub(crate) enum Overflow {
     DropNewest,
     DropOldest,
     Disconnect,
+    DeadLetter,
 }
 
 impl From<Overflow> for OverflowPolicy {
@@ -348,6 +354,7 @@ impl From<Overflow> for OverflowPolicy {
             Overflow::DropNewest => OverflowPolicy::DropNewest,
             Overflow::DropOldest => OverflowPolicy::DropOldest,
             Overflow::Disconnect => OverflowPolicy::Disconnect,
+            Overflow::DeadLetter => OverflowPolicy::DeadLetter,
         }
     }
 }

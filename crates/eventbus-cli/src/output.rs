@@ -131,6 +131,7 @@ mod tests {
                 ..Default::default()
             }),
             consumer: "billing".into(),
+            owner: String::new(),
             attempts: 2,
             failures: vec![pb::Failure { at: None, reason: "declined".into() }],
         };

@@ -19,12 +19,14 @@ pub(crate) async fn run(client_options: ClientOptions, args: RelayArgs) -> anyho
     options.table = args.table;
     options.batch = usize::try_from(args.batch).unwrap_or(usize::MAX);
     options.retention = Duration::from_secs(args.retention_secs);
-    options.check()?;
+    options.source = args.source;
+    // A wrong address or a missing table stops the relay now, naming it; a database
+    // lost later is retried.
+    options.preflight().await?;
     let registry = prometheus::Registry::new();
     let metrics = RelayMetrics::register(&registry).context("metrics")?;
-    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
-        .await
-        .with_context(|| format!("cannot listen on {} for /metrics", args.metrics_addr))?;
+    let listener = metrics_listener(args.metrics_addr).await?;
+    let metrics_addr = listener.local_addr().context("/metrics listener")?;
 
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
@@ -39,7 +41,7 @@ pub(crate) async fn run(client_options: ClientOptions, args: RelayArgs) -> anyho
     let relay = async {
         let Some(client) = connect(client_options, &shutdown).await? else { return Ok(()) };
         let relay = Relay::new(client, options)?.metrics(&metrics);
-        tracing::info!(metrics = %args.metrics_addr, "outbox relay running");
+        tracing::info!(metrics = %metrics_addr, "outbox relay running");
         relay.run(shutdown.clone()).await;
         shutdown.cancel(); // the relay only returns on shutdown; stop /metrics too
         anyhow::Ok(())
@@ -50,6 +52,33 @@ pub(crate) async fn run(client_options: ClientOptions, args: RelayArgs) -> anyho
     served.context("/metrics listener")?;
     tracing::info!("outbox relay stopped");
     Ok(())
+}
+
+/// The default /metrics address when none is given.
+const DEFAULT_METRICS_ADDR: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9187);
+
+/// The /metrics listener: the address given, or the default one, or, when the default
+/// is taken (another relay on this host), a free port: a second relay must not die of
+/// the first one's port. An address given and taken is an error.
+async fn metrics_listener(given: Option<std::net::SocketAddr>) -> anyhow::Result<tokio::net::TcpListener> {
+    let addr = given.unwrap_or(DEFAULT_METRICS_ADDR);
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => Ok(listener),
+        Err(err) if given.is_none() && err.kind() == std::io::ErrorKind::AddrInUse => {
+            let fallback = std::net::SocketAddr::new(addr.ip(), 0);
+            let listener = tokio::net::TcpListener::bind(fallback)
+                .await
+                .with_context(|| format!("cannot listen on {fallback} for /metrics"))?;
+            tracing::warn!(
+                taken = %addr,
+                metrics = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+                "the default /metrics address is taken (another relay?): serving /metrics on a free port; set --metrics-addr to choose"
+            );
+            Ok(listener)
+        }
+        Err(err) => Err(err).with_context(|| format!("cannot listen on {addr} for /metrics")),
+    }
 }
 
 /// Connects to the broker, retrying while it is away; `None` on shutdown.
@@ -93,4 +122,22 @@ async fn stop_on_signal(shutdown: CancellationToken) {
     }
     tracing::info!("stopping");
     shutdown.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second relay on a host finds the default /metrics port taken and serves on a
+    /// free one; an address given explicitly and taken is an error naming it.
+    #[tokio::test]
+    async fn a_taken_default_metrics_port_falls_back_to_a_free_one() {
+        // Held here, or already by someone else: taken either way.
+        let _holder = tokio::net::TcpListener::bind(DEFAULT_METRICS_ADDR).await;
+        let listener = metrics_listener(None).await.expect("a free port");
+        let addr = listener.local_addr().unwrap();
+        assert_ne!(addr, DEFAULT_METRICS_ADDR);
+        let err = metrics_listener(Some(addr)).await.unwrap_err();
+        assert!(format!("{err:#}").contains(&addr.to_string()), "{err:#}");
+    }
 }

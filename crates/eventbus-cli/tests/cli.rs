@@ -491,3 +491,15 @@ async fn consumer_operations_end_to_end() {
     assert!(!out.ok && out.stderr.contains("exponential") && out.stderr.contains("linear"), "{}", out.stderr);
     drop(stream);
 }
+
+/// A relay pointed at an address where no database answers stops at once, non-zero,
+/// naming the address (a database lost later is retried instead).
+#[tokio::test]
+async fn a_relay_with_an_unreachable_database_exits_naming_it() {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["relay", "--database-url", "postgres://postgres@127.0.0.1:1/nowhere", "--metrics-addr", "127.0.0.1:0"])
+        .kill_on_drop(true);
+    let out = run(cmd).await;
+    assert!(!out.ok, "{}", out.stderr);
+    assert!(out.stderr.contains("127.0.0.1:1"), "{}", out.stderr);
+}

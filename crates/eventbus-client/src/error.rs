@@ -4,7 +4,7 @@ use tonic::{Code, Status};
 
 /// What went wrong talking to the broker.
 ///
-/// The variants carrying a [`Status`] are the broker's answer (SPEC §2, §9, §11); their
+/// The variants carrying a [`Status`] are the broker's answer; their
 /// message is the broker's, which always names the problem. Every variant displays as
 /// one readable line.
 #[derive(Debug, thiserror::Error)]

@@ -1,4 +1,4 @@
-//! The inbox handler wrapper (SPEC §13): the handler's side effect and the "already
+//! The inbox handler wrapper: the handler's side effect and the "already
 //! processed" mark (`clients/sql/inbox.sql`) commit in one transaction, so a
 //! redelivered event is skipped and acked instead of being handled twice.
 

@@ -1,6 +1,6 @@
 //! # eventbus-client
 //!
-//! The Rust client of Socle EventBus (SPEC §12): everything a program needs to publish,
+//! The Rust client of Socle EventBus: everything a program needs to publish,
 //! subscribe and work a durable consumer without touching the raw gRPC API. The
 //! `eventbus` CLI and `eventbus bench` are built on it: one client code path.
 //!
@@ -15,7 +15,7 @@
 //!   retries, dead letters, batched acks, deadline extension, reconnection, drain,
 //!   hooks, stats and `socle_push_worker_*` metrics.
 //! - `outbox` and `inbox` (feature `postgres`): the transactional outbox relay and the
-//!   inbox handler wrapper on PostgreSQL (SPEC §13; DDL in `clients/sql/`).
+//!   inbox handler wrapper on PostgreSQL (DDL in `clients/sql/`).
 //! - [`Error`]: one typed error; [`Backoff`]: delays between reconnections.
 //!
 //! # Example

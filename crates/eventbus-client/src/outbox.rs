@@ -1,9 +1,9 @@
-//! The transactional outbox relay (SPEC §13): publishes the rows applications write in
+//! The transactional outbox relay: publishes the rows applications write in
 //! an outbox table (`clients/sql/outbox.sql`) in their own transactions.
 //!
 //! Each round claims the oldest unpublished rows (`for update skip locked`, so several
 //! relays share a table, each row going to one), publishes them in id order on one
-//! `PublishStream` with `idempotency_key = outbox:<table>:<id>`, and marks them published
+//! `PublishStream` with `idempotency_key = outbox:<source>:<table>:<id>`, and marks them published
 //! in the claiming transaction. A crash anywhere leaves the rows unpublished and locked
 //! by nobody: the next round publishes them again, and the broker drops the repeats
 //! within its dedup window. A `LISTEN eventbus_outbox` connection wakes the relay when a
@@ -50,6 +50,20 @@ pub enum RelayError {
     /// The broker did not answer every publish of a batch in time.
     #[error("broker: no answer to {0} publishes within the publish timeout")]
     BrokerTimeout(usize),
+    /// At start: the database does not answer (a wrong address, or not up).
+    #[error("cannot reach the database at {address}: {source}")]
+    Unreachable {
+        address: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// At start: the database has no such outbox table (not migrated, or a typo).
+    #[error("the outbox table {table:?} cannot be read (create it with clients/sql/outbox.sql): {source}")]
+    MissingTable {
+        table: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
 }
 
 /// Checks that `name` is a plain, unquoted SQL identifier, safe to put in a query.
@@ -83,6 +97,11 @@ pub struct RelayOptions {
     /// How long the broker may take to answer one batch before the round is abandoned
     /// (and the rows published again later).
     pub publish_timeout: Duration,
+    /// Names this outbox in the idempotency keys, `outbox:<source>:<table>:<id>`, so
+    /// that the outboxes of several databases on one broker never collide (row 1 of one
+    /// is not a duplicate of row 1 of another). `None`: the database's own identity,
+    /// `<system identifier>:<database>:<schema>`, read at the first connection.
+    pub source: Option<String>,
 }
 
 impl RelayOptions {
@@ -97,6 +116,7 @@ impl RelayOptions {
             retention: Duration::ZERO,
             backoff: Backoff::default(),
             publish_timeout: Duration::from_secs(30),
+            source: None,
         }
     }
 
@@ -106,6 +126,57 @@ impl RelayOptions {
         check_identifier(&self.table)?;
         tokio_postgres::Config::from_str(&self.database_url).map_err(RelayError::InvalidUrl)
     }
+
+    /// Checks once, at start, that the database answers and holds the table, so a relay
+    /// pointed at the wrong address or started before the migration stops at once with
+    /// an error naming it. A database lost later is [`Relay::run`]'s to retry.
+    pub async fn preflight(&self) -> Result<(), RelayError> {
+        let config = self.check()?;
+        let address = describe_hosts(&config);
+        let (client, connection) =
+            config.connect(NoTls).await.map_err(|source| RelayError::Unreachable { address, source })?;
+        let connection = tokio::spawn(connection);
+        let read = client.simple_query(&format!("select 1 from {} limit 0", self.table)).await;
+        drop(client);
+        connection.abort();
+        read.map(drop).map_err(|source| RelayError::MissingTable { table: self.table.clone(), source })
+    }
+}
+
+/// What tells this outbox from any other on the same broker: the cluster's system
+/// identifier (unique per PostgreSQL cluster), the database and the schema. Without the
+/// right to read the identifier (`pg_control_system` may be restricted), the database
+/// and schema alone.
+async fn database_identity(client: &tokio_postgres::Client) -> Result<String, RelayError> {
+    let full = "select (select system_identifier::text from pg_control_system()) || ':' || current_database() \
+                || ':' || current_schema()";
+    match client.query_one(full, &[]).await {
+        Ok(row) => Ok(row.try_get(0)?),
+        Err(err) => {
+            tracing::warn!(error = %err, "outbox relay: cannot read the system identifier; naming the database and schema only");
+            let row = client.query_one("select current_database() || ':' || current_schema()", &[]).await?;
+            Ok(row.try_get(0)?)
+        }
+    }
+}
+
+/// The hosts and ports of a connection configuration, for messages.
+fn describe_hosts(config: &tokio_postgres::Config) -> String {
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match host {
+                tokio_postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+                #[cfg(unix)]
+                tokio_postgres::config::Host::Unix(path) => format!("{}:{port}", path.display()),
+            }
+        })
+        .collect();
+    if hosts.is_empty() { "localhost:5432 (the default)".to_owned() } else { hosts.join(", ") }
 }
 
 /// `socle_eventbus_relay_*` metrics, labelled by table.
@@ -164,6 +235,8 @@ struct TableMetrics {
 pub struct Relay {
     client: Client,
     options: RelayOptions,
+    /// The `source` of the idempotency keys: given, or read from the database once.
+    source: Arc<std::sync::OnceLock<String>>,
     config: tokio_postgres::Config,
     metrics: Option<TableMetrics>,
     queries: Arc<Queries>,
@@ -189,10 +262,16 @@ impl Relay {
         let t = &options.table;
         let queries = Queries {
             // Claim and mark in one statement: the mark only counts once the transaction
-            // commits, which it does only after the broker said OK to every row.
+            // commits, which it does only after the broker said OK to every row. A keyed
+            // row is claimed only with its key's advisory lock (held to the end of the
+            // transaction): while one relay holds rows of a key, no other relay claims a
+            // later row of it, so each key goes out in id order however many relays run
+            // and whichever of them crashes (its lock and its claim go together).
             claim: format!(
                 "update {t} set published_at = now() where id = any(array(\
-                 select id from {t} where published_at is null order by id limit $1 for update skip locked)) \
+                 select id from {t} where published_at is null \
+                 and (ordering_key is null or pg_try_advisory_xact_lock(hashtext('{t}'), hashtext(ordering_key))) \
+                 order by id limit $1 for update skip locked)) \
                  returning id, channel, payload, metadata, content_type, ordering_key, \
                  extract(epoch from now() - created_at)::float8"
             ),
@@ -201,7 +280,11 @@ impl Relay {
                  and published_at < now() - make_interval(secs => $1)"
             ),
         };
-        Ok(Self { client, options, config, metrics: None, queries: Arc::new(queries) })
+        let source = Arc::new(std::sync::OnceLock::new());
+        if let Some(given) = &options.source {
+            let _ = source.set(given.clone());
+        }
+        Ok(Self { client, options, config, source, metrics: None, queries: Arc::new(queries) })
     }
 
     /// Counts published rows and the lag on `metrics` (registered once per registry).
@@ -245,6 +328,11 @@ impl Relay {
                 tracing::debug!(error = %err, "outbox relay: connection closed");
             }
         });
+        if self.source.get().is_none() {
+            let source = database_identity(&client).await?;
+            tracing::info!(table = %self.options.table, %source, "outbox relay: idempotency keys name this database");
+            let _ = self.source.set(source);
+        }
         let (listener, mut connection) = self.config.connect(NoTls).await?;
         let (table, notify, stop) = (self.options.table.clone(), wake.clone(), shutdown.clone());
         let lost = CancellationToken::new();
@@ -380,7 +468,11 @@ impl Relay {
             metadata,
             content_type: row.try_get(4)?,
             ordering_key: row.try_get::<_, Option<String>>(5)?.unwrap_or_default(),
-            idempotency_key: format!("outbox:{}:{id}", self.options.table),
+            idempotency_key: format!(
+                "outbox:{}:{}:{id}",
+                self.source.get().map_or("", String::as_str),
+                self.options.table
+            ),
             ..Default::default()
         };
         Ok(Row { id, request })

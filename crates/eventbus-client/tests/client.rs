@@ -1,4 +1,4 @@
-//! SPEC §12 `Client`: publish, pipelined publish, the reconnecting subscription and its
+//! The `Client`: publish, pipelined publish, the reconnecting subscription and its
 //! gaps, admin calls, typed errors, and the bearer token against a broker with auth.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.

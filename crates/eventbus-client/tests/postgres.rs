@@ -1,4 +1,4 @@
-//! SPEC §13 outbox relay and inbox wrapper, against a real eventbusd and a real
+//! Outbox relay and inbox wrapper, against a real eventbusd and a real
 //! PostgreSQL on 127.0.0.1:5432 (each test in its own schema). Without PostgreSQL the
 //! tests print a NOTICE and pass, unless `EVENTBUS_REQUIRE_POSTGRES=1`.
 #![cfg(feature = "postgres")]
@@ -180,6 +180,97 @@ async fn two_relays_on_one_table_publish_every_row_exactly_once() {
     finish(vec![(stop1, relay1), (stop2, relay2), (stop_worker, worker)], broker, pg).await;
 }
 
+/// Two services' outboxes on one broker: their rows have the same ids (1, 2, …), and
+/// every row of both is delivered, none answered `duplicate` for the other's: the
+/// idempotency key names the outbox (`outbox:<system id>:<database>:<schema>:<table>:<id>`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_outboxes_on_one_broker_do_not_collide() {
+    let Some(first) = Pg::start().await else { return };
+    let Some(second) = Pg::start().await else { return };
+    let broker = Broker::start().await;
+    let client = broker.client().await;
+    client.create_consumer(consumer("sink", "outbox.>")).await.unwrap();
+    let (counts, stop_worker, worker) = spawn_counting_worker(&client);
+    let registry = prometheus::Registry::new();
+    let (stop1, relay1) = spawn_relay(relay(&client, &first, 50, &registry));
+    let mut options = RelayOptions::new(second.url.clone());
+    options.backoff = FAST;
+    let (stop2, relay2) = spawn_relay(Relay::new(broker.client().await, options).unwrap());
+    first.insert(0, 50).await;
+    second.insert(50, 100).await;
+    eventually("both outboxes published", || async { first.unpublished().await + second.unpublished().await == 0 })
+        .await;
+    eventually("every row of both delivered", || async { counts.lock().unwrap().len() == 100 }).await;
+    let counts = counts.lock().unwrap().clone();
+    assert!(counts.values().all(|c| *c == 1), "{counts:?}");
+    finish(vec![(stop1, relay1), (stop2, relay2), (stop_worker, worker)], broker, first).await;
+    second.drop_schema().await;
+}
+
+/// Rows of one ordering key go out in id order with several relays, some of them killed
+/// and restarted on the way: each key's deliveries come in id order (no inversion), every
+/// row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_rows_keep_their_id_order_across_relays_and_crashes() {
+    let Some(pg) = Pg::start().await else { return };
+    let broker = Broker::start().await;
+    let client = broker.client().await;
+    client.create_consumer(consumer("sink", "outbox.>")).await.unwrap();
+    const N: i64 = 3000;
+    const KEYS: i64 = 20;
+    pg.db
+        .execute(
+            "insert into eventbus_outbox (channel, payload, metadata, content_type, ordering_key) \
+             select 'outbox.test', convert_to(g::text, 'UTF8'), '{\"k\": \"v\"}', 'text/plain', 'key-' || (g % $2) \
+             from generate_series(0::bigint, $1::bigint - 1) g order by g",
+            &[&N, &KEYS],
+        )
+        .await
+        .unwrap();
+    // Deliveries per key, in the order the worker saw them (one at a time per key).
+    let seen: Arc<Mutex<HashMap<String, Vec<i64>>>> = Arc::default();
+    let worker = Worker::new(client.clone(), "sink").concurrency(8).backoff(FAST);
+    let stop_worker = CancellationToken::new();
+    let (record, stop) = (seen.clone(), stop_worker.clone());
+    let worker = tokio::spawn(async move {
+        let handler = move |d: Delivery| {
+            let record = record.clone();
+            async move {
+                let n: i64 = String::from_utf8(d.event.payload.to_vec()).unwrap().parse().unwrap();
+                record.lock().unwrap().entry(format!("key-{}", n % KEYS)).or_default().push(n);
+                Outcome::Ack
+            }
+        };
+        worker.run(handler, stop).await.unwrap();
+    });
+    let mut relays: Vec<_> =
+        (0..3).map(|_| spawn_relay(relay(&client, &pg, 20, &prometheus::Registry::new()))).collect();
+    // Two crashes on the way: a relay's task dropped mid-round, another started.
+    for kill_after in [600usize, 1500] {
+        eventually("rows going out", || async {
+            seen.lock().unwrap().values().map(Vec::len).sum::<usize>() >= kill_after
+        })
+        .await;
+        let (_, victim) = relays.remove(0);
+        victim.abort();
+        let _ = victim.await;
+        relays.push(spawn_relay(relay(&client, &pg, 20, &prometheus::Registry::new())));
+    }
+    eventually("every row delivered", || async {
+        seen.lock().unwrap().values().map(Vec::len).sum::<usize>() >= N as usize
+    })
+    .await;
+    let seen = seen.lock().unwrap().clone();
+    let inversions: usize = seen.values().map(|ids| ids.windows(2).filter(|w| w[0] > w[1]).count()).sum();
+    assert_eq!(inversions, 0, "keyed rows out of id order: {seen:?}");
+    let mut all: Vec<i64> = seen.into_values().flatten().collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..N).collect::<Vec<_>>(), "every row once");
+    let mut tasks = relays;
+    tasks.push((stop_worker, worker));
+    finish(tasks, broker, pg).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_killed_mid_batch_and_restarted_loses_and_duplicates_nothing() {
     let Some(pg) = Pg::start().await else { return };
@@ -189,14 +280,25 @@ async fn a_relay_killed_mid_batch_and_restarted_loses_and_duplicates_nothing() {
     const N: i64 = 3000;
     pg.insert(0, N).await;
 
-    // A relay that died after publishing its first batch and before committing it.
+    // A relay that died after publishing its first batch and before committing it (its
+    // keys name this outbox as the relay does by default).
+    let source: String = pg
+        .db
+        .query_one(
+            "select (select system_identifier::text from pg_control_system()) || ':' || current_database() \
+             || ':' || current_schema()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
     let rows = pg.db.query("select id, payload from eventbus_outbox order by id limit 100", &[]).await.unwrap();
     for row in rows {
         let (id, payload): (i64, Vec<u8>) = (row.get(0), row.get(1));
         let mut request = event("outbox.test", payload);
         request.content_type = "text/plain".into();
         request.metadata.insert("k".into(), "v".into());
-        request.idempotency_key = format!("outbox:eventbus_outbox:{id}");
+        request.idempotency_key = format!("outbox:{source}:eventbus_outbox:{id}");
         client.publish(request).await.unwrap();
     }
     let (counts, stop_worker, worker) = spawn_counting_worker(&client);
@@ -269,6 +371,22 @@ async fn published_rows_are_deleted_after_the_retention_and_only_they() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     finish(vec![(stop, task)], broker, pg).await;
+}
+
+/// At start, a missing table stops the relay with an error naming it, and an address
+/// where no database answers with an error naming the address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_refuses_to_start_on_a_missing_table_or_an_unreachable_database() {
+    let Some(pg) = Pg::start().await else { return };
+    RelayOptions::new(pg.url.clone()).preflight().await.expect("the shipped table is there");
+    let mut options = RelayOptions::new(pg.url.clone());
+    options.table = "no_such_outbox".into();
+    let err = options.preflight().await.unwrap_err();
+    assert!(matches!(err, eventbus_client::outbox::RelayError::MissingTable { .. }), "{err:?}");
+    assert!(err.to_string().contains("no_such_outbox"), "{err}");
+    let err = RelayOptions::new("postgres://postgres@127.0.0.1:1/nowhere").preflight().await.unwrap_err();
+    assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+    pg.drop_schema().await;
 }
 
 /// An inbox whose handler records each call and writes one side effect, then answers

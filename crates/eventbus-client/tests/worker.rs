@@ -1,4 +1,4 @@
-//! SPEC §12 push worker, against a real eventbusd: concurrency, retries with the
+//! Push worker, against a real eventbusd: concurrency, retries with the
 //! backoff, dead letters, deadline extension, graceful drain, and a daemon restart.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.

@@ -1,5 +1,6 @@
 //! The fan-out engine: publish, subscribe, unsubscribe, stats and shutdown.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -17,7 +18,7 @@ use crate::router::{GroupTargets, Router, Targets};
 use crate::stats::{
     BusCounters, BusStats, ChannelEntry, ChannelStats, ChannelTable, LabelStats, QueueLevel, SubscriptionInfo,
 };
-use crate::subscription::{CloseReason, DropReason, Offer, Overflow, Subscription, SubscriptionSpec};
+use crate::subscription::{CloseReason, DropReason, Offer, Overflow, OwnerBudget, Subscription, SubscriptionSpec};
 use crate::transport::{Fanout, LocalFanout, Transport, TransportError, TransportStatus};
 
 /// Most channels and patterns in one subscription.
@@ -100,6 +101,9 @@ pub struct SubscribeOptions {
     pub peer: String,
     /// Principal that opened it ("" with authentication off).
     pub owner: String,
+    /// Most bytes queued across all of `owner`'s subscriptions (0 = no bound but the
+    /// broker's `max_queued_bytes`).
+    pub owner_max_queued_bytes: usize,
 }
 
 /// Outcome of an accepted publish.
@@ -161,12 +165,18 @@ pub(crate) struct Inner {
     removed: Notify,
     /// Durable consumers, when enabled: captured before a publish is answered.
     durable: std::sync::OnceLock<Arc<dyn DurableBackend>>,
+    /// Each principal's queued-bytes share, held by its subscriptions (touched at
+    /// subscribe only; enqueueing uses the subscription's own handle).
+    owner_budgets: parking_lot::Mutex<HashMap<String, std::sync::Weak<OwnerBudget>>>,
+    /// This bus, for the work it hands to tasks of its own (an overflowed event's dead
+    /// letter): weak, so such a task never keeps a dropped bus alive.
+    me: std::sync::Weak<Inner>,
 }
 
 impl Bus {
     /// An in-memory bus.
     pub fn new(config: BusConfig) -> Self {
-        Self { inner: Arc::new(Inner::new(config, None)) }
+        Self { inner: Arc::new_cyclic(|me| Inner::new(config, None, me.clone())) }
     }
 
     /// A bus whose publishes go through a shared transport. `make` receives the
@@ -174,7 +184,7 @@ impl Bus {
     pub fn with_transport(config: BusConfig, make: impl FnOnce(LocalFanout) -> Arc<dyn Transport>) -> Self {
         let inner = Arc::new_cyclic(|weak| {
             let transport = make(LocalFanout { bus: weak.clone() });
-            Inner::new(config, Some(transport))
+            Inner::new(config, Some(transport), weak.clone())
         });
         Self { inner }
     }
@@ -357,7 +367,7 @@ impl Bus {
         }
         let keys = PublishKeys {
             ordering: std::mem::take(&mut input.ordering_key),
-            idempotency: std::mem::take(&mut input.idempotency_key),
+            idempotency: scoped_key(&input.idempotency_scope, std::mem::take(&mut input.idempotency_key)),
         };
         let event = input.into_event(max_payload_bytes, channel)?;
         if let Some(status) = &self.inner.transport_status {
@@ -538,6 +548,18 @@ impl Bus {
         self.inner.channels.evicted()
     }
 
+    /// Events full DEAD_LETTER subscriptions refused, by outcome: published to their
+    /// overflow dead-letter channel, lost because that publish failed, and dropped
+    /// without one because they were on a dead-letter channel already.
+    pub fn overflow_dead_letters(&self) -> [(&'static str, u64); 3] {
+        let c = &self.inner.counters;
+        [
+            ("published", c.overflow_dead_lettered.load(Ordering::Relaxed)),
+            ("failed", c.overflow_dead_letters_failed.load(Ordering::Relaxed)),
+            ("skipped", c.overflow_dead_letters_skipped.load(Ordering::Relaxed)),
+        ]
+    }
+
     /// Counters per channel metrics label (capped; see [`BusConfig::max_channel_labels`]).
     pub fn label_stats(&self) -> Vec<LabelStats> {
         self.inner.channels.label_stats()
@@ -625,7 +647,7 @@ fn check_label(field: &'static str, value: &str) -> Result<(), Error> {
 }
 
 impl Inner {
-    fn new(config: BusConfig, transport: Option<Arc<dyn Transport>>) -> Self {
+    fn new(config: BusConfig, transport: Option<Arc<dyn Transport>>, me: std::sync::Weak<Inner>) -> Self {
         let max_queued_bytes = config.max_queued_bytes;
         Self {
             channels: ChannelTable::new(config.max_channels, config.max_channel_labels),
@@ -640,7 +662,23 @@ impl Inner {
             transport,
             removed: Notify::new(),
             durable: std::sync::OnceLock::new(),
+            owner_budgets: parking_lot::Mutex::default(),
+            me,
         }
+    }
+
+    /// The queued-bytes share of `owner`, shared with its other open subscriptions; its
+    /// bound is the latest one given.
+    fn owner_budget(&self, owner: &str, max: usize) -> Arc<OwnerBudget> {
+        let mut budgets = self.owner_budgets.lock();
+        if let Some(budget) = budgets.get(owner).and_then(std::sync::Weak::upgrade) {
+            budget.set_max(max);
+            return budget;
+        }
+        budgets.retain(|_, b| b.strong_count() > 0);
+        let budget = Arc::new(OwnerBudget::new(max));
+        budgets.insert(owner.to_owned(), Arc::downgrade(&budget));
+        budget
     }
 
     /// Applies defaults and limits to a subscribe request.
@@ -687,9 +725,18 @@ impl Inner {
         };
         check_label("group", &opts.group)?;
         check_label("name", &opts.name)?;
+        let group: Option<Arc<str>> = (!opts.group.is_empty()).then(|| opts.group.into());
+        let group_key = group.as_ref().map(|g| match opts.owner.is_empty() {
+            true => Arc::clone(g),
+            false => Arc::from(scoped_key(&opts.owner, g.to_string())),
+        });
+        let owner_budget =
+            (opts.owner_max_queued_bytes != 0).then(|| self.owner_budget(&opts.owner, opts.owner_max_queued_bytes));
         Ok(SubscriptionSpec {
             filters,
-            group: (!opts.group.is_empty()).then(|| opts.group.into()),
+            owner_budget,
+            group,
+            group_key,
             name: opts.name,
             peer: opts.peer,
             owner: opts.owner,
@@ -755,6 +802,10 @@ impl Inner {
             match sub.try_offer(&event) {
                 Offer::Accepted => fanout.delivered += 1,
                 Offer::Rejected => fanout.failed += 1,
+                Offer::DeadLettered => {
+                    fanout.failed += 1;
+                    self.dead_letter_overflow(&event, sub);
+                }
                 Offer::Disconnected => {
                     fanout.failed += 1;
                     self.remove(&sub.id, CloseReason::SlowConsumer);
@@ -768,7 +819,7 @@ impl Inner {
             for outcome in join_all(full.iter().map(|s| s.offer_wait(&event, deadline))).await {
                 match outcome {
                     Offer::Accepted => fanout.delivered += 1,
-                    Offer::Rejected | Offer::Disconnected => fanout.failed += 1,
+                    Offer::Rejected | Offer::Disconnected | Offer::DeadLettered => fanout.failed += 1,
                     Offer::MustWait | Offer::Closed => {}
                 }
             }
@@ -781,6 +832,45 @@ impl Inner {
             self.counters.failed.fetch_add(failed, Ordering::Relaxed);
         }
         fanout
+    }
+
+    /// Publishes an event a full DEAD_LETTER subscription refused to
+    /// `dlq.overflow.<channel>` (shortened like any dead-letter channel when too long),
+    /// with the subscription's id and name in its metadata, off the publishing path. An
+    /// event of a dead-letter channel is only dropped (already counted): an overflow
+    /// never feeds itself.
+    fn dead_letter_overflow(&self, event: &Arc<Event>, sub: &Subscription) {
+        if event.channel.starts_with(crate::durable::DLQ_PREFIX) {
+            self.counters.overflow_dead_letters_skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let Some(bus) = self.me.upgrade().map(|inner| Bus { inner }) else { return };
+        let mut metadata = event.metadata.clone();
+        metadata.insert("eventbus-subscription-id".to_owned(), sub.id.to_string());
+        metadata.insert("eventbus-subscription-name".to_owned(), sub.spec.name.clone());
+        metadata.insert("eventbus-channel".to_owned(), event.channel.to_string());
+        metadata.insert("eventbus-event-id".to_owned(), event.id.to_string());
+        let input = PublishInput {
+            channel: crate::durable::default_dead_letter_channel(&format!("overflow.{}", event.channel)),
+            payload: event.payload.clone(),
+            metadata,
+            content_type: event.content_type.to_string(),
+            source: "eventbusd".into(),
+            ..Default::default()
+        };
+        let counters = Arc::clone(&self.counters);
+        tokio::spawn(async move {
+            let channel = input.channel.clone();
+            match bus.publish_within(input, usize::MAX).await {
+                Ok(_) => {
+                    counters.overflow_dead_lettered.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(err) => {
+                    counters.overflow_dead_letters_failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%channel, error = %crate::error_chain(&err), "an overflowed event could not be dead-lettered; it is lost (counted)");
+                }
+            }
+        });
     }
 
     /// Takes a subscription out of the router and closes it. False if unknown.
@@ -801,6 +891,16 @@ impl Inner {
         self.removed.notify_waiters();
         true
     }
+}
+
+/// A name within a principal's scope (an idempotency key as the durable engines keep
+/// it, a group's routing key): `<scope length>:<scope>:<key>`, unambiguous whatever the
+/// names contain; the key alone in the empty scope (authentication off).
+fn scoped_key(scope: &str, key: String) -> String {
+    if scope.is_empty() || key.is_empty() {
+        return key;
+    }
+    format!("{}:{scope}:{key}", scope.len())
 }
 
 /// A publish's channel is checked unless the publish before it in the same call, already

@@ -83,6 +83,7 @@ impl Error {
             }
             Self::Durable(DurableError::Unavailable { .. }) => ErrorKind::Unavailable,
             Self::Durable(DurableError::DiskFull { .. }) => ErrorKind::StorageFull,
+            Self::Durable(DurableError::TooManyCaptures { .. }) => ErrorKind::TooLarge,
             Self::Durable(DurableError::Internal { .. }) => ErrorKind::Internal,
         }
     }

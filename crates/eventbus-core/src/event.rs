@@ -122,6 +122,10 @@ pub struct PublishInput {
     pub ordering_key: String,
     /// A key seen within the dedup window makes this publish a no-op duplicate.
     pub idempotency_key: String,
+    /// Whose keys `idempotency_key` is among: keys of different scopes never collide,
+    /// so one publisher can neither suppress another's events nor learn their ids (the
+    /// publishing principal's name; empty = the one scope of unauthenticated callers).
+    pub idempotency_scope: String,
 }
 
 /// Whether a publish's channel still has to be checked.

@@ -81,7 +81,7 @@ impl Router {
                 watch.push(filter.clone());
             }
         }
-        if let Some(group) = &sub.spec.group {
+        if let Some(group) = &sub.spec.group_key {
             self.groups
                 .entry(Arc::clone(group))
                 .or_insert_with(|| Group { cursor: Arc::default(), members: 0 })
@@ -105,7 +105,7 @@ impl Router {
                 }
             }
         }
-        if let Some(group) = &sub.spec.group
+        if let Some(group) = &sub.spec.group_key
             && let Some(g) = self.groups.get_mut(group)
         {
             g.members -= 1;
@@ -127,7 +127,7 @@ impl Router {
         let mut targets = Targets { generation, ..Targets::default() };
         let mut grouped: Vec<Arc<Subscription>> = Vec::new();
         for SubRef(sub) in matched {
-            if sub.spec.group.is_some() {
+            if sub.spec.group_key.is_some() {
                 grouped.push(sub);
             } else {
                 targets.solo.push(sub);
@@ -135,9 +135,9 @@ impl Router {
         }
         // Oldest first: a stable order for round-robin and for delivery.
         targets.solo.sort_by(|a, b| a.id.cmp(&b.id));
-        grouped.sort_by(|a, b| (&a.spec.group, &a.id).cmp(&(&b.spec.group, &b.id)));
-        for chunk in grouped.chunk_by(|a, b| a.spec.group == b.spec.group) {
-            let Some(name) = chunk[0].spec.group.as_ref() else { continue };
+        grouped.sort_by(|a, b| (&a.spec.group_key, &a.id).cmp(&(&b.spec.group_key, &b.id)));
+        for chunk in grouped.chunk_by(|a, b| a.spec.group_key == b.spec.group_key) {
+            let Some(name) = chunk[0].spec.group_key.as_ref() else { continue };
             let Some(group) = self.groups.get(name) else { continue };
             targets.groups.push(GroupTargets { cursor: Arc::clone(&group.cursor), members: chunk.to_vec() });
         }

@@ -33,6 +33,12 @@ pub(crate) struct BusCounters {
     pub(crate) queued_bytes: CacheLine<AtomicUsize>,
     /// The budget `queued_bytes` must stay within (`eventbus.max_queued_bytes`).
     pub(crate) max_queued_bytes: usize,
+    /// Events a full DEAD_LETTER subscription refused, published to their overflow
+    /// dead-letter channel; those whose publication failed; and those not published
+    /// because they were on a dead-letter channel already.
+    pub(crate) overflow_dead_lettered: AtomicU64,
+    pub(crate) overflow_dead_letters_failed: AtomicU64,
+    pub(crate) overflow_dead_letters_skipped: AtomicU64,
 }
 
 impl BusCounters {
@@ -45,6 +51,9 @@ impl BusCounters {
             dropped_by_reason: Default::default(),
             queued_bytes: CacheLine(AtomicUsize::new(0)),
             max_queued_bytes,
+            overflow_dead_lettered: AtomicU64::new(0),
+            overflow_dead_letters_failed: AtomicU64::new(0),
+            overflow_dead_letters_skipped: AtomicU64::new(0),
         }
     }
 }

@@ -43,6 +43,10 @@ pub enum Overflow {
     DropOldest,
     /// Close the subscription as a slow consumer.
     Disconnect,
+    /// Drop the new event from this queue and publish it to the dead-letter channel
+    /// `dlq.overflow.<channel>`, naming the subscription, so nothing leaves unseen. An
+    /// event already on a dead-letter channel (`dlq.…`) is only dropped: never recursive.
+    DeadLetter,
 }
 
 impl Overflow {
@@ -52,6 +56,7 @@ impl Overflow {
             Self::DropNewest => "drop_newest",
             Self::DropOldest => "drop_oldest",
             Self::Disconnect => "disconnect",
+            Self::DeadLetter => "dead_letter",
         }
     }
 }
@@ -70,7 +75,10 @@ impl FromStr for Overflow {
             "drop_newest" => Ok(Self::DropNewest),
             "drop_oldest" => Ok(Self::DropOldest),
             "disconnect" => Ok(Self::Disconnect),
-            other => Err(format!("unknown overflow policy {other:?}; expected drop_newest, drop_oldest or disconnect")),
+            "dead_letter" => Ok(Self::DeadLetter),
+            other => Err(format!(
+                "unknown overflow policy {other:?}; expected drop_newest, drop_oldest, disconnect or dead_letter"
+            )),
         }
     }
 }
@@ -87,11 +95,14 @@ pub enum DropReason {
     MemoryBudget,
     /// Queued when the subscription ended (unsubscribe, slow-consumer disconnect, shutdown timeout).
     Closed,
+    /// The bytes queued for the subscription's principal reached its `max_queued_bytes`.
+    PrincipalBudget,
 }
 
 impl DropReason {
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 4] = [Self::QueueFull, Self::QueueBytes, Self::MemoryBudget, Self::Closed];
+    pub const ALL: [DropReason; 5] =
+        [Self::QueueFull, Self::QueueBytes, Self::MemoryBudget, Self::Closed, Self::PrincipalBudget];
 
     /// The metrics label.
     pub fn as_str(self) -> &'static str {
@@ -100,6 +111,7 @@ impl DropReason {
             Self::QueueBytes => "queue_bytes",
             Self::MemoryBudget => "memory_budget",
             Self::Closed => "closed",
+            Self::PrincipalBudget => "principal_budget",
         }
     }
 }
@@ -128,6 +140,9 @@ pub(crate) enum Offer {
     MustWait,
     /// The subscription is closing; it no longer counts as a match.
     Closed,
+    /// Full under DEAD_LETTER: refused and counted as dropped here; the caller publishes
+    /// it to the overflow dead-letter channel.
+    DeadLettered,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,6 +171,12 @@ pub struct SubscriptionSpec {
     pub filters: Vec<Pattern>,
     /// Group name, if any.
     pub group: Option<Arc<str>>,
+    /// The bytes its principal may have queued across all its subscriptions, shared by
+    /// them (`None`: no bound but the broker's).
+    pub owner_budget: Option<Arc<OwnerBudget>>,
+    /// What members of one group share: the group name within its owner's scope, so a
+    /// principal can never join another's group and take its events.
+    pub group_key: Option<Arc<str>>,
     /// Free label.
     pub name: String,
     /// Client address.
@@ -170,6 +191,30 @@ pub struct SubscriptionSpec {
     pub overflow: Overflow,
     /// Most events handed out per batch.
     pub max_batch: usize,
+}
+
+/// The bytes queued in one principal's subscriptions, and its bound: one principal
+/// whose subscriptions never read cannot take the broker's whole budget from the others.
+#[derive(Debug)]
+pub struct OwnerBudget {
+    queued: AtomicUsize,
+    max: AtomicUsize,
+}
+
+impl OwnerBudget {
+    pub(crate) fn new(max: usize) -> Self {
+        Self { queued: AtomicUsize::new(0), max: AtomicUsize::new(max) }
+    }
+
+    /// A reload may change the bound; queued events stay.
+    pub(crate) fn set_max(&self, max: usize) {
+        self.max.store(max, Ordering::Relaxed);
+    }
+
+    /// Bytes queued now.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
 }
 
 /// One open subscription. Shared between the router (publishers) and its stream.
@@ -266,11 +311,29 @@ impl Subscription {
             self.release(event);
             return Err(DropReason::MemoryBudget);
         }
+        // Within its principal's share (a principal with nothing queued takes one event,
+        // so a bound smaller than an event slows it down rather than silencing it).
+        if let Some(owner) = &self.spec.owner_budget {
+            let before = owner.queued.fetch_add(size, Ordering::Relaxed);
+            if before != 0 && before + size > owner.max.load(Ordering::Relaxed) {
+                owner.queued.fetch_sub(size, Ordering::Relaxed);
+                self.release(event);
+                return Err(DropReason::PrincipalBudget);
+            }
+        }
         q.events.push_back(Arc::clone(event));
         q.bytes += size;
         self.len.store(q.events.len(), Ordering::Relaxed);
         self.bytes.store(q.bytes, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// One copy of `event` left this queue: its principal's share is freed.
+    fn unqueue(&self, event: &Event) {
+        if let Some(owner) = &self.spec.owner_budget {
+            owner.queued.fetch_sub(event.residency.size, Ordering::Relaxed);
+        }
+        self.release(event);
     }
 
     /// One copy of `event` left a queue: the last one frees its bytes in the budget.
@@ -284,14 +347,14 @@ impl Subscription {
     fn pop(&self, q: &mut Queue) -> Option<Arc<Event>> {
         let event = q.events.pop_front()?;
         q.bytes -= event.residency.size;
-        self.release(&event);
+        self.unqueue(&event);
         Some(event)
     }
 
     /// Empties the queue (its lock held), freeing its bytes.
     fn take_all(&self, q: &mut Queue) -> VecDeque<Arc<Event>> {
         let events = std::mem::take(&mut q.events);
-        events.iter().for_each(|e| self.release(e));
+        events.iter().for_each(|e| self.unqueue(e));
         q.bytes = 0;
         self.len.store(0, Ordering::Relaxed);
         self.bytes.store(0, Ordering::Relaxed);
@@ -364,12 +427,19 @@ impl Subscription {
             }
             // Others fill the budget and this queue is empty: nothing this queue's
             // consumer does will make room, so waiting would only stall the publisher.
-            Overflow::DropNewest if q.events.is_empty() => {
+            // Nor does a publisher wait on a principal's share: its subscriptions'
+            // slowness is its own, never another tenant's publishers'.
+            Overflow::DropNewest if q.events.is_empty() || reason == DropReason::PrincipalBudget => {
                 drop(q);
                 self.count_dropped(event, reason);
                 Offer::Rejected
             }
             Overflow::DropNewest => Offer::MustWait,
+            Overflow::DeadLetter => {
+                drop(q);
+                self.count_dropped(event, reason);
+                Offer::DeadLettered
+            }
         }
     }
 
@@ -501,6 +571,8 @@ mod tests {
         let spec = SubscriptionSpec {
             filters: vec![Pattern::parse("a").unwrap()],
             group: None,
+            owner_budget: None,
+            group_key: None,
             name: String::new(),
             peer: String::new(),
             owner: String::new(),

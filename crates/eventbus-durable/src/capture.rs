@@ -12,6 +12,13 @@ use tokio::time::Instant;
 use crate::engine::Durable;
 use crate::state::{Consumer, Effects, add_entry, dispatch};
 use crate::store::{DedupRecord, EntryRecord, StoreOp};
+use crate::writer::writer_stopped;
+
+/// Where a batch of captures stands once planned and queued.
+enum Queued {
+    Answered(Vec<Result<Captured, DurableError>>),
+    Waiting(tokio::sync::oneshot::Receiver<Vec<Result<Captured, DurableError>>>),
+}
 
 /// A capture waiting for its store commit.
 pub(crate) struct CapturePlan {
@@ -33,43 +40,96 @@ impl Durable {
             // The common case without consumers: nothing to store, nothing to plan.
             return batch.iter().map(|_| Ok(Captured::Stored(0))).collect();
         }
-        let mut planned: Vec<Result<CapturePlan, Captured>> =
-            batch.iter().map(|r| self.plan_capture(r.event, r.ordering_key, r.idempotency_key)).collect();
+        let keyed = batch.iter().any(|r| r.ordering_key.is_some_and(|k| !k.is_empty()) || r.idempotency_key.is_some());
+        let queued = {
+            let _order = keyed.then(|| self.inner.sequencer.lock());
+            self.plan_and_queue(batch)
+        };
+        match queued {
+            Queued::Answered(answers) => answers,
+            Queued::Waiting(answers) => answers.await.unwrap_or_else(|_| vec![Err(writer_stopped())]),
+        }
+    }
+
+    /// Plans the captures and hands them to the writer: answered at once when nothing
+    /// needs storing (or something was refused), else once committed. The plans are
+    /// applied (or their keys freed) on the writer's side once the commit is known, so a
+    /// publisher that goes away meanwhile (a killed client, a dropped future) cannot
+    /// leave a stored capture out of its consumers' state.
+    fn plan_and_queue(&self, batch: &[CaptureRequest<'_>]) -> Queued {
+        let mut planned: Vec<Result<CapturePlan, Captured>> = Vec::with_capacity(batch.len());
+        for r in batch {
+            match self.plan_capture(r.event, r.ordering_key, r.idempotency_key) {
+                Ok(plan) => planned.push(plan),
+                Err(refused) => {
+                    // Answers stop at the first error: what came before is captured,
+                    // this one and the rest are not (their keys are not kept).
+                    let plans: Vec<CapturePlan> = planned.into_iter().filter_map(Result::ok).collect();
+                    self.forget_dedup(&plans);
+                    return Queued::Answered(vec![Err(refused)]);
+                }
+            }
+        }
         let ops: Vec<StoreOp> = planned.iter_mut().filter_map(|p| p.as_mut().ok()?.op.take()).collect();
         if !ops.is_empty()
             && let Some(full) = self.disk_full()
         {
             let plans: Vec<CapturePlan> = planned.into_iter().filter_map(Result::ok).collect();
             self.forget_dedup(&plans);
-            return vec![Err(full)];
+            return Queued::Answered(vec![Err(full)]);
         }
-        if !ops.is_empty()
-            && let Err(err) = self.commit(ops).await
-        {
-            let plans: Vec<CapturePlan> = planned.into_iter().filter_map(Result::ok).collect();
-            self.forget_dedup(&plans);
-            return vec![Err(err)];
+        if ops.is_empty() {
+            return Queued::Answered(
+                planned
+                    .into_iter()
+                    .map(|p| Ok(p.map(|plan| self.apply_capture(plan)).unwrap_or_else(|done| done)))
+                    .collect(),
+            );
         }
-        planned
-            .into_iter()
-            .map(|p| match p {
-                Ok(plan) => Ok(self.apply_capture(plan)),
-                Err(done) => Ok(done),
-            })
-            .collect()
+        let this = self.clone();
+        Queued::Waiting(self.queue_then(ops, move |committed| {
+            match committed {
+                Ok(()) => planned
+                    .into_iter()
+                    .map(|p| Ok(p.map(|plan| this.apply_capture(plan)).unwrap_or_else(|done| done)))
+                    .collect(),
+                Err(err) => {
+                    let plans: Vec<CapturePlan> = planned.into_iter().filter_map(Result::ok).collect();
+                    this.forget_dedup(&plans);
+                    vec![Err(err)]
+                }
+            }
+        }))
     }
 
     /// What capturing `event` takes: `Err` when nothing needs storing (the answer is
     /// final), else the store op and what to apply once it is committed. Claims the
     /// idempotency key at once, so a repeat later in the same batch is a duplicate.
+    /// Refused when the event matches more consumers than `max_captures_per_publish`.
     fn plan_capture(
         &self,
         event: &Arc<Event>,
         ordering_key: Option<&str>,
         idempotency_key: Option<&str>,
-    ) -> Result<CapturePlan, Captured> {
+    ) -> Result<Result<CapturePlan, Captured>, DurableError> {
         if idempotency_key.is_none() && self.inner.consumer_count.load(Ordering::Relaxed) == 0 {
-            return Err(Captured::Stored(0));
+            return Ok(Err(Captured::Stored(0)));
+        }
+        let mut consumers: Vec<Arc<Consumer>> = {
+            let registry = self.inner.registry.read();
+            let mut names = Vec::new();
+            registry.trie.collect(&event.channel, &mut names);
+            names.sort();
+            names.dedup();
+            names.iter().filter_map(|n| registry.by_name.get(n).cloned()).collect()
+        };
+        let limit = self.inner.options.max_captures_per_publish;
+        if limit != 0 && consumers.len() > limit {
+            return Err(DurableError::TooManyCaptures {
+                channel: event.channel.to_string(),
+                matched: consumers.len(),
+                limit,
+            });
         }
         let window = self.inner.options.dedup_window;
         let dedup = match idempotency_key {
@@ -78,21 +138,13 @@ impl Durable {
                 let now = Instant::now();
                 d.prune(now);
                 if let Some((original, _)) = d.keys.get(key) {
-                    return Err(Captured::Duplicate(original.clone()));
+                    return Ok(Err(Captured::Duplicate(original.clone())));
                 }
                 let expires_ms = epoch_ms(event.timestamp) + window.as_millis() as u64;
                 d.insert(key.to_owned(), event.id.clone(), now + window);
                 Some(DedupRecord { key: key.to_owned(), event_id: event.id.clone(), expires_ms })
             }
             None => None,
-        };
-        let mut consumers: Vec<Arc<Consumer>> = {
-            let registry = self.inner.registry.read();
-            let mut names = Vec::new();
-            registry.trie.collect(&event.channel, &mut names);
-            names.sort();
-            names.dedup();
-            names.iter().filter_map(|n| registry.by_name.get(n).cloned()).collect()
         };
         // A consumer holding `max_pending` events takes no more (README "Limits").
         consumers.retain(|c| {
@@ -103,7 +155,7 @@ impl Durable {
             !full
         });
         if consumers.is_empty() && dedup.is_none() {
-            return Err(Captured::Stored(0));
+            return Ok(Err(Captured::Stored(0)));
         }
         let seq = self.inner.next_seq.fetch_add(1, Ordering::Relaxed);
         let key: Option<Arc<str>> = ordering_key.filter(|k| !k.is_empty()).map(Arc::from);
@@ -117,7 +169,7 @@ impl Durable {
                 dedup: dedup.clone(),
             },
         };
-        Ok(CapturePlan { seq, event: Arc::clone(event), key, consumers, dedup, op: Some(op) })
+        Ok(Ok(CapturePlan { seq, event: Arc::clone(event), key, consumers, dedup, op: Some(op) }))
     }
 
     /// A commit failed: the keys these plans claimed are free again.

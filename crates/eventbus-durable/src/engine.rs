@@ -27,7 +27,7 @@ use crate::outbox::{self, Committed};
 use crate::scheduler::{Timers, run_scheduler};
 use crate::state::{Client, Consumer, EState, Effects, Registry, add_entry, dispatch, fail, info, pending_entry};
 use crate::store::{EntryRecord, Loaded, LogPage, RedriveSelection, Store, StoreOp};
-use crate::writer::{WRITER_QUEUE, WriteRequest, writer_loop};
+use crate::writer::{Completion, WRITER_QUEUE, WriteRequest, writer_loop, writer_stopped};
 use eventbus_core::Event;
 
 /// The durable consumer engine. A cheap handle.
@@ -54,6 +54,11 @@ pub(crate) struct Inner {
     pub(crate) consumer_count: AtomicU64,
     next_client: AtomicU64,
     pub(crate) dedup: Mutex<Dedup>,
+    /// Held while a keyed capture (ordering or idempotency key) is planned and queued,
+    /// so keyed captures reach the writer, hence their consumers, in the order they were
+    /// planned: a publisher told `duplicate`, or publishing the next event of a key,
+    /// never overtakes the capture it follows. Unkeyed captures do not take it.
+    pub(crate) sequencer: Mutex<()>,
     writer: mpsc::Sender<WriteRequest>,
     pub(crate) timers: Mutex<Timers>,
     timer_seq: AtomicU64,
@@ -100,6 +105,7 @@ impl Durable {
             consumer_count: AtomicU64::new(0),
             next_client: AtomicU64::new(1),
             dedup: Mutex::default(),
+            sequencer: Mutex::default(),
             writer,
             timers: Mutex::default(),
             timer_seq: AtomicU64::new(0),
@@ -110,9 +116,12 @@ impl Durable {
         });
         // The scheduler holds the engine weakly (it must not keep it alive), and the
         // weak reference is taken from the finished engine: it can fail to upgrade only
-        // once the engine is gone, never before construction ends (issue 13).
+        // once the engine is gone, never before construction ends.
         let writer = supervisor
-            .thread("durable store writer", writer_loop(Arc::clone(&inner.store), rx))
+            .thread(
+                "durable store writer",
+                writer_loop(Arc::clone(&inner.store), rx, tokio::runtime::Handle::try_current().ok()),
+            )
             .map_err(|e| DurableError::unavailable_because("cannot start the durable store writer", e))?;
         let scheduler = supervisor
             .spawn("durable timer scheduler", run_scheduler(Arc::downgrade(&inner), Arc::clone(&inner.timers_changed)));
@@ -193,15 +202,55 @@ impl Durable {
 
     /// Waits for `ops` to be committed.
     pub(crate) async fn commit(&self, ops: Vec<StoreOp>) -> Result<(), DurableError> {
-        let stopped = || DurableError::unavailable("the durable store writer has stopped");
         match self.submit_waiting(ops) {
-            None => Err(stopped()),
+            None => Err(writer_stopped()),
             Some(committed) => match committed.await {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(err)) => Err(DurableError::internal("commit", err)),
-                Err(_) => Err(stopped()),
+                Err(_) => Err(writer_stopped()),
             },
         }
+    }
+
+    /// Commits `ops`, then runs `then` with the outcome on the writer's side, and
+    /// answers what it returns. `then` runs exactly once whether or not the caller still
+    /// waits: a caller dropped mid-await (a client that went away) cannot leave a
+    /// committed change out of the working state.
+    pub(crate) async fn commit_then<T: Send + 'static>(
+        &self,
+        ops: Vec<StoreOp>,
+        then: impl FnOnce(Result<(), DurableError>) -> T + Send + 'static,
+    ) -> Result<T, DurableError> {
+        // Only a writer that died mid-commit drops the work unrun (and is reported).
+        self.queue_then(ops, then).await.map_err(|_| writer_stopped())
+    }
+
+    /// The queueing half of [`Durable::commit_then`]: `ops` join the writer's queue now
+    /// (an inline store applies them, and runs `then`, at once).
+    pub(crate) fn queue_then<T: Send + 'static>(
+        &self,
+        ops: Vec<StoreOp>,
+        then: impl FnOnce(Result<(), DurableError>) -> T + Send + 'static,
+    ) -> oneshot::Receiver<T> {
+        let (tx, rx) = oneshot::channel();
+        let after = move |result| {
+            let _ = tx.send(then(result));
+        };
+        if self.inner.store.inline() {
+            after(self.inner.store.apply(&ops).map_err(|err| DurableError::internal("commit", err)));
+        } else {
+            self.queue(WriteRequest { ops, done: Completion::Then(Box::new(after)) });
+        }
+        rx
+    }
+
+    /// Commits `ops`, then runs `then` on success (see [`Durable::commit_then`]).
+    async fn commit_and<T: Send + 'static>(
+        &self,
+        ops: Vec<StoreOp>,
+        then: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, DurableError> {
+        self.commit_then(ops, |result| result.map(|()| then())).await?
     }
 
     /// Shutdown: detaches every client (their streams end; what they held counts one
@@ -242,8 +291,9 @@ impl Durable {
             }
             return Err(DurableError::AlreadyExists(config.name));
         }
-        self.commit(vec![StoreOp::PutConsumer(config.clone())]).await?;
-        let consumer = self.register(config)?;
+        let this = self.clone();
+        let consumer =
+            self.commit_and(vec![StoreOp::PutConsumer(config.clone())], move || this.register(config)).await??;
         Ok(self.info(&consumer))
     }
 
@@ -253,32 +303,39 @@ impl Durable {
             Some(existing) if existing.config == config => Ok(()),
             Some(existing) => {
                 // Keep what it holds; only the definition changes.
-                self.commit(vec![StoreOp::PutConsumer(config.clone())]).await?;
                 let filters = config.validate().map_err(DurableError::InvalidConfig)?;
-                let replacement = Arc::new(Consumer {
-                    name: Arc::clone(&existing.name),
-                    config,
-                    filters,
-                    state: Mutex::new(std::mem::take(&mut *existing.state.lock())),
-                    acked: AtomicU64::new(existing.acked.load(Ordering::Relaxed)),
-                    dead_lettered: AtomicU64::new(existing.dead_lettered.load(Ordering::Relaxed)),
-                    redelivered: AtomicU64::new(existing.redelivered.load(Ordering::Relaxed)),
-                    redriven: AtomicU64::new(existing.redriven.load(Ordering::Relaxed)),
-                    held: AtomicU64::new(existing.held.load(Ordering::Relaxed)),
-                    dropped: AtomicU64::new(existing.dropped.load(Ordering::Relaxed)),
-                });
-                let mut registry = self.inner.registry.write();
-                for f in &existing.filters {
-                    registry.trie.remove(f, |n| **n == *existing.name);
-                }
-                for f in &replacement.filters {
-                    registry.trie.insert(f, Arc::clone(&replacement.name));
-                }
-                registry.by_name.insert(Arc::clone(&replacement.name), replacement);
-                Ok(())
+                let this = self.clone();
+                self.commit_and(vec![StoreOp::PutConsumer(config.clone())], move || {
+                    this.replace_definition(&existing, config, filters)
+                })
+                .await
             }
             None => self.create_consumer(config).await.map(|_| ()),
         }
+    }
+
+    /// Swaps a consumer's definition, keeping what it holds.
+    fn replace_definition(&self, existing: &Consumer, config: ConsumerConfig, filters: Vec<eventbus_core::Pattern>) {
+        let replacement = Arc::new(Consumer {
+            name: Arc::clone(&existing.name),
+            config,
+            filters,
+            state: Mutex::new(std::mem::take(&mut *existing.state.lock())),
+            acked: AtomicU64::new(existing.acked.load(Ordering::Relaxed)),
+            dead_lettered: AtomicU64::new(existing.dead_lettered.load(Ordering::Relaxed)),
+            redelivered: AtomicU64::new(existing.redelivered.load(Ordering::Relaxed)),
+            redriven: AtomicU64::new(existing.redriven.load(Ordering::Relaxed)),
+            held: AtomicU64::new(existing.held.load(Ordering::Relaxed)),
+            dropped: AtomicU64::new(existing.dropped.load(Ordering::Relaxed)),
+        });
+        let mut registry = self.inner.registry.write();
+        for f in &existing.filters {
+            registry.trie.remove(f, |n| **n == *existing.name);
+        }
+        for f in &replacement.filters {
+            registry.trie.insert(f, Arc::clone(&replacement.name));
+        }
+        registry.by_name.insert(Arc::clone(&replacement.name), replacement);
     }
 
     pub fn get_consumer(&self, name: &str) -> Result<ConsumerInfo, DurableError> {
@@ -299,19 +356,23 @@ impl Durable {
     /// Deletes a consumer, what it holds, and its log; attached clients are detached.
     pub async fn delete_consumer(&self, name: &str) -> Result<(), DurableError> {
         let consumer = self.consumer(name).ok_or_else(|| DurableError::UnknownConsumer(name.to_owned()))?;
-        self.commit(vec![StoreOp::DeleteConsumer(name.to_owned())]).await?;
+        let this = self.clone();
+        self.commit_and(vec![StoreOp::DeleteConsumer(name.to_owned())], move || this.unregister(&consumer)).await
+    }
+
+    /// Takes a deleted consumer out of the working state; its clients are detached.
+    fn unregister(&self, consumer: &Consumer) {
         let mut registry = self.inner.registry.write();
         for f in &consumer.filters {
             registry.trie.remove(f, |n| **n == *consumer.name);
         }
-        if registry.by_name.remove(name).is_some() {
+        if registry.by_name.remove(&consumer.name).is_some() {
             self.inner.consumer_count.fetch_sub(1, Ordering::Relaxed);
         }
         drop(registry);
         let mut st = consumer.state.lock();
         st.deleted = true;
         st.clients.clear();
-        Ok(())
     }
 
     /// The terminal log of a consumer, including every change made before the call.
@@ -417,14 +478,17 @@ impl Durable {
     /// Pauses or resumes a consumer; the state is stored before the answer.
     pub async fn set_paused(&self, name: &str, paused: bool) -> Result<ConsumerInfo, DurableError> {
         let consumer = self.known(name)?;
-        self.commit(vec![StoreOp::SetPaused { consumer: Arc::clone(&consumer.name), paused }]).await?;
-        let mut fx = Effects::default();
-        {
-            let mut st = consumer.state.lock();
-            st.paused = paused;
-            dispatch(&consumer, &mut st, &mut fx);
-        }
-        self.run(fx);
+        let (this, target) = (self.clone(), Arc::clone(&consumer));
+        self.commit_and(vec![StoreOp::SetPaused { consumer: Arc::clone(&consumer.name), paused }], move || {
+            let mut fx = Effects::default();
+            {
+                let mut st = target.state.lock();
+                st.paused = paused;
+                dispatch(&target, &mut st, &mut fx);
+            }
+            this.run(fx);
+        })
+        .await?;
         tracing::info!(consumer = %consumer.name, paused, "durable consumer {}", if paused { "paused" } else { "resumed" });
         Ok(self.info(&consumer))
     }
@@ -437,28 +501,30 @@ impl Durable {
         self.flush().await?;
         let limit = if limit == 0 { MAX_REDRIVE } else { limit.min(MAX_REDRIVE) };
         let ids: Vec<String> = event_ids.iter().take(MAX_REDRIVE).cloned().collect();
-        let inner = Arc::clone(&self.inner);
-        let store_name = Arc::clone(&consumer.name);
+        // The store's move and the working state's update run together off the caller,
+        // so a caller that goes away mid-call cannot leave moved events unhanded.
+        let (this, target) = (self.clone(), Arc::clone(&consumer));
         let moved = tokio::task::spawn_blocking(move || {
             let selection = if ids.is_empty() { RedriveSelection::Oldest(limit) } else { RedriveSelection::Ids(&ids) };
-            inner.store.redrive(&store_name, selection, &inner.next_seq)
+            let moved = this.inner.store.redrive(&target.name, selection, &this.inner.next_seq)?;
+            let mut fx = Effects::default();
+            {
+                let mut st = target.state.lock();
+                if !st.deleted {
+                    for r in &moved {
+                        let event = Arc::new(r.event.clone());
+                        let key = r.ordering_key.as_deref().filter(|k| !k.is_empty()).map(Arc::from);
+                        add_entry(&target, &mut st, r.seq, event, key, EntryRecord::default(), None, &mut fx);
+                    }
+                    dispatch(&target, &mut st, &mut fx);
+                }
+            }
+            this.run(fx);
+            target.redriven.fetch_add(moved.len() as u64, Ordering::Relaxed);
+            Ok::<_, crate::store::StoreError>(moved)
         })
         .await
         .map_err(|e| DurableError::internal("redrive", e))??;
-        let mut fx = Effects::default();
-        {
-            let mut st = consumer.state.lock();
-            if !st.deleted {
-                for r in &moved {
-                    let event = Arc::new(r.event.clone());
-                    let key = r.ordering_key.as_deref().filter(|k| !k.is_empty()).map(Arc::from);
-                    add_entry(&consumer, &mut st, r.seq, event, key, EntryRecord::default(), None, &mut fx);
-                }
-                dispatch(&consumer, &mut st, &mut fx);
-            }
-        }
-        self.run(fx);
-        consumer.redriven.fetch_add(moved.len() as u64, Ordering::Relaxed);
         let remaining = self.inner.store.redrivable(&consumer.name);
         tracing::info!(consumer = %consumer.name, redriven = moved.len(), remaining, "dead letters redriven");
         Ok(Redriven { redriven: moved.len() as u64, remaining })
@@ -503,7 +569,7 @@ impl Durable {
             }
             return;
         }
-        self.queue(WriteRequest { ops, done: None });
+        self.queue(WriteRequest { ops, done: Completion::None });
     }
 
     /// Queues store changes; the answer says when they are committed (`None`: the
@@ -514,22 +580,28 @@ impl Durable {
             let _ = done.send(self.inner.store.apply(&ops).map_err(Arc::new));
             return Some(committed);
         }
-        self.queue(WriteRequest { ops, done: Some(done) }).then_some(committed)
+        self.queue(WriteRequest { ops, done: Completion::Notify(done) }).then_some(committed)
     }
 
     /// Hands a request to the writer, waiting for room off the caller's path when the
-    /// queue is full. False when the writer has stopped.
+    /// queue is full. False when the writer has stopped (the request is abandoned: work
+    /// waiting for it runs, told so).
     fn queue(&self, req: WriteRequest) -> bool {
         match self.inner.writer.try_send(req) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(req)) => {
                 let writer = self.inner.writer.clone();
                 tokio::spawn(async move {
-                    let _ = writer.send(req).await;
+                    if let Err(mpsc::error::SendError(req)) = writer.send(req).await {
+                        req.abandon();
+                    }
                 });
                 true
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(mpsc::error::TrySendError::Closed(req)) => {
+                req.abandon();
+                false
+            }
         }
     }
 }

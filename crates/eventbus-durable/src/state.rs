@@ -220,6 +220,7 @@ pub(crate) fn dead_letter(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, f
         channel: consumer.config.dead_letter_channel_for(&entry.event.channel),
         event: Arc::clone(&entry.event),
         consumer: consumer.name.to_string(),
+        owner: consumer.config.owner.clone(),
         attempts: entry.record.attempts,
         failures: entry.record.failures.clone(),
     });

@@ -16,6 +16,7 @@ use crate::{Durable, Fsync, RedbStore, Retention, Store, StoreError};
 
 fn options(dedup_window: Duration) -> DurableOptions {
     DurableOptions {
+        max_captures_per_publish: 0,
         dedup_window,
         // A readable test encoding: "consumer|attempts|reason;reason".
         dead_letter_encoder: Arc::new(|dl: &PublishedDeadLetter| {
@@ -458,7 +459,7 @@ async fn channels_are_checked_for_every_new_name_in_a_batch() {
     assert_eq!(durable.get_consumer("all").unwrap().pending, 5, "only the accepted events are kept");
 }
 
-/// Issue 13: on the multi-threaded runtime the timer scheduler of every fresh engine
+/// On the multi-threaded runtime the timer scheduler of every fresh engine
 /// must run. Engines are started the way the daemon starts its one: from the thread
 /// that blocks on the runtime, while the worker threads are idle and pick a spawned
 /// task up at once. Each must redeliver one event whose ack deadline passed.
@@ -533,7 +534,7 @@ impl Store for PanickingStore {
     }
 }
 
-/// Issue 13: the engine's writer thread dying is reported, not silent; a retired
+/// The engine's writer thread dying is reported, not silent; a retired
 /// engine's tasks end quietly.
 #[test]
 fn a_dead_store_writer_is_reported_and_a_dropped_engine_is_not() {
@@ -569,7 +570,7 @@ fn a_dead_store_writer_is_reported_and_a_dropped_engine_is_not() {
     });
 }
 
-/// Issue 14: a dead letter whose publication never happened (here: every publish fails,
+/// A dead letter whose publication never happened (here: every publish fails,
 /// then the engine stops, as a crash would stop it) is still in the store's outbox and
 /// is published by the next engine on the same data directory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use eventbus_core::durable::DurableError;
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::{Store, StoreError, StoreOp};
@@ -12,17 +14,76 @@ const MAX_GROUP: usize = 4096;
 /// Changes queued for the writer before submitters wait.
 pub(crate) const WRITER_QUEUE: usize = 65_536;
 
+/// A commit's outcome as a waiting caller sees it.
+pub(crate) type CommitResult = Result<(), Arc<StoreError>>;
+
+/// Work that must follow a commit, run with its outcome.
+pub(crate) type AfterCommit = Box<dyn FnOnce(Result<(), DurableError>) + Send>;
+
+/// What the writer does once a request's changes are committed (or refused).
+pub(crate) enum Completion {
+    /// Nothing: nobody waits.
+    None,
+    /// Tells a waiting caller.
+    Notify(oneshot::Sender<CommitResult>),
+    /// Runs on the writer's side, whether or not whoever queued the changes still
+    /// waits: the in-memory state that must follow a commit (a capture handed to its
+    /// consumers, a consumer registered) cannot be skipped by a caller that went away.
+    Then(AfterCommit),
+}
+
+impl std::fmt::Debug for Completion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Completion::None => "None",
+            Completion::Notify(_) => "Notify",
+            Completion::Then(_) => "Then",
+        })
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct WriteRequest {
     pub(crate) ops: Vec<StoreOp>,
-    pub(crate) done: Option<oneshot::Sender<Result<(), Arc<StoreError>>>>,
+    pub(crate) done: Completion,
+}
+
+impl WriteRequest {
+    /// Completes the request with the commit's outcome.
+    pub(crate) fn complete(self, result: &CommitResult) {
+        match self.done {
+            Completion::None => {}
+            Completion::Notify(tx) => {
+                let _ = tx.send(result.clone());
+            }
+            Completion::Then(then) => {
+                then(result.clone().map_err(|err| DurableError::internal("commit", err)));
+            }
+        }
+    }
+
+    /// The writer is gone: the request will never be committed. Work waiting for it
+    /// still runs, told so.
+    pub(crate) fn abandon(self) {
+        match self.done {
+            Completion::None | Completion::Notify(_) => {}
+            Completion::Then(then) => then(Err(writer_stopped())),
+        }
+    }
+}
+
+/// The error of a change the writer will never commit.
+pub(crate) fn writer_stopped() -> DurableError {
+    DurableError::unavailable("the durable store writer has stopped")
 }
 
 /// The group-commit writer: takes every queued change and commits them together. Ends
-/// when the engine is gone (its queue closes).
+/// when the engine is gone (its queue closes). Work that follows a commit runs here in
+/// the runtime's context (it may spawn tasks), in commit order.
 pub(crate) fn writer_loop(
     store: Arc<dyn Store>,
     mut rx: mpsc::Receiver<WriteRequest>,
+    runtime: Option<Handle>,
 ) -> impl FnOnce() + Send + 'static {
     move || {
         while let Some(first) = rx.blocking_recv() {
@@ -42,10 +103,9 @@ pub(crate) fn writer_loop(
             if let Err(err) = &result {
                 tracing::error!(error = %eventbus_core::error_chain(&**err), changes = ops.len(), "durable store commit failed");
             }
+            let _context = runtime.as_ref().map(Handle::enter);
             for req in batch {
-                if let Some(done) = req.done {
-                    let _ = done.send(result.clone());
-                }
+                req.complete(&result);
             }
         }
     }

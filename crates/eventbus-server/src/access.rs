@@ -14,6 +14,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use eventbus_auth::{AuthError, AuthFailure, Authenticator, Principal, RateLimiter};
+use eventbus_core::durable::DurableBackend;
 use futures::{Stream, StreamExt, stream};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -103,26 +104,43 @@ pub(crate) struct Access {
     inner: Arc<Inner>,
 }
 
+/// Bounds on durable consumers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConsumerLimits {
+    /// Consumers a principal without `max_consumers` may own (0 = no bound).
+    pub(crate) per_principal: u32,
+    /// Consumers on the broker (0 = no bound).
+    pub(crate) broker: usize,
+    /// Bytes a principal without `max_queued_bytes` may have queued (0 = no bound).
+    pub(crate) queued_bytes: u64,
+}
+
 #[derive(Debug)]
 struct Inner {
     auth: Authenticator,
+    limits: ConsumerLimits,
     counters: EdgeCounters,
     log: RefusalLog,
     streams: Mutex<Streams>,
     next_stream: AtomicU64,
+    /// Bumped by every reload that changed the principals: an open publish stream
+    /// refreshes its caller when it sees a new value (one atomic load per chunk).
+    generation: AtomicU64,
     anonymous: Caller,
 }
 
 impl Access {
-    pub(crate) fn new(auth: Authenticator, counters: EdgeCounters) -> Self {
+    pub(crate) fn new(auth: Authenticator, counters: EdgeCounters, limits: ConsumerLimits) -> Self {
         let anonymous = Caller { principal: Principal::anonymous(), credential: Credential::default(), limiter: None };
         Self {
             inner: Arc::new(Inner {
                 auth,
+                limits,
                 counters,
                 log: RefusalLog::default(),
                 streams: Mutex::new(Streams::default()),
                 next_stream: AtomicU64::new(1),
+                generation: AtomicU64::new(0),
                 anonymous,
             }),
         }
@@ -138,14 +156,19 @@ impl Access {
 
     /// Who sent a request with this `authorization` value (`None`: no such header)
     /// over a connection from `peer`. With auth off, everyone is the anonymous caller
-    /// with every right.
+    /// with every right. A request with the header `repeated` is refused: which of two
+    /// credentials counts is not for a proxy and the broker to disagree on.
     pub(crate) fn authenticate(
         &self,
         authorization: Option<&[u8]>,
+        repeated: bool,
         peer: Option<&PeerInfo>,
     ) -> Result<Caller, EdgeError> {
         if !self.inner.auth.enabled() {
             return Ok(self.inner.anonymous.clone());
+        }
+        if repeated {
+            return Err(self.unauthenticated(AuthFailure::Malformed, peer));
         }
         let bearer = match authorization {
             None => None,
@@ -279,10 +302,62 @@ impl Access {
         })
     }
 
-    /// Creating a consumer: the right to manage it, and to subscribe to its channels.
+    /// Creating a consumer: the right to manage it, to subscribe to its channels, and to
+    /// publish on the dead-letter channel it names (its dead letters carry payloads the
+    /// creator chose, so that channel is one it publishes to). The default, `dlq.` and
+    /// the event's channel, is the broker's own: it needs no right (README "Security").
     pub(crate) fn check_create_consumer(&self, caller: &Caller, config: &ConsumerConfig) -> Result<(), EdgeError> {
         self.check_manage_consumer(caller, &config.name)?;
-        self.check_subscribe(caller, &config.channels)
+        self.check_subscribe(caller, &config.channels)?;
+        match config.dead_letter_channel.as_deref().filter(|c| !c.is_empty()) {
+            Some(channel) => self.check_publish_right(caller, channel),
+            None => Ok(()),
+        }
+    }
+
+    /// The most bytes `caller`'s subscriptions may hold queued together (0 = no bound of
+    /// its own: authentication off, or none configured).
+    pub(crate) fn max_queued_bytes(&self, caller: &Caller) -> usize {
+        if !self.inner.auth.enabled() {
+            return 0;
+        }
+        let max = caller.principal.permissions.permissions().max_queued_bytes.unwrap_or(self.inner.limits.queued_bytes);
+        usize::try_from(max).unwrap_or(usize::MAX)
+    }
+
+    /// Room for one more consumer named `name`: under the broker's `durable.max_consumers`
+    /// and, with authentication on, the caller's `max_consumers` (or
+    /// `auth.default_max_consumers`). A consumer that exists already takes no room.
+    pub(crate) async fn check_consumer_room(
+        &self,
+        durable: &dyn DurableBackend,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<(), EdgeError> {
+        let ConsumerLimits { per_principal, broker, .. } = self.inner.limits;
+        let own_limit = match self.inner.auth.enabled() {
+            true => caller.principal.permissions.permissions().max_consumers.unwrap_or(per_principal) as usize,
+            false => 0,
+        };
+        if broker == 0 && own_limit == 0 {
+            return Ok(());
+        }
+        let consumers = durable.list_consumers().await?;
+        if consumers.iter().any(|c| c.config.name == name) {
+            return Ok(());
+        }
+        let over = |limit: &'static str| {
+            self.count_denied(caller.name(), Operation::Limit, limit);
+            EdgeError::OverLimit { principal: caller.name().to_owned(), limit }
+        };
+        if broker != 0 && consumers.len() >= broker {
+            return Err(over("durable.max_consumers"));
+        }
+        let owned = consumers.iter().filter(|c| c.config.owner == caller.name()).count();
+        if own_limit != 0 && owned >= own_limit {
+            return Err(over("max_consumers"));
+        }
+        Ok(())
     }
 
     /// Deleting (or creating) a consumer.
@@ -312,17 +387,20 @@ impl Access {
     }
 
     /// Records an open stream that uses a right, so a reload can end it when the right
-    /// is gone; a subscription also counts against `max_subscriptions`.
+    /// (or the principal) is gone, and its credential's expiry ends it; a subscription
+    /// also counts against `max_subscriptions`.
     pub(crate) fn open_stream(&self, caller: &Caller, uses: StreamUse) -> Result<StreamGuard, EdgeError> {
         let end = CancellationToken::new();
         let why = Arc::new(OnceLock::new());
+        let closed = CancellationToken::new();
         if !self.inner.auth.enabled() {
             // Nothing can be withdrawn, nothing is limited: no bookkeeping.
-            return Ok(StreamGuard { access: self.clone(), id: None, end, why });
+            return Ok(StreamGuard { access: self.clone(), id: None, end, why, _closed: closed.drop_guard() });
         }
         let id = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
         let mut streams = self.inner.streams.lock();
-        if let StreamUse::Subscribe(_) = &uses {
+        // Subscriptions and Consume streams alike hold a queue: both count.
+        if let StreamUse::Subscribe(_) | StreamUse::Consume(_) = &uses {
             let open = streams.subscriptions.get(caller.name()).copied().unwrap_or(0);
             if let Some(max) = caller.principal.permissions.permissions().max_subscriptions
                 && open >= max
@@ -334,7 +412,43 @@ impl Access {
             *streams.subscriptions.entry(caller.name().to_owned()).or_default() += 1;
         }
         streams.open.insert(id, OpenStream { caller: caller.clone(), uses, end: end.clone(), why: why.clone() });
-        Ok(StreamGuard { access: self.clone(), id: Some(id), end, why })
+        drop(streams);
+        if let Some(at) = caller.principal.expires_at {
+            self.end_at_expiry(caller, at, end.clone(), why.clone(), closed.clone());
+        }
+        Ok(StreamGuard { access: self.clone(), id: Some(id), end, why, _closed: closed.drop_guard() })
+    }
+
+    /// Ends a stream when its credential expires (a timer, not a poll): a JWT's stream
+    /// lives no longer than the JWT. The timer goes with the stream.
+    fn end_at_expiry(
+        &self,
+        caller: &Caller,
+        at: std::time::SystemTime,
+        end: CancellationToken,
+        why: Arc<OnceLock<Status>>,
+        closed: CancellationToken,
+    ) {
+        let counters = self.inner.counters.clone();
+        let principal = caller.name().to_owned();
+        let left = at.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = closed.cancelled() => {}
+                () = tokio::time::sleep(left) => {
+                    counters.auth_failures.with_label_values(&[AuthFailure::Expired.reason()]).inc();
+                    info!(%principal, "stream ended: its credential expired");
+                    if why.set(Status::unauthenticated("the credential expired")).is_ok() {
+                        end.cancel();
+                    }
+                }
+            }
+        });
+    }
+
+    /// The stream `id`'s caller as the last reload left it; `None` once it is closed.
+    fn current_caller(&self, id: u64) -> Option<Caller> {
+        self.inner.streams.lock().open.get(&id).map(|s| s.caller.clone())
     }
 
     /// Re-reads the principals file and JWT keys; on success checks every open stream
@@ -344,20 +458,23 @@ impl Access {
             return Ok(0);
         }
         self.inner.auth.reload()?;
-        let streams = self.inner.streams.lock();
+        let mut streams = self.inner.streams.lock();
         let mut ended = 0;
-        for stream in streams.open.values() {
+        for stream in streams.open.values_mut() {
             let Some(status) = self.recheck(stream) else { continue };
             if stream.why.set(status).is_ok() {
                 stream.end.cancel();
                 ended += 1;
             }
         }
+        drop(streams);
+        self.inner.generation.fetch_add(1, Ordering::Release);
         Ok(ended)
     }
 
-    /// Why `stream` may no longer stay open, if it may not.
-    fn recheck(&self, stream: &OpenStream) -> Option<Status> {
+    /// Why `stream` may no longer stay open, if it may not; else the stream goes on as
+    /// the principal its credential names now (with its current rights and limits).
+    fn recheck(&self, stream: &mut OpenStream) -> Option<Status> {
         let credential = &stream.caller.credential;
         let principal = match self.inner.auth.authenticate(credential.bearer.as_deref(), &credential.cert_subjects) {
             Ok(principal) => principal,
@@ -366,7 +483,14 @@ impl Access {
                 return Some(Status::unauthenticated(format!("credentials no longer accepted: {failure}")));
             }
         };
+        stream.caller = Caller {
+            limiter: self.inner.auth.rate_limiter(&principal),
+            principal: Arc::clone(&principal),
+            credential: stream.caller.credential.clone(),
+        };
         let (operation, what) = match &stream.uses {
+            // Each publish is checked against the refreshed caller.
+            StreamUse::Publish => return None,
             StreamUse::Subscribe(filters) => {
                 let refused = filters.iter().find_map(|f| principal.permissions.check_subscribe(f).err())?;
                 (Operation::Subscribe, refused.to_string())
@@ -390,7 +514,7 @@ impl Access {
     fn close_stream(&self, id: u64) {
         let mut streams = self.inner.streams.lock();
         if let Some(stream) = streams.open.remove(&id)
-            && let StreamUse::Subscribe(_) = stream.uses
+            && let StreamUse::Subscribe(_) | StreamUse::Consume(_) = stream.uses
             && let Some(open) = streams.subscriptions.get_mut(stream.caller.name())
         {
             *open -= 1;
@@ -416,12 +540,15 @@ pub(crate) enum StreamUse {
     Subscribe(Vec<String>),
     /// Its consumer's name.
     Consume(String),
+    /// A `PublishStream`: each publish is checked against the principal's rights of the
+    /// moment.
+    Publish,
 }
 
 #[derive(Debug, Default)]
 struct Streams {
     open: HashMap<u64, OpenStream>,
-    /// Open subscriptions per principal, for `max_subscriptions`.
+    /// Open Subscribe and Consume streams per principal, for `max_subscriptions`.
     subscriptions: HashMap<String, u32>,
 }
 
@@ -441,6 +568,8 @@ pub(crate) struct StreamGuard {
     id: Option<u64>,
     end: CancellationToken,
     why: Arc<OnceLock<Status>>,
+    /// Stops the expiry timer with the stream.
+    _closed: tokio_util::sync::DropGuard,
 }
 
 impl Drop for StreamGuard {
@@ -452,6 +581,12 @@ impl Drop for StreamGuard {
 }
 
 impl StreamGuard {
+    /// What keeps a copy of the stream's caller current across reloads.
+    pub(crate) fn watch(&self, caller: Caller) -> CallerWatch {
+        let seen = self.access.inner.generation.load(Ordering::Acquire);
+        CallerWatch { access: self.access.clone(), id: self.id, seen, caller }
+    }
+
     /// `inner` until it ends, or until a reload withdraws the right it lives on: then
     /// one last item, the status saying why.
     pub(crate) fn guard<T, S>(self, inner: S) -> impl Stream<Item = Result<T, Status>> + Send + 'static
@@ -467,6 +602,32 @@ impl StreamGuard {
         })
         .filter_map(std::future::ready);
         inner.take_until(end.cancelled_owned()).chain(last)
+    }
+}
+
+/// An open stream's caller, refreshed after each reload: a stream is judged by the
+/// rights its principal has now, not those it had when it opened.
+#[derive(Debug)]
+pub(crate) struct CallerWatch {
+    access: Access,
+    id: Option<u64>,
+    seen: u64,
+    caller: Caller,
+}
+
+impl CallerWatch {
+    /// The caller as of the last reload (one atomic load when nothing changed).
+    pub(crate) fn current(&mut self) -> &Caller {
+        if let Some(id) = self.id {
+            let now = self.access.inner.generation.load(Ordering::Acquire);
+            if now != self.seen {
+                self.seen = now;
+                if let Some(caller) = self.access.current_caller(id) {
+                    self.caller = caller;
+                }
+            }
+        }
+        &self.caller
     }
 }
 

@@ -179,6 +179,10 @@ pub struct DurableSettings {
     pub log_max_age_ms: u64,
     /// Free disk space below which the embedded store refuses captures (0 = no check).
     pub min_free_disk_bytes: u64,
+    /// Most durable consumers on the broker, however created (0 = no bound).
+    pub max_consumers: usize,
+    /// A publish matching more consumers than this is refused (0 = no bound).
+    pub max_captures_per_publish: usize,
     pub consumers: Vec<ConsumerSetting>,
 }
 
@@ -347,7 +351,12 @@ choice!(
 
 choice!(
     /// Overflow policy as spelled in configuration.
-    OverflowSetting { DropNewest = "drop_newest", DropOldest = "drop_oldest", Disconnect = "disconnect" }
+    OverflowSetting {
+        DropNewest = "drop_newest",
+        DropOldest = "drop_oldest",
+        Disconnect = "disconnect",
+        DeadLetter = "dead_letter"
+    }
 );
 
 impl From<OverflowSetting> for Overflow {
@@ -356,6 +365,7 @@ impl From<OverflowSetting> for Overflow {
             OverflowSetting::DropNewest => Overflow::DropNewest,
             OverflowSetting::DropOldest => Overflow::DropOldest,
             OverflowSetting::Disconnect => Overflow::Disconnect,
+            OverflowSetting::DeadLetter => Overflow::DeadLetter,
         }
     }
 }
@@ -1045,7 +1055,7 @@ mod tests {
         assert!(msg.contains("cubic") && msg.contains("backoff.kind"), "{msg}");
     }
 
-    /// The seed's `application.yml` (000 §7.1) with its defaults written in, minus the
+    /// The seed's `application.yml` with its defaults written in, minus the
     /// Spring `socle:` root, and in redis mode so that every section matters.
     const SEED_SHAPED: &str = "\
 eventbus:

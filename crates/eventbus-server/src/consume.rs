@@ -37,11 +37,12 @@ pub(crate) async fn consume(
     // Creating on attach needs the rights of CreateConsumer, asked only when the
     // consumer is missing: a worker that always sends its definition needs no more
     // than the right to attach once the consumer exists.
-    if let Some(config) = &create
-        && access.enabled()
-        && matches!(durable.get_consumer(&attach.consumer).await, Err(DurableError::UnknownConsumer(_)))
+    if create.is_some() && matches!(durable.get_consumer(&attach.consumer).await, Err(DurableError::UnknownConsumer(_)))
     {
-        access.check_create_consumer(&caller, config)?;
+        if let Some(config) = create.as_ref().filter(|_| access.enabled()) {
+            access.check_create_consumer(&caller, config)?;
+        }
+        access.check_consumer_room(durable.as_ref(), &caller, &attach.consumer).await?;
     }
     let guard = access.open_stream(&caller, StreamUse::Consume(attach.consumer.clone()))?;
     let attached = durable.attach(&attach.consumer, options, create).await.map_err(status)?;

@@ -146,9 +146,21 @@ fn duration(d: Duration) -> prost_types::Duration {
 
 // --- publish ---
 
-pub(crate) fn publish_input(req: pb::PublishRequest, peer: String) -> PublishInput {
+/// A publish from the wire; `scope` is the publisher's idempotency scope (its name).
+pub(crate) fn publish_input(req: pb::PublishRequest, peer: String, scope: &str) -> PublishInput {
     let pb::PublishRequest { channel, payload, metadata, content_type, source, ordering_key, idempotency_key } = req;
-    PublishInput { channel, payload, metadata, content_type, source, peer, ordering_key, idempotency_key }
+    let idempotency_scope = if idempotency_key.is_empty() { String::new() } else { scope.to_owned() };
+    PublishInput {
+        channel,
+        payload,
+        metadata,
+        content_type,
+        source,
+        peer,
+        ordering_key,
+        idempotency_key,
+        idempotency_scope,
+    }
 }
 
 /// `POST /admin/eventbus/publish` body. The payload is any JSON value, stored as its
@@ -231,6 +243,7 @@ pub(crate) fn subscribe_options(
         Ok(pb::OverflowPolicy::DropNewest) => Some(Overflow::DropNewest),
         Ok(pb::OverflowPolicy::DropOldest) => Some(Overflow::DropOldest),
         Ok(pb::OverflowPolicy::Disconnect) => Some(Overflow::Disconnect),
+        Ok(pb::OverflowPolicy::DeadLetter) => Some(Overflow::DeadLetter),
         Err(_) => return Err(EdgeError::BadRequest(format!("invalid overflow: unknown policy {overflow}"))),
     };
     Ok(SubscribeOptions {
@@ -243,6 +256,7 @@ pub(crate) fn subscribe_options(
         name,
         peer,
         owner,
+        owner_max_queued_bytes: 0,
     })
 }
 
@@ -251,6 +265,7 @@ fn overflow_policy(o: Overflow) -> pb::OverflowPolicy {
         Overflow::DropNewest => pb::OverflowPolicy::DropNewest,
         Overflow::DropOldest => pb::OverflowPolicy::DropOldest,
         Overflow::Disconnect => pb::OverflowPolicy::Disconnect,
+        Overflow::DeadLetter => pb::OverflowPolicy::DeadLetter,
     }
 }
 
@@ -677,10 +692,11 @@ pub const DEAD_LETTER_CONTENT_TYPE: &str = "application/x-protobuf; type=eventbu
 
 /// The wire form of a dead letter, for `DurableOptions::dead_letter_encoder`.
 pub fn encode_dead_letter(dl: &PublishedDeadLetter) -> (Bytes, String) {
-    let PublishedDeadLetter { channel: _, event: e, consumer, attempts, failures } = dl;
+    let PublishedDeadLetter { channel: _, event: e, consumer, owner, attempts, failures } = dl;
     let msg = pb::DeadLetter {
         event: Some(event(e)),
         consumer: consumer.clone(),
+        owner: owner.clone(),
         attempts: *attempts,
         failures: failures.iter().map(failure).collect(),
     };

@@ -66,8 +66,10 @@ pub(crate) struct Authenticate(pub(crate) Access);
 
 impl tonic::service::Interceptor for Authenticate {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        let authorization = req.metadata().get("authorization").map(|v| v.as_bytes());
-        let caller = self.0.authenticate(authorization, req.extensions().get::<PeerInfo>())?;
+        let mut values = req.metadata().get_all("authorization").iter();
+        let authorization = values.next().map(|v| v.as_bytes());
+        let repeated = values.next().is_some();
+        let caller = self.0.authenticate(authorization, repeated, req.extensions().get::<PeerInfo>())?;
         req.extensions_mut().insert(caller);
         Ok(req)
     }
@@ -103,8 +105,9 @@ async fn publish_one(
     metrics: Option<&Metrics>,
     req: pb::PublishRequest,
     peer: String,
+    caller: &Caller,
 ) -> Result<pb::PublishResponse, Status> {
-    let published = bus.publish(convert::publish_input(req, peer)).await.map_err(status)?;
+    let published = bus.publish(convert::publish_input(req, peer, caller.name())).await.map_err(status)?;
     Ok(respond(metrics, published))
 }
 
@@ -185,7 +188,7 @@ impl pb::event_bus_server::EventBus for EventBusService {
         let caller = caller(&req)?;
         let req = req.into_inner();
         self.access.check_publish(&caller, [req.channel.as_str()])?;
-        let response = publish_one(&self.bus, self.metrics.as_deref(), req, peer).await?;
+        let response = publish_one(&self.bus, self.metrics.as_deref(), req, peer, &caller).await?;
         Ok(Response::new(response))
     }
 
@@ -240,21 +243,27 @@ impl EventBusService {
     pub(crate) fn answer_publishes(&self, req: Request<Streaming<pb::PublishRequest>>) -> Result<Answers, Status> {
         let peer = peer(&req);
         let caller = caller(&req)?;
+        // Registered like the other streams: a reload that removes the principal, or
+        // its credential's expiry, ends it UNAUTHENTICATED, and each chunk is checked
+        // against the principal's rights of the moment.
+        let guard = self.access.open_stream(&caller, StreamUse::Publish)?;
+        let watch = guard.watch(caller);
         let inbound = read_ahead(req.into_inner());
-        let state = Some((inbound, self.clone(), (peer, caller)));
+        let state = Some((inbound, self.clone(), (peer, watch)));
         let answers = stream::unfold(state, |state| async move {
-            let (mut inbound, svc, (peer, caller)) = state?;
+            let (mut inbound, svc, (peer, mut watch)) = state?;
             let chunk = inbound.recv().await?;
+            let caller = watch.current();
             let mut inputs = Vec::with_capacity(chunk.len());
             let mut broken = None;
             for req in chunk {
                 match req {
                     Ok(req) => {
-                        if let Err(refused) = svc.access.check_publish(&caller, [req.channel.as_str()]) {
+                        if let Err(refused) = svc.access.check_publish(caller, [req.channel.as_str()]) {
                             broken = Some(refused.into());
                             break;
                         }
-                        inputs.push(convert::publish_input(req, peer.clone()));
+                        inputs.push(convert::publish_input(req, peer.clone(), caller.name()));
                     }
                     Err(status) => {
                         broken = Some(svc.limit.translate(status));
@@ -272,10 +281,10 @@ impl EventBusService {
                 answers.push(Err(status));
             }
             let ended = answers.last().is_some_and(Result::is_err);
-            Some((stream::iter(answers), (!ended).then_some((inbound, svc, (peer, caller)))))
+            Some((stream::iter(answers), (!ended).then_some((inbound, svc, (peer, watch)))))
         })
         .flatten();
-        Ok(Box::pin(answers))
+        Ok(Box::pin(guard.guard(answers)))
     }
 
     /// Publishes a `PublishBatch`, every event answered in its slot: the ones refused at
@@ -297,7 +306,7 @@ impl EventBusService {
         for req in events {
             match self.access.check_publish_right(&caller, &req.channel) {
                 Ok(()) => {
-                    inputs.push(convert::publish_input(req, peer.clone()));
+                    inputs.push(convert::publish_input(req, peer.clone(), caller.name()));
                     answers.push(None);
                 }
                 Err(refused) => answers.push(Some(BatchAnswer::refused(refused))),
@@ -331,7 +340,8 @@ impl EventBusService {
     pub(crate) async fn open_subscription(&self, req: Request<pb::SubscribeRequest>) -> Result<Frames, Status> {
         let peer = peer(&req);
         let caller = caller(&req)?;
-        let options = convert::subscribe_options(req.into_inner(), peer, caller.name().to_owned())?;
+        let mut options = convert::subscribe_options(req.into_inner(), peer, caller.name().to_owned())?;
+        options.owner_max_queued_bytes = self.access.max_queued_bytes(&caller);
         self.access.check_subscribe(&caller, &options.channels)?;
         let guard = self.access.open_stream(&caller, StreamUse::Subscribe(options.channels.clone()))?;
         let handle = self.bus.subscribe(options).await.map_err(status)?;
@@ -410,6 +420,7 @@ impl pb::admin_server::Admin for AdminService {
         let config = convert::consumer_config_from_pb(config, caller.name())?;
         self.access.check_create_consumer(&caller, &config)?;
         let durable = convert::durable(&self.bus)?;
+        self.access.check_consumer_room(durable.as_ref(), &caller, &config.name).await?;
         let info = durable.create_consumer(config).await.map_err(status)?;
         Ok(Response::new(convert::consumer_info(&info)))
     }

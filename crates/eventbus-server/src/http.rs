@@ -307,9 +307,11 @@ impl IntoResponse for ApiError {
 /// Authenticates a request the way gRPC calls are ([`Access::authenticate`]); the
 /// [`Caller`] rides in its extensions for the handler.
 async fn authenticate(State(access): State<Access>, mut req: axum::extract::Request, next: Next) -> Response {
-    let authorization = req.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    let mut values = req.headers().get_all(header::AUTHORIZATION).iter();
+    let authorization = values.next().map(|v| v.as_bytes());
+    let repeated = values.next().is_some();
     let peer = req.extensions().get::<ConnectInfo<PeerInfo>>().map(|c| &c.0);
-    match access.authenticate(authorization, peer) {
+    match access.authenticate(authorization, repeated, peer) {
         Ok(caller) => {
             req.extensions_mut().insert(caller);
             next.run(req).await
@@ -460,7 +462,9 @@ async fn create_consumer(
         .map_err(|e| EdgeError::BadRequest(format!("invalid JSON body: {e}")))?;
     let config = eventbus_core::durable::ConsumerConfig { owner: caller.name().to_owned(), ..setting.to_config() };
     state.access.check_create_consumer(&caller, &config)?;
-    let info = convert::durable(&state.bus)?.create_consumer(config).await?;
+    let durable = convert::durable(&state.bus)?;
+    state.access.check_consumer_room(durable.as_ref(), &caller, &config.name).await?;
+    let info = durable.create_consumer(config).await?;
     Ok((StatusCode::CREATED, Json(convert::consumer_info_json(&info))).into_response())
 }
 

@@ -2,8 +2,12 @@
 //! handshake (when on) in its own task under a deadline, then the connection is handed
 //! to the gRPC or HTTP server with what is known of its peer ([`PeerInfo`]).
 //!
-//! Handshakes run beside the accept loop, so a client that opens a socket and says
-//! nothing holds one handshake slot until its deadline, never the listener. Accept
+//! Handshakes run beside the accept loop, and a socket takes no handshake slot before
+//! its first byte: one that says nothing is closed after [`FIRST_BYTE_TIMEOUT`], and
+//! while it waits it sits in a bounded pool of silent sockets ([`Silent`]) from which
+//! the oldest is evicted when a newer one needs the room (overall, and per source
+//! address). So no number of silent sockets, from one address or many, keeps a fresh
+//! client from its handshake. Accept
 //! errors (out of file descriptors, say) are logged, counted and backed off instead of
 //! retried at once. Each listener serves at most `server.max_connections` connections:
 //! past it, a new one is closed at once and counted (README "Operations").
@@ -37,8 +41,16 @@ use crate::tls::{Protocols, Tls, certificate_subjects};
 
 /// How long a client has to finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshakes in progress at once per listener; past it, accepting waits.
+/// How long a TLS client has to send its first byte (the ClientHello follows the TCP
+/// handshake at once): far shorter than [`HANDSHAKE_TIMEOUT`], so silent sockets go fast.
+const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Handshakes in progress at once per listener; past it, a connection that has spoken
+/// waits for a slot (within its handshake deadline).
 const MAX_HANDSHAKES: usize = 256;
+/// Silent sockets (no first byte yet) kept per listener; a newer one evicts the oldest.
+const MAX_SILENT: usize = 1024;
+/// Silent sockets kept per source address; a newer one evicts that source's oldest.
+const MAX_SILENT_PER_SOURCE: usize = 64;
 /// Accepted connections waiting for the server to take them.
 const QUEUE: usize = 64;
 /// Longest pause after repeated accept errors.
@@ -203,6 +215,7 @@ async fn accept_loop(
     stop: CancellationToken,
 ) {
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let silent = Arc::new(Silent::default());
     let mut backoff = Duration::ZERO;
     let mut last_warning: Option<Instant> = None;
     let mut unreported = 0u64;
@@ -274,19 +287,36 @@ async fn accept_loop(
             }
             continue;
         };
-        let permit = tokio::select! {
-            () = stop.cancelled() => return,
-            permit = handshakes.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => return,
-            },
-        };
         let acceptor = tls.acceptor(*protocols);
         let tx = tx.clone();
         let failures = counters.handshake_failures.with_label_values(&[what]);
+        let evicted = counters.handshakes_evicted.with_label_values(&[what]);
+        let (handshakes, silent) = (handshakes.clone(), silent.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            // No handshake slot before the first byte: a silent socket waits in the
+            // bounded pool, where a newer one can evict it.
+            let (id, kicked) = silent.enter(addr.ip());
+            let mut first = [0u8; 1];
+            let spoke = tokio::select! {
+                () = kicked.cancelled() => None,
+                spoke = tokio::time::timeout(FIRST_BYTE_TIMEOUT, tcp.peek(&mut first)) => Some(spoke),
+            };
+            silent.leave(id, addr.ip());
+            match spoke {
+                Some(Ok(Ok(n))) if n > 0 => {}
+                Some(Ok(_)) => return, // closed, or a read error: nothing to serve
+                Some(Err(_)) | None => {
+                    debug!(listener = what, %addr, "closed before its TLS handshake: silent too long, or evicted");
+                    evicted.inc();
+                    return;
+                }
+            }
+            let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+            let handshake = async {
+                let _permit = handshakes.acquire_owned().await.map_err(io::Error::other)?;
+                acceptor.accept(tcp).await
+            };
+            let stream = match tokio::time::timeout_at(deadline, handshake).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(err)) => {
                     debug!(listener = what, %addr, %err, "TLS handshake failed");
@@ -310,6 +340,72 @@ async fn accept_loop(
             let peer = PeerInfo::new(addr, subjects.into());
             let _ = tx.send(Conn { io: Io::Tls(Box::new(stream)), peer, idle, _slot: slot }).await;
         });
+    }
+}
+
+/// The sockets of one listener that have not sent a byte yet, oldest first, bounded
+/// overall and per source address: a newcomer past a bound evicts the oldest (of all,
+/// or of its source), which the attacker, not the fresh client, pays for.
+#[derive(Debug, Default)]
+struct Silent {
+    inner: parking_lot::Mutex<SilentInner>,
+}
+
+#[derive(Debug, Default)]
+struct SilentInner {
+    next: u64,
+    /// id → (source, what evicts it); ids grow, so the first is the oldest.
+    all: std::collections::BTreeMap<u64, (std::net::IpAddr, CancellationToken)>,
+    by_source: std::collections::HashMap<std::net::IpAddr, std::collections::BTreeSet<u64>>,
+}
+
+impl Silent {
+    /// Adds a socket from `source`, evicting the oldest ones past the bounds; the token
+    /// is cancelled if this one is evicted in turn.
+    fn enter(&self, source: std::net::IpAddr) -> (u64, CancellationToken) {
+        let mut s = self.inner.lock();
+        let id = s.next;
+        s.next += 1;
+        let kicked = CancellationToken::new();
+        s.all.insert(id, (source, kicked.clone()));
+        let mine = s.by_source.entry(source).or_default();
+        mine.insert(id);
+        let oldest_of_source = (mine.len() > MAX_SILENT_PER_SOURCE).then(|| mine.first().copied()).flatten();
+        if let Some(old) = oldest_of_source {
+            s.evict(old);
+        }
+        if s.all.len() > MAX_SILENT
+            && let Some(old) = s.all.first_key_value().map(|(id, _)| *id)
+        {
+            s.evict(old);
+        }
+        (id, kicked)
+    }
+
+    /// The socket `id` spoke, timed out or was evicted.
+    fn leave(&self, id: u64, source: std::net::IpAddr) {
+        let mut s = self.inner.lock();
+        s.all.remove(&id);
+        if let Some(mine) = s.by_source.get_mut(&source) {
+            mine.remove(&id);
+            if mine.is_empty() {
+                s.by_source.remove(&source);
+            }
+        }
+    }
+}
+
+impl SilentInner {
+    fn evict(&mut self, id: u64) {
+        if let Some((source, kicked)) = self.all.remove(&id) {
+            kicked.cancel();
+            if let Some(mine) = self.by_source.get_mut(&source) {
+                mine.remove(&id);
+                if mine.is_empty() {
+                    self.by_source.remove(&source);
+                }
+            }
+        }
     }
 }
 

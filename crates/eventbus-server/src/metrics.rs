@@ -98,6 +98,7 @@ impl Metrics {
     pub(crate) fn register_edge(&self, edge: &EdgeCounters) -> Result<(), prometheus::Error> {
         self.registry.register(Box::new(edge.accept_errors.clone()))?;
         self.registry.register(Box::new(edge.handshake_failures.clone()))?;
+        self.registry.register(Box::new(edge.handshakes_evicted.clone()))?;
         self.registry.register(Box::new(edge.auth_failures.clone()))?;
         self.registry.register(Box::new(edge.permission_denied.clone()))?;
         self.registry.register(Box::new(edge.connections_open.clone()))?;
@@ -149,6 +150,9 @@ pub(crate) struct EdgeCounters {
     pub(crate) accept_errors: IntCounterVec,
     /// TLS handshakes that failed or timed out, per listener.
     pub(crate) handshake_failures: IntCounterVec,
+    /// Connections closed before their TLS handshake began: silent past the first-byte
+    /// deadline, or evicted to make room for newer ones, per listener.
+    pub(crate) handshakes_evicted: IntCounterVec,
     /// Requests refused for their credentials, per reason.
     pub(crate) auth_failures: IntCounterVec,
     /// Requests refused for want of a right, per operation.
@@ -175,6 +179,12 @@ impl EdgeCounters {
             handshake_failures: counter(
                 "tls_handshake_failures_total",
                 "TLS handshakes that failed or timed out, per listener.",
+                "listener",
+            )?,
+            handshakes_evicted: counter(
+                "tls_handshakes_evicted_total",
+                "Connections closed before their TLS handshake began (silent past the first-byte deadline, \
+                 or evicted by newer ones), per listener.",
                 "listener",
             )?,
             auth_failures: counter(
@@ -222,6 +232,7 @@ struct BusCollector {
     dropped_by_reason: IntCounterVec,
     channels_tracked: IntGauge,
     channels_evicted: IntCounter,
+    overflow_dead_letters: IntCounterVec,
     limits: LabelLimits,
     /// Redis mode only.
     redis: Option<(IntGauge, IntCounter)>,
@@ -274,6 +285,14 @@ impl BusCollector {
             channels_evicted: IntCounter::new(
                 format!("{prefix}_channels_evicted_total"),
                 "Channels forgotten to keep the channel table within eventbus.max_tracked_channels.",
+            )?,
+            overflow_dead_letters: IntCounterVec::new(
+                Opts::new(
+                    format!("{prefix}_overflow_dead_letters_total"),
+                    "Events full DEAD_LETTER subscriptions refused, per outcome: published to dlq.overflow.<channel>, \
+                     failed (lost), skipped (already on a dead-letter channel: dropped only).",
+                ),
+                &["outcome"],
             )?,
             limits,
             redis: match bus.transport_status() {
@@ -393,6 +412,11 @@ impl BusCollector {
             families.extend(g.collect());
         }
         families.extend(channels_evicted.collect());
+        let overflow = IntCounterVec::new(opts_of(self.overflow_dead_letters.desc()[0]), &["outcome"])?;
+        for (outcome, n) in self.bus.overflow_dead_letters() {
+            overflow.with_label_values(&[outcome]).inc_by(n);
+        }
+        families.extend(overflow.collect());
         if let Some(durable) = self.bus.durable() {
             let counters = self.consumers.each_ref().map(|c| IntCounterVec::new(opts_of(c.desc()[0]), &["consumer"]));
             let gauges = self.consumer_gauges.each_ref().map(|g| IntGaugeVec::new(opts_of(g.desc()[0]), &["consumer"]));
@@ -481,6 +505,7 @@ impl Collector for BusCollector {
             descs.extend(g.desc());
         }
         descs.extend(self.channels_evicted.desc());
+        descs.extend(self.overflow_dead_letters.desc());
         for c in &self.consumers {
             descs.extend(c.desc());
         }

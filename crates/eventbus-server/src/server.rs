@@ -18,7 +18,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
-use crate::access::Access;
+use crate::access::{Access, ConsumerLimits};
 use crate::config::{FsyncSetting, Mode, Settings};
 use crate::convert;
 use crate::delivery::EncodedStreams;
@@ -112,7 +112,12 @@ impl Server {
             false => Authenticator::disabled(),
         };
         let counters = EdgeCounters::new(&settings.eventbus.metrics.prefix)?;
-        let access = Access::new(auth, counters.clone());
+        let limits = ConsumerLimits {
+            per_principal: settings.auth.default_max_consumers,
+            broker: settings.durable.max_consumers,
+            queued_bytes: settings.auth.default_max_queued_bytes,
+        };
+        let access = Access::new(auth, counters.clone(), limits);
         let reachable = reachable_from_other_hosts(&[grpc_addr, http_addr]);
         if !settings.auth.enabled && !reachable.is_empty() {
             warn!(
@@ -264,11 +269,19 @@ impl Server {
             .map_err(ServerError::Http)?;
         // gRPC health follows readiness (a stopped background task, a Redis outage,
         // then shutdown).
+        // The disk watermark has no event to wait on: while one is set on an on-disk
+        // store, readiness is read again once a second (the engine reads free space at
+        // most that often anyway).
+        let disk_watch = (settings.eventbus.mode == Mode::InMemory
+            && settings.durable.min_free_disk_bytes > 0
+            && !settings.durable.data_dir.is_empty())
+        .then_some(DISK_CHECK_EVERY);
         tokio::spawn(follow_readiness(
             bus.transport_status(),
             supervisor.failures(),
             readiness.clone(),
             health.clone(),
+            disk_watch,
             stopped.clone(),
         ));
         let on_stop = Stopping { readiness: readiness.clone(), health, supervisor };
@@ -395,6 +408,7 @@ fn durable_options(settings: &Settings, metrics: Option<Arc<Metrics>>, superviso
         dead_letter_encoder: Arc::new(convert::encode_dead_letter),
         on_ack: metrics.map(|m| -> AckObserver { Arc::new(move |consumer, latency| m.observe_ack(consumer, latency)) }),
         min_free_disk_bytes: settings.durable.min_free_disk_bytes,
+        max_captures_per_publish: settings.durable.max_captures_per_publish,
     }
 }
 
@@ -457,16 +471,27 @@ fn health_status(ready: bool) -> ServingStatus {
     if ready { ServingStatus::Serving } else { ServingStatus::NotServing }
 }
 
+/// How often readiness is read again while a free-disk watermark is set.
+const DISK_CHECK_EVERY: Duration = Duration::from_secs(1);
+
 /// Keeps gRPC health in step with readiness (the transport's connection, the background
-/// tasks) until the server stops.
+/// tasks and, every `disk_watch`, the free-disk watermark) until the server stops, so
+/// `grpc.health.v1` and `/readyz` always agree.
 async fn follow_readiness(
     transport: Option<tokio::sync::watch::Receiver<TransportStatus>>,
     mut tasks: tokio::sync::watch::Receiver<Option<eventbus_core::TaskFailure>>,
     readiness: Readiness,
     health: HealthReporter,
+    disk_watch: Option<Duration>,
     stopped: CancellationToken,
 ) {
     let mut transport = transport;
+    let mut last = readiness.get();
+    let mut disk = disk_watch.map(|every| {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick
+    });
     loop {
         let transport_changed = async {
             match transport.as_mut() {
@@ -474,13 +499,28 @@ async fn follow_readiness(
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
+        let disk_tick = async {
+            match disk.as_mut() {
+                Some(tick) => tick.tick().await,
+                None => std::future::pending().await,
+            }
+        };
+        let forced = tokio::select! {
             () = stopped.cancelled() => return,
-            alive = transport_changed => if !alive { transport = None },
-            changed = tasks.changed() => if changed.is_err() { return },
+            alive = transport_changed => { if !alive { transport = None }; true }
+            changed = tasks.changed() => { if changed.is_err() { return }; true }
+            _ = disk_tick => false,
+        };
+        if readiness.is_shutting_down() {
+            continue;
         }
-        if !readiness.is_shutting_down() {
-            set_health(&health, health_status(readiness.get())).await;
+        let ready = readiness.get();
+        if forced || ready != last {
+            if ready != last {
+                info!(ready, reason = readiness.reason().unwrap_or_default(), "readiness changed");
+            }
+            set_health(&health, health_status(ready)).await;
+            last = ready;
         }
     }
 }

@@ -55,6 +55,7 @@ fn options() -> (DurableOptions, DeadLetterSink, mpsc::Receiver<Letter>) {
         }),
         on_ack: None,
         min_free_disk_bytes: 0,
+        max_captures_per_publish: 3,
         supervisor: eventbus_core::Supervisor::new(),
     };
     let (tx, rx) = mpsc::channel(64);
@@ -75,6 +76,16 @@ impl Harness {
     /// The embedded engine on an in-memory redb store.
     fn embedded() -> Self {
         let store = RedbStore::open(Path::new(""), Fsync::Always, RETENTION).expect("in-memory store");
+        let (options, sink, letters) = options();
+        let engine = Durable::start(Arc::new(store), options).expect("embedded engine");
+        engine.set_dead_letter_sink(sink);
+        Self { engine: Box::new(engine), letters, _redis: None }
+    }
+
+    /// The embedded engine on a redb file (commits go through the writer thread, unlike
+    /// the in-memory store's inline ones).
+    fn embedded_on_disk(dir: &Path) -> Self {
+        let store = RedbStore::open(dir, Fsync::Always, RETENTION).expect("on-disk store");
         let (options, sink, letters) = options();
         let engine = Durable::start(Arc::new(store), options).expect("embedded engine");
         engine.set_dead_letter_sink(sink);
@@ -978,7 +989,7 @@ async fn exclusive(h: &mut Harness) {
     assert_eq!(payload(&one(&mut second.deliveries).await), "3");
 }
 
-/// Issue 19 item 10: a consumer holding `max_pending` events takes no more; the
+/// A consumer holding `max_pending` events takes no more; the
 /// captures it misses are counted, and it takes them again once it has room.
 async fn max_pending(h: &mut Harness) {
     h.create(ConsumerConfig { max_pending: 2, ..consumer("small", &["jobs"]) }).await;
@@ -997,6 +1008,90 @@ async fn max_pending(h: &mut Harness) {
     h.publish("jobs", "3").await;
     assert_eq!(payload(&one(&mut a.deliveries).await), "3");
     assert_eq!(h.info("small").await.dropped, 1);
+}
+
+/// A publisher that goes away mid-capture (a killed client: its future is dropped at
+/// whatever await it had reached) never strands an event: once a capture is stored,
+/// it reaches its consumer, and a retry with the same idempotency key that is told
+/// `duplicate` is told so about an event the consumer does get.
+async fn dropped_capture_callers(h: &mut Harness) {
+    h.create(consumer("inbox", &["orders.>"])).await;
+    const ROUNDS: usize = 12;
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    for round in 0..ROUNDS {
+        let events: Vec<Arc<Event>> = (0..4).map(|i| new_event("orders.created", &format!("{round}-{i}"))).collect();
+        let keys: Vec<String> = (0..4).map(|i| format!("key-{round}-{i}")).collect();
+        let batch: Vec<CaptureRequest<'_>> = events
+            .iter()
+            .zip(&keys)
+            .map(|(event, key)| CaptureRequest { event, ordering_key: None, idempotency_key: Some(key) })
+            .collect();
+        // Round n polls the capture n times, letting the engine run in between, then
+        // drops it: every await point of the capture is a place where a caller can go.
+        let mut capture = h.engine.capture_many(&batch);
+        for _ in 0..round {
+            if capture.as_mut().poll(&mut cx).is_ready() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        drop(capture);
+    }
+    // The producer retries everything with the same keys, as an outbox relay does.
+    let mut expected = std::collections::BTreeSet::new();
+    for round in 0..ROUNDS {
+        for i in 0..4 {
+            let key = format!("key-{round}-{i}");
+            let (event, captured) = h.publish_keyed("orders.created", &format!("{round}-{i}"), None, Some(&key)).await;
+            match captured {
+                Captured::Duplicate(original) => expected.insert(original),
+                other => {
+                    assert_eq!(stored(&other), 1, "a retry stored anew is stored for the consumer");
+                    expected.insert(event.id.clone())
+                }
+            };
+        }
+    }
+    assert_eq!(expected.len(), ROUNDS * 4, "one event per key");
+    // Every event a producer was told about reaches the consumer.
+    let mut a = h.attach("inbox").await;
+    let mut received = std::collections::BTreeSet::new();
+    while !expected.is_subset(&received) {
+        let batch = within(a.deliveries.recv()).await.expect("deliveries stream open");
+        for d in batch {
+            a.client.ack(vec![d.event.id.clone()]).await;
+            received.insert(d.event.id.clone());
+        }
+    }
+    h.wait_info("inbox", "everything acked", |i| i.pending == 0 && i.in_flight == 0).await;
+}
+
+/// A publish matching more consumers than `max_captures_per_publish` (3 here) is
+/// refused whole: stored for none, its idempotency key not kept.
+async fn too_many_captures(h: &mut Harness) {
+    for name in ["a", "b", "c"] {
+        h.create(consumer(name, &["fan.>"])).await;
+    }
+    assert_eq!(stored(&h.publish_keyed("fan.out", "three", None, None).await.1), 3, "at the bound: captured");
+    h.create(consumer("d", &["fan.*"])).await;
+    let event = new_event("fan.out", "four");
+    let refused = within(h.engine.capture(&event, None, Some("k"))).await;
+    assert!(
+        matches!(refused, Err(DurableError::TooManyCaptures { matched: 4, limit: 3, ref channel }) if channel == "fan.out"),
+        "{refused:?}"
+    );
+    assert_eq!(h.info("d").await.pending, 0, "stored for none");
+    assert_eq!(h.info("a").await.pending, 1);
+    // Below the bound again, the key is free.
+    within(h.engine.delete_consumer("d")).await.unwrap();
+    assert_eq!(stored(&h.publish_keyed("fan.out", "retry", None, Some("k")).await.1), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_on_disk_dropped_capture_callers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    dropped_capture_callers(&mut Harness::embedded_on_disk(dir.path())).await;
 }
 
 /// `embedded_<check>` and `redis_<check>` for each check.
@@ -1043,4 +1138,6 @@ conformance! {
     pause_resume: embedded_pause_resume, redis_pause_resume;
     exclusive: embedded_exclusive, redis_exclusive;
     max_pending: embedded_max_pending, redis_max_pending;
+    dropped_capture_callers: embedded_dropped_capture_callers, redis_dropped_capture_callers;
+    too_many_captures: embedded_too_many_captures, redis_too_many_captures;
 }

@@ -158,3 +158,73 @@ async fn shutdown_timeout_ends_streams_that_do_not_drain() {
     assert!(events.len() < 20, "queued events past the deadline were discarded");
     assert_eq!(status.map(|s| s.code()), Some(Code::Unavailable));
 }
+
+/// DEAD_LETTER overflow: a full queue's refused events go to `dlq.overflow.<channel>`
+/// with the subscription named in their metadata, counted; a dead-letter subscription
+/// that overflows in turn only drops (never recursive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_dead_letter_queue_sends_its_overflow_to_the_dead_letter_channel() {
+    let server = start().await;
+    let full = pb::SubscribeRequest {
+        queue_capacity: 1,
+        overflow: pb::OverflowPolicy::DeadLetter as i32,
+        name: "stalled".into(),
+        max_batch: 1,
+        ..sub(&["work.jobs"])
+    };
+    let stalled = server.subscribe(full).await;
+    let mut watcher = server.subscribe(sub(&["dlq.overflow.>"])).await;
+    let mut client = server.client().await;
+    let refused = publish_until_refused_n(&mut client, "work.jobs", 3).await;
+    let letters = watcher.take(refused).await;
+    for letter in &letters {
+        assert_eq!(letter.channel, "dlq.overflow.work.jobs");
+        assert_eq!(letter.metadata.get("eventbus-subscription-id"), Some(&stalled.id));
+        assert_eq!(letter.metadata.get("eventbus-subscription-name").map(String::as_str), Some("stalled"));
+        assert_eq!(letter.metadata.get("eventbus-channel").map(String::as_str), Some("work.jobs"));
+    }
+    let overflow = |outcome: &'static str| {
+        let url = server.url("/metrics");
+        async move {
+            let metrics = reqwest::get(url).await.unwrap().text().await.unwrap();
+            let needle = format!("overflow_dead_letters_total{{outcome=\"{outcome}\"}}");
+            let line = metrics.lines().find(|l| l.contains(&needle)).map(str::to_owned);
+            line.and_then(|l| l.rsplit(' ').next()?.parse::<usize>().ok()).unwrap_or(usize::MAX)
+        }
+    };
+    assert_eq!(overflow("published").await, refused);
+
+    // A stalled DEAD_LETTER subscription on dead-letter channels only drops: an
+    // overflow never feeds itself.
+    let stalled_dlq = pb::SubscribeRequest {
+        queue_capacity: 1,
+        overflow: pb::OverflowPolicy::DeadLetter as i32,
+        max_batch: 1,
+        ..sub(&["dlq.direct"])
+    };
+    let stalled_dlq = server.subscribe(stalled_dlq).await;
+    let skipped = publish_until_refused_n(&mut client, "dlq.direct", 3).await;
+    assert_eq!(overflow("skipped").await, skipped);
+    assert_eq!(overflow("published").await, refused, "nothing published for a dead-letter channel's overflow");
+    // The stalled streams go first: the shutdown would wait for them to read.
+    drop((stalled, stalled_dlq, watcher));
+    server.stop().await;
+}
+
+/// Publishes numbered events on `channel` until `n` were refused by a full queue (the
+/// stalled stream's HTTP/2 window fills first); returns `n`.
+async fn publish_until_refused_n(
+    client: &mut EventBusClient<tonic::transport::Channel>,
+    channel: &str,
+    n: usize,
+) -> usize {
+    let mut refused = 0;
+    for i in 0..2_000 {
+        let answer = client.publish(event(channel, payload(i))).await.unwrap().into_inner();
+        refused += answer.failed_count as usize;
+        if refused >= n {
+            return refused;
+        }
+    }
+    panic!("the stalled queue never refused {n} events");
+}

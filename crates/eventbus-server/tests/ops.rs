@@ -381,7 +381,7 @@ fn prometheus_config_scrapes_the_metrics_port() {
     }
 }
 
-/// Issue 13: a background task that stops while the daemon serves turns liveness,
+/// A background task that stops while the daemon serves turns liveness,
 /// readiness and gRPC health off, with the task named, instead of failing silently.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_background_task_turns_health_and_readiness_off() {
@@ -427,7 +427,7 @@ async fn oversized_rest_publish_is_413_naming_the_limit_at_every_size() {
     server.stop().await;
 }
 
-/// One wire edge (issue 14): stats, channels, subscriptions and a publish's answer read
+/// One wire edge: stats, channels, subscriptions and a publish's answer read
 /// the same over gRPC and REST.
 #[tokio::test]
 async fn grpc_and_rest_agree_on_stats_channels_subscriptions_and_publish() {

@@ -572,7 +572,7 @@ async fn set_paused(server: &TestServer, name: &str, paused: bool) -> pb::Consum
     within(async { answer }).await.unwrap().into_inner()
 }
 
-/// Issue 18: a pause made through one instance holds on every instance at once, the
+/// A pause made through one instance holds on every instance at once, the
 /// next publish included, and survives a restart of the instances (it lives in Redis).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_holds_on_every_instance_at_once() {
@@ -604,7 +604,7 @@ async fn a_pause_holds_on_every_instance_at_once() {
     assert!(got.iter().all(|d| d.attempt == 1), "a pause costs no attempt");
 }
 
-/// Issue 18: an exclusive consumer's clients on two instances: only one receives; when
+/// An exclusive consumer's clients on two instances: only one receives; when
 /// it leaves, the other instance's client takes over once the events it held are
 /// released. Prints the failover time (README "Exclusive consumers").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -642,7 +642,7 @@ async fn an_exclusive_consumer_fails_over_across_instances() {
     assert_eq!(payload(&on_b.deliveries(1).await[0]), "after");
 }
 
-/// Issue 18: the instance whose client receives for an exclusive consumer dies (kill -9):
+/// The instance whose client receives for an exclusive consumer dies (kill -9):
 /// the other instance's client takes over once the lease has expired and the dead
 /// client's events are reclaimed past their ack deadline. Prints the failover time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

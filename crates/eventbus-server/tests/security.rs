@@ -5,78 +5,10 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use common::auth::*;
 use common::*;
-use eventbus_auth::token_sha256;
 use eventbus_proto::pb::{self, admin_client::AdminClient, consume_request, event_bus_client::EventBusClient};
 use tonic::Code;
-use tonic::metadata::MetadataValue;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
-
-const ADMIN_TOKEN: &str = "ebt_admin_0123456789abcdef";
-const NOBODY_TOKEN: &str = "ebt_nobody_0123456789abcdef";
-const SECRET: &str = "test-hs256-secret-of-enough-length-for-hs256";
-const AUDIENCE: &str = "eventbus-tests";
-
-/// The principals file and JWT secret of a test, in a temporary directory.
-struct Files {
-    dir: tempfile::TempDir,
-}
-
-impl Files {
-    fn new(principals: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("secret"), SECRET).unwrap();
-        let files = Self { dir };
-        files.write_principals(principals);
-        files
-    }
-
-    fn principals(&self) -> PathBuf {
-        self.dir.path().join("principals.yaml")
-    }
-
-    fn write_principals(&self, yaml: &str) {
-        // Written beside, then renamed: a reload never reads half a file.
-        let tmp = self.dir.path().join("principals.tmp");
-        std::fs::write(&tmp, yaml).unwrap();
-        std::fs::rename(tmp, self.principals()).unwrap();
-    }
-
-    async fn start(&self) -> TestServer {
-        let principals = self.principals().to_string_lossy().into_owned();
-        let secret = self.dir.path().join("secret").to_string_lossy().into_owned();
-        start_with(move |s| {
-            s.auth.enabled = true;
-            s.auth.principals_file = principals;
-            s.auth.jwt.hs256_secret_file = secret;
-            s.auth.jwt.audience = AUDIENCE.into();
-        })
-        .await
-    }
-}
-
-fn entry(name: &str, token: &str, permissions: &str) -> String {
-    format!("  - name: {name}\n    token_sha256: {}\n    permissions: {permissions}\n", token_sha256(token))
-}
-
-fn base_principals() -> String {
-    let all = "{ publish: { allow: ['>'] }, subscribe: { allow: ['>'] }, consumers: { allow: ['*'] }, \
-               manage_consumers: ['*'], admin: true }";
-    format!("principals:\n{}{}", entry("admin", ADMIN_TOKEN, all), entry("nobody", NOBODY_TOKEN, "{}"))
-}
-
-fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
-}
-
-fn jwt(claims: serde_json::Value) -> String {
-    let key = jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes());
-    jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &claims, &key).unwrap()
-}
 
 /// The credentials of the table's rows.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -102,25 +34,6 @@ impl Cred {
         };
         Some(format!("Bearer {token}"))
     }
-}
-
-type Authed = InterceptedService<Channel, Authorization>;
-
-/// Sends an `authorization` header on every call (none when `None`).
-#[derive(Clone)]
-struct Authorization(Option<MetadataValue<tonic::metadata::Ascii>>);
-
-impl tonic::service::Interceptor for Authorization {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(value) = &self.0 {
-            req.metadata_mut().insert("authorization", value.clone());
-        }
-        Ok(req)
-    }
-}
-
-fn with_header(header: Option<String>) -> Authorization {
-    Authorization(header.map(|h| h.parse().unwrap()))
 }
 
 async fn bus_client(server: &TestServer, cred: Cred) -> EventBusClient<Authed> {
@@ -197,19 +110,6 @@ async fn fixture(server: &TestServer) -> Fixture {
 
 fn create(name: &str) -> pb::CreateConsumerRequest {
     pb::CreateConsumerRequest { config: Some(common::consume::consumer(name, &["t.>"])) }
-}
-
-async fn subscribe_on_authed(
-    client: &mut EventBusClient<Authed>,
-    req: pb::SubscribeRequest,
-) -> Result<Subscriber, tonic::Status> {
-    let mut stream = within(client.subscribe(req)).await?.into_inner();
-    match within(stream.message()).await? {
-        Some(pb::SubscribeResponse { kind: Some(pb::subscribe_response::Kind::Started(s)) }) => {
-            Ok(Subscriber { id: s.subscription_id, stream })
-        }
-        other => panic!("first message must be started, got {other:?}"),
-    }
 }
 
 async fn call(server: &TestServer, fixture: &Fixture, rpc: Rpc, cred: Cred) -> Code {
@@ -441,11 +341,11 @@ async fn a_jwt_carries_its_permissions_and_deny_wins_over_allow() {
     bus.publish(event("orders.eu.created", &b"1"[..])).await.unwrap();
     assert_eq!(narrow.take(1).await[0].channel, "orders.eu.created");
 
-    // The subscription's owner is the JWT's subject.
+    // The subscription's owner is the JWT's subject, in the namespace of JWT subjects.
     let mut admin = admin_client(&server, Cred::WithRight).await;
     let list = admin.list_subscriptions(pb::ListSubscriptionsRequest {}).await.unwrap().into_inner();
     let mine = list.subscriptions.iter().find(|s| s.id == narrow.id).unwrap();
-    assert_eq!(mine.owner, "svc-orders");
+    assert_eq!(mine.owner, "jwt:svc-orders");
     server.stop().await;
 }
 

@@ -5,94 +5,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
+use common::tls::*;
 use common::*;
 use eventbus_proto::pb::event_bus_client::EventBusClient;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-
-/// A certificate authority that signs server and client certificates.
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Self {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let cert = params.self_signed(&key).unwrap();
-        Self { pem: cert.pem(), issuer: Issuer::new(params, key) }
-    }
-
-    /// A leaf certificate and its key, in PEM.
-    fn leaf(&self, common_name: &str, dns: &[&str]) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(dns.iter().map(|d| d.to_string()).collect::<Vec<_>>()).unwrap();
-        params.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
-        params.distinguished_name.push(DnType::CommonName, common_name);
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
-
-/// The server's files in a temporary directory.
-struct ServerFiles {
-    dir: tempfile::TempDir,
-}
-
-impl ServerFiles {
-    fn new(ca: &Ca) -> Self {
-        let files = Self { dir: tempfile::tempdir().unwrap() };
-        files.install(ca);
-        files
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// A fresh server certificate signed by `ca`.
-    fn install(&self, ca: &Ca) {
-        let (cert, key) = ca.leaf("eventbusd", &["localhost"]);
-        write_atomically(&self.path("server.pem"), &cert);
-        write_atomically(&self.path("server.key"), &key);
-    }
-
-    fn settings(&self, client_ca: Option<&Path>) -> impl FnOnce(&mut eventbus_server::Settings) + use<> {
-        let cert = self.path("server.pem").to_string_lossy().into_owned();
-        let key = self.path("server.key").to_string_lossy().into_owned();
-        let client_ca = client_ca.map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
-        move |s| {
-            s.server.tls.cert_file = cert;
-            s.server.tls.key_file = key;
-            s.server.tls.client_ca_file = client_ca;
-        }
-    }
-}
-
-fn write_atomically(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(tmp, path).unwrap();
-}
-
-fn tls_endpoint(server: &TestServer, ca: &Ca, identity: Option<(String, String)>) -> Endpoint {
-    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca.pem)).domain_name("localhost");
-    if let Some((cert, key)) = identity {
-        tls = tls.identity(Identity::from_pem(cert, key));
-    }
-    Endpoint::from_shared(format!("https://{}", server.addr))
-        .unwrap()
-        .connect_timeout(DEADLINE)
-        .tls_config(tls)
-        .unwrap()
-}
+use tonic::transport::{Channel, Endpoint};
 
 async fn connect(endpoint: Endpoint) -> Result<EventBusClient<Channel>, String> {
     let channel = within(endpoint.connect()).await.map_err(|e| format!("{e:?}"))?;
@@ -119,31 +35,11 @@ async fn grpc_and_http_speak_tls_and_refuse_plaintext_and_strangers() {
     assert!(!publishes(tls_endpoint(&server, &stranger, None)).await, "a client trusting another CA refuses");
 
     // The HTTP listener: a raw TLS client asking for /healthz over HTTP/1.1.
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pki_certs(&ca.pem) {
-        roots.add(cert).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(server.http).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let mut tls = within(connector.connect(name, tcp)).await.unwrap();
-    tls.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").await.unwrap();
-    let mut answer = String::new();
-    within(tls.read_to_string(&mut answer)).await.ok();
+    let answer = https_healthz(&server, &ca).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let plain = reqwest::get(server.url("/healthz")).await;
     assert!(plain.is_err() || !plain.unwrap().status().is_success(), "plain HTTP is refused");
     server.stop().await;
-}
-
-fn rustls_pki_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'static>> {
-    use rustls::pki_types::pem::PemObject;
-    rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()).map(Result::unwrap).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-"""`Worker`: the push worker for a durable consumer (SPEC §12), so nobody hand-writes the
+"""`Worker`: the push worker for a durable consumer, so nobody hand-writes the
 Consume loop.
 
 Layout of a running worker:

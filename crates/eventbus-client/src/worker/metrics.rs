@@ -1,4 +1,4 @@
-//! The push worker's Prometheus metrics (SPEC §12), labelled by consumer.
+//! The push worker's Prometheus metrics, labelled by consumer.
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 

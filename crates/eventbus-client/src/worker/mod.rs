@@ -1,4 +1,4 @@
-//! The push worker (SPEC §12): a durable consumer's Consume loop written once.
+//! The push worker: a durable consumer's Consume loop written once.
 //!
 //! [`Worker`] attaches to a consumer, runs a handler on each delivery with bounded
 //! concurrency, turns each [`Outcome`] into an ack (batched), a nack (retry, optionally

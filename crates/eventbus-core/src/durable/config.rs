@@ -197,7 +197,8 @@ pub fn default_dead_letter_channel(channel: &str) -> String {
     out
 }
 
-const DLQ_PREFIX: &str = "dlq.";
+/// What every dead-letter channel starts with.
+pub const DLQ_PREFIX: &str = "dlq.";
 
 /// FNV-1a, 64 bits: a fixed, documented hash (std's hasher may change between releases).
 fn fnv1a64(bytes: &[u8]) -> u64 {

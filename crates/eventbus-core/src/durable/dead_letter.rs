@@ -14,6 +14,8 @@ pub struct PublishedDeadLetter {
     pub channel: String,
     pub event: Arc<Event>,
     pub consumer: String,
+    /// The consumer's owner: the principal on whose behalf the dead letter is published.
+    pub owner: String,
     pub attempts: u32,
     pub failures: Vec<Failure>,
 }

@@ -32,6 +32,13 @@ pub enum DurableError {
     /// (README "Limits").
     #[error("the durable store's disk is nearly full: {free} bytes free, below durable.min_free_disk_bytes ({min})")]
     DiskFull { free: u64, min: u64 },
+    /// A publish matches more durable consumers than `durable.max_captures_per_publish`:
+    /// refused whole, so one publish cannot multiply into unbounded stored copies.
+    #[error(
+        "the publish on {} matches {matched} durable consumers, more than durable.max_captures_per_publish ({limit})",
+        quoted(channel)
+    )]
+    TooManyCaptures { channel: String, matched: usize, limit: usize },
     /// The store failed in a way retrying will not fix: corrupt or unreadable records, a
     /// write the disk refused. Logged with its cause; the client sees no internals.
     #[error("the durable store failed ({context})")]

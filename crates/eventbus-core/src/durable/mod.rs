@@ -26,7 +26,9 @@ pub use backend::{
     Attachment, BoxFuture, CaptureRequest, Captured, ConsumerClient, ConsumerInfo, DurableBackend, MAX_REDRIVE,
     PendingEntry, PendingSlice, PendingState, Redriven,
 };
-pub use config::{Backoff, BackoffKind, ConfigError, ConsumerConfig, DEFAULT_MAX_PENDING, default_dead_letter_channel};
+pub use config::{
+    Backoff, BackoffKind, ConfigError, ConsumerConfig, DEFAULT_MAX_PENDING, DLQ_PREFIX, default_dead_letter_channel,
+};
 pub use dead_letter::{DeadLetterEncoder, DeadLetterSink, PublishedDeadLetter};
 pub use delivery::{
     ClientOptions, DEFAULT_MAX_BATCH, Delivery, REASON_DEADLINE, REASON_DISCONNECT, REASON_TERM, next_with_room,

@@ -19,6 +19,9 @@ pub struct DurableOptions {
     /// disk has less free space than this (`durable.min_free_disk_bytes`; 0 = no
     /// check). The Redis engine has no disk of its own and ignores it.
     pub min_free_disk_bytes: u64,
+    /// A publish matching more consumers than this is refused
+    /// (`durable.max_captures_per_publish`; 0 = no bound).
+    pub max_captures_per_publish: usize,
     /// Starts the engine's background tasks and reports one that stops.
     pub supervisor: Supervisor,
 }

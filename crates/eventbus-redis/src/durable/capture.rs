@@ -48,12 +48,32 @@ pub(super) async fn run_captures(shared: std::sync::Weak<Shared>, mut queue: mps
 }
 
 impl Shared {
+    /// How many consumers a publish on `channel` matches now.
+    fn matching(&self, channel: &str) -> usize {
+        let registry = self.registry.read();
+        let mut names = Vec::new();
+        registry.trie.collect(channel, &mut names);
+        names.sort_unstable();
+        names.dedup();
+        names.iter().filter(|n| registry.by_name.contains_key(*n)).count()
+    }
+
     /// Queues publishes for the next capture script, in order, then waits for their
     /// outcomes. Answers stop at the first error.
     pub(super) async fn capture_many(&self, batch: &[CaptureRequest<'_>]) -> Vec<Result<Captured, DurableError>> {
         let gone = || DurableError::unavailable("the durable engine is shutting down");
         let mut outcomes = Vec::with_capacity(batch.len());
+        let mut outcomes_refused = None;
+        let limit = self.options.max_captures_per_publish;
         for r in batch {
+            if limit != 0 {
+                let matched = self.matching(&r.event.channel);
+                if matched > limit {
+                    let channel = r.event.channel.to_string();
+                    outcomes_refused = Some(DurableError::TooManyCaptures { channel, matched, limit });
+                    break;
+                }
+            }
             let (reply, outcome) = oneshot::channel();
             let capture = PendingCapture {
                 envelope: envelope::encode(r.event),
@@ -75,6 +95,10 @@ impl Shared {
             if failed {
                 return out;
             }
+        }
+        if let Some(refused) = outcomes_refused {
+            out.push(Err(refused));
+            return out;
         }
         if out.len() < batch.len() {
             out.push(Err(gone()));

@@ -34,11 +34,25 @@ pub async fn attach(
     name: &str,
     max_in_flight: u32,
 ) -> Result<Consumer, tonic::Status> {
+    let attach = pb::Attach { consumer: name.into(), max_in_flight, ..Default::default() };
+    attach_as(endpoint, attach, None).await
+}
+
+/// Opens a Consume stream with `attach` as its first request, sending `token` as the
+/// bearer credential when given.
+pub async fn attach_as(
+    endpoint: tonic::transport::Endpoint,
+    attach: pb::Attach,
+    token: Option<&str>,
+) -> Result<Consumer, tonic::Status> {
     let mut client = pb::event_bus_client::EventBusClient::new(endpoint.connect().await.unwrap());
     let (tx, rx) = mpsc::channel(64);
-    let attach = pb::Attach { consumer: name.into(), max_in_flight, ..Default::default() };
     tx.send(req(consume_request::Kind::Attach(attach))).await.unwrap();
-    let mut responses = client.consume(ReceiverStream::new(rx)).await?.into_inner();
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(token) = token {
+        request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    let mut responses = client.consume(request).await?.into_inner();
     match within(responses.message()).await? {
         Some(pb::ConsumeResponse { kind: Some(consume_response::Kind::Attached(a)) }) => {
             Ok(Consumer { requests: tx, responses, info: a.consumer.unwrap() })
@@ -84,6 +98,15 @@ pub async fn kill_9(child: &mut tokio::process::Child) {
 
 /// [`daemon`] with extra environment variables.
 pub async fn daemon_with(data_dir: &std::path::Path, env: &[(&str, String)]) -> (tokio::process::Child, String) {
+    let (child, grpc, _) = daemon_addrs(data_dir, env).await;
+    (child, grpc)
+}
+
+/// [`daemon_with`], returning the HTTP address too.
+pub async fn daemon_addrs(
+    data_dir: &std::path::Path,
+    env: &[(&str, String)],
+) -> (tokio::process::Child, String, String) {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_eventbusd"))
         .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
         .env("EVENTBUS__DURABLE__DATA_DIR", data_dir)
@@ -96,15 +119,20 @@ pub async fn daemon_with(data_dir: &std::path::Path, env: &[(&str, String)]) -> 
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = within(async {
+    let field = |line: &str, key: &str| {
+        line.split(&format!("{key}="))
+            .nth(1)
+            .map(|rest| rest.split_whitespace().next().unwrap().trim_matches('"').to_owned())
+    };
+    let (grpc, http) = within(async {
         while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("grpc_addr=").nth(1) {
-                return rest.split_whitespace().next().unwrap().to_owned();
+            if let (Some(grpc), Some(http)) = (field(&line, "grpc_addr"), field(&line, "http_addr")) {
+                return (grpc, http);
             }
         }
         panic!("eventbusd exited before starting");
     })
     .await;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
+    (child, grpc, http)
 }

@@ -1,8 +1,10 @@
 //! Shared harness: a real server on 127.0.0.1:0 and real tonic clients.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod auth;
 pub mod consume;
 pub mod redis_server;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -39,6 +39,7 @@ impl Actor {
             channel: self.config.dead_letter_channel_for(&event.channel),
             event: Arc::new(event),
             consumer: self.rt.name.to_string(),
+            owner: self.config.owner.clone(),
             attempts: dead.attempts,
             failures,
         };
