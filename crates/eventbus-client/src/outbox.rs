@@ -245,6 +245,7 @@ pub struct Relay {
 /// The relay's SQL, with the checked table name in it.
 #[derive(Debug)]
 struct Queries {
+    lock_keys: String,
     claim: String,
     prune: String,
 }
@@ -261,16 +262,27 @@ impl Relay {
         let config = options.check()?;
         let t = &options.table;
         let queries = Queries {
-            // Claim and mark in one statement: the mark only counts once the transaction
-            // commits, which it does only after the broker said OK to every row. A keyed
-            // row is claimed only with its key's advisory lock (held to the end of the
-            // transaction): while one relay holds rows of a key, no other relay claims a
-            // later row of it, so each key goes out in id order however many relays run
-            // and whichever of them crashes (its lock and its claim go together).
+            // Keys first: of the keys among the oldest unpublished rows, the ones whose
+            // advisory lock this transaction gets (held to its end). While one relay
+            // holds a key, no other claims any row of it, so each key goes out in id
+            // order however many relays run and whichever of them crashes (its lock
+            // and its claim go together). The locks are taken in a statement of their
+            // own: were they tried row by row in the claim, a lock freed mid-scan (a
+            // relay rolling back) would let a later row of its key be claimed while the
+            // earlier ones, already passed over, stay unpublished.
+            lock_keys: format!(
+                "select k from (select distinct ordering_key as k from (\
+                 select ordering_key from {t} where published_at is null and ordering_key is not null \
+                 order by id limit $1) oldest) keys \
+                 where pg_try_advisory_xact_lock(hashtext('{t}'), hashtext(k))"
+            ),
+            // Claim and mark in one statement, in a snapshot taken after the locks: the
+            // mark only counts once the transaction commits, which it does only after
+            // the broker said OK to every row.
             claim: format!(
                 "update {t} set published_at = now() where id = any(array(\
                  select id from {t} where published_at is null \
-                 and (ordering_key is null or pg_try_advisory_xact_lock(hashtext('{t}'), hashtext(ordering_key))) \
+                 and (ordering_key is null or ordering_key = any($2)) \
                  order by id limit $1 for update skip locked)) \
                  returning id, channel, payload, metadata, content_type, ordering_key, \
                  extract(epoch from now() - created_at)::float8"
@@ -406,7 +418,13 @@ impl Relay {
     async fn round(&self, db: &mut tokio_postgres::Client) -> Result<usize, RelayError> {
         let tx = db.transaction().await?;
         let limit = i64::try_from(self.options.batch).unwrap_or(i64::MAX);
-        let claimed = tx.query(&self.queries.claim, &[&limit]).await?;
+        let keys: Vec<String> = tx
+            .query(&self.queries.lock_keys, &[&limit])
+            .await?
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?;
+        let claimed = tx.query(&self.queries.claim, &[&limit, &keys]).await?;
         let Some(oldest) = claimed.iter().map(|row| row.try_get::<_, f64>(6)).max_by(|a, b| match (a, b) {
             (Ok(a), Ok(b)) => a.total_cmp(b),
             _ => std::cmp::Ordering::Equal,
