@@ -164,7 +164,9 @@ async def test_a_long_handler_is_not_redelivered_while_it_runs(daemon: Daemon, n
 async def test_stop_lets_running_handlers_finish_and_the_rest_is_redelivered(daemon: Daemon, name: str) -> None:
     n = 40
     async with await Client.connect(daemon.url) as client:
-        await client.create_consumer(name, [f"{name}.>"])
+        # One attempt allowed: handing back what no handler started must not count one
+        # (it would be dead-lettered).
+        await client.create_consumer(name, [f"{name}.>"], max_attempts=1)
         ids = await publish_n(client, f"{name}.e", n)
         started: List[str] = []
         finished: List[str] = []
@@ -190,15 +192,18 @@ async def test_stop_lets_running_handlers_finish_and_the_rest_is_redelivered(dae
         assert first.stats().processed == 4
 
         rest: List[str] = []
+        attempts: List[int] = []
 
         async def fast(d: Delivery) -> None:
             rest.append(d.event.id)
+            attempts.append(d.attempt)
 
         async with Worker(client, name, fast, concurrency=8):
             await eventually(lambda: settled(client, name), what="rest handled")
         assert sorted(finished + rest) == sorted(ids)  # nothing lost, nothing twice
+        assert set(attempts) == {1}, "handed back unstarted: no attempt counted"
         info = await client.get_consumer(name)
-        assert info.acked == n and info.dead_lettered == 0
+        assert (info.acked, info.dead_lettered, info.redelivered) == (n, 0, 0)
 
 
 async def test_stop_timeout_cancels_stuck_handlers_and_nacks_them(daemon: Daemon, name: str) -> None:

@@ -81,7 +81,7 @@ pub(crate) enum Command {
         command: ConsumerCommand,
     },
     /// Attach to a durable consumer and print its deliveries (acked automatically, or
-    /// by typing `ack|nack|term EVENT_ID [reason]` lines with `--ack manual`).
+    /// by typing `ack|nack|term|release EVENT_ID [reason]` lines with `--ack manual`).
     Consume(ConsumeArgs),
     /// A durable consumer's terminal log.
     Log(LogArgs),
@@ -236,7 +236,7 @@ impl From<BackoffKind> for eventbus_client::pb::BackoffKind {
 pub(crate) enum AckMode {
     /// Ack each batch once printed.
     Auto,
-    /// Read `ack|nack|term EVENT_ID [reason]` lines from stdin.
+    /// Read `ack|nack|term|release EVENT_ID [reason]` lines from stdin.
     Manual,
 }
 

@@ -138,21 +138,24 @@ pub(crate) enum Manual {
     Ack(String),
     Nack { id: String, reason: String },
     Term { id: String, reason: String },
+    Release(String),
 }
 
-/// Parses a manual-mode command line: `ack ID`, `nack ID [reason]`, `term ID [reason]`.
+/// Parses a manual-mode command line: `ack ID`, `nack ID [reason]`, `term ID [reason]`,
+/// `release ID`.
 pub(crate) fn parse_command(line: &str) -> Result<Manual, String> {
     let mut words = line.trim().splitn(3, ' ');
     let (verb, id) = (words.next().unwrap_or_default(), words.next().unwrap_or_default().to_owned());
     let reason = words.next().unwrap_or_default().to_owned();
     if id.is_empty() {
-        return Err(format!("expected `ack|nack|term EVENT_ID [reason]`, got {line:?}"));
+        return Err(format!("expected `ack|nack|term|release EVENT_ID [reason]`, got {line:?}"));
     }
     match verb {
         "ack" => Ok(Manual::Ack(id)),
         "nack" => Ok(Manual::Nack { id, reason }),
         "term" => Ok(Manual::Term { id, reason }),
-        other => Err(format!("unknown command {other:?}: use ack, nack or term")),
+        "release" => Ok(Manual::Release(id)),
+        other => Err(format!("unknown command {other:?}: use ack, nack, term or release")),
     }
 }
 
@@ -178,6 +181,7 @@ pub(crate) async fn consume(client: &Client, json: bool, a: ConsumeArgs) -> anyh
                     Ok(Manual::Ack(id)) => tx.ack(vec![id]).await,
                     Ok(Manual::Nack { id, reason }) => tx.nack(id, reason, None).await,
                     Ok(Manual::Term { id, reason }) => tx.term(id, reason).await,
+                    Ok(Manual::Release(id)) => tx.release(vec![id], false).await,
                     Err(e) => {
                         eprintln!("{e}");
                         continue;
@@ -307,6 +311,7 @@ mod tests {
             matches!(parse_command("nack e1 out of stock"), Ok(Manual::Nack { reason, .. }) if reason == "out of stock")
         );
         assert!(matches!(parse_command("term e1"), Ok(Manual::Term { id, .. }) if id == "e1"));
+        assert_eq!(parse_command("release e1"), Ok(Manual::Release("e1".into())));
         assert!(parse_command("ack").is_err());
         assert!(parse_command("skip e1").is_err());
     }

@@ -1,5 +1,5 @@
 //! The raw `Consume` stream of a durable consumer: attach, then deliveries in and
-//! ack / nack / extend / term out.
+//! ack / nack / extend / term / release out.
 
 use std::time::Duration;
 
@@ -23,6 +23,8 @@ pub enum ConsumeMessage {
     Attached(pb::ConsumerInfo),
     /// Events to handle, then ack, nack or term.
     Deliveries(Vec<pb::Delivery>),
+    /// The answer to [`ConsumeSender::release`] with `drain`: no delivery follows.
+    Drained,
 }
 
 /// An attached `Consume` stream. Dropping it (and every [`ConsumeSender`]) detaches:
@@ -69,6 +71,12 @@ impl ConsumeSender {
     pub async fn term(&self, event_id: String, reason: String) -> Result<(), Error> {
         self.send(Kind::Term(pb::Term { event_id, reason })).await
     }
+
+    /// Hands back events not started: redelivered at once, no attempt counted. With
+    /// `drain` (a stopping client), no delivery follows [`ConsumeMessage::Drained`].
+    pub async fn release(&self, event_ids: Vec<String>, drain: bool) -> Result<(), Error> {
+        self.send(Kind::Release(pb::Release { event_ids, drain })).await
+    }
 }
 
 impl ConsumeStream {
@@ -96,6 +104,7 @@ impl ConsumeStream {
                 Some(consume_response::Kind::Deliveries(d)) => {
                     return Ok(Some(ConsumeMessage::Deliveries(d.deliveries)));
                 }
+                Some(consume_response::Kind::Drained(_)) => return Ok(Some(ConsumeMessage::Drained)),
                 None => {}
             }
         }

@@ -212,7 +212,10 @@ async fn a_handler_running_past_the_ack_deadline_is_not_redelivered() {
 async fn shutdown_lets_running_handlers_finish_and_hands_the_rest_back() {
     let broker = Broker::start().await;
     let client = broker.client().await;
-    client.create_consumer(consumer("billing", "orders.>")).await.unwrap();
+    // One attempt allowed: handing back an event no handler started must not count one
+    // (it would be dead-lettered).
+    let config = pb::ConsumerConfig { max_attempts: Some(1), ..consumer("billing", "orders.>") };
+    client.create_consumer(config).await.unwrap();
     const N: usize = 10;
     let ids = publish_n(&client, "orders.created", N).await;
 
@@ -264,7 +267,9 @@ async fn shutdown_lets_running_handlers_finish_and_hands_the_rest_back() {
     within(task).await.unwrap().unwrap();
     assert_eq!(second.stats().processed, (N - 2) as u64);
     let calls = calls.lock().unwrap().clone();
-    assert!(ids.iter().all(|id| calls.contains_key(id)), "every event handled");
+    assert!(ids.iter().all(|id| calls.get(id) == Some(&vec![1])), "every event handled once, at attempt 1: {calls:?}");
+    let info = client.consumer("billing").await.unwrap();
+    assert_eq!((info.dead_lettered, info.redelivered), (0, 0), "nothing dead-lettered, nothing counted as failed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

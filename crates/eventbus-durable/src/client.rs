@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::engine::Durable;
 use crate::state::{CState, Consumer, EState, Effects, dead_letter, dispatch, fail, finish, release_client};
+use crate::store::StoreOp;
 
 /// A client attached to a consumer: its deliveries and its handle.
 #[derive(Debug)]
@@ -111,6 +112,36 @@ impl ClientHandle {
             }
         });
     }
+
+    /// Hands in-flight events this client has not started back to the consumer at
+    /// once: the attempt their delivery counted is taken back, no backoff. With
+    /// `drain`, the client takes no more deliveries and gets the empty batch that says so.
+    pub fn release(&self, event_ids: &[String], drain: bool) {
+        let id = self.id;
+        let mut released = 0usize;
+        self.with_state(|c, st, fx| {
+            for event_id in event_ids {
+                let Some(seq) = st.by_id.get(event_id.as_str()).copied() else { continue };
+                let Some(entry) = st.entries.get_mut(&seq) else { continue };
+                if !matches!(entry.state, EState::InFlight { client, .. } if client == id) {
+                    continue;
+                }
+                entry.record.attempts = entry.record.attempts.saturating_sub(1);
+                entry.state = EState::Ready;
+                fx.ops.push(StoreOp::Update { consumer: Arc::clone(&c.name), seq, entry: entry.record.clone() });
+                st.ready.insert(seq);
+                release_client(st, id);
+                released += 1;
+            }
+            if drain && let Some(client) = st.clients.iter_mut().find(|cl| cl.id == id && !cl.draining) {
+                client.draining = true;
+                fx.sends.push((client.tx.clone(), Vec::new()));
+            }
+        });
+        if released > 0 || drain {
+            tracing::info!(consumer = %self.consumer.name, client = id, released, drain, "events released unstarted by a client");
+        }
+    }
 }
 
 impl Drop for ClientHandle {
@@ -149,6 +180,11 @@ impl ConsumerClient for ClientHandle {
 
     fn term(&self, event_id: String, reason: String) -> BoxFuture<'_, ()> {
         ClientHandle::term(self, &event_id, &reason);
+        Box::pin(std::future::ready(()))
+    }
+
+    fn release(&self, event_ids: Vec<String>, drain: bool) -> BoxFuture<'_, ()> {
+        ClientHandle::release(self, &event_ids, drain);
         Box::pin(std::future::ready(()))
     }
 }

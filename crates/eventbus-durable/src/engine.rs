@@ -407,12 +407,13 @@ impl Durable {
         };
         let (max_in_flight, max_batch) = options.resolve(consumer.config.max_in_flight);
         let id = self.inner.next_client.fetch_add(1, Ordering::Relaxed);
-        // One message per delivery batch; a batch holds at least one in-flight event.
-        let (tx, rx) = mpsc::channel(max_in_flight as usize);
+        // One message per delivery batch (a batch holds at least one in-flight event),
+        // and the drain's empty batch.
+        let (tx, rx) = mpsc::channel(max_in_flight as usize + 1);
         let mut fx = Effects::default();
         {
             let mut st = consumer.state.lock();
-            st.clients.push(Client { id, max_in_flight, max_batch, in_flight: 0, tx });
+            st.clients.push(Client { id, max_in_flight, max_batch, in_flight: 0, tx, draining: false });
             dispatch(&consumer, &mut st, &mut fx);
         }
         let info = self.info(&consumer);

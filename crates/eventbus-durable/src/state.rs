@@ -49,12 +49,14 @@ pub(crate) struct Client {
     pub(crate) max_batch: u32,
     pub(crate) in_flight: u32,
     pub(crate) tx: mpsc::Sender<Vec<Delivery>>,
+    /// Stopping: takes no more deliveries.
+    pub(crate) draining: bool,
 }
 
 impl Client {
-    /// Events this client can take now (0 when it has left).
+    /// Events this client can take now (0 when it has left or is stopping).
     fn room(&self) -> usize {
-        if self.tx.is_closed() {
+        if self.draining || self.tx.is_closed() {
             return 0;
         }
         self.max_in_flight.saturating_sub(self.in_flight).min(self.max_batch) as usize

@@ -75,6 +75,7 @@ pub(crate) async fn consume(
                     client.extend(e.event_ids, std::time::Duration::from_millis(e.by_ms)).await;
                 }
                 Some(consume_request::Kind::Term(t)) => client.term(t.event_id, t.reason).await,
+                Some(consume_request::Kind::Release(r)) => client.release(r.event_ids, r.drain).await,
                 Some(consume_request::Kind::Attach(_)) | None => {
                     tracing::debug!(%consumer, "ignoring a second attach on a Consume stream");
                 }
@@ -88,8 +89,15 @@ pub(crate) async fn consume(
         })),
     };
     let deliveries = ReceiverStream::new(attached.deliveries).map(|batch| {
-        let deliveries = batch.iter().map(convert::delivery).collect();
-        Ok(pb::ConsumeResponse { kind: Some(consume_response::Kind::Deliveries(pb::Deliveries { deliveries })) })
+        // The engines' empty batch answers a draining release.
+        let kind = if batch.is_empty() {
+            consume_response::Kind::Drained(pb::Drained {})
+        } else {
+            consume_response::Kind::Deliveries(pb::Deliveries {
+                deliveries: batch.iter().map(convert::delivery).collect(),
+            })
+        };
+        Ok(pb::ConsumeResponse { kind: Some(kind) })
     });
     // Detached by shutdown or a lost store: say so, so the client reconnects.
     let bus = bus.clone();

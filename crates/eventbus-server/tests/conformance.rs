@@ -1069,6 +1069,43 @@ async fn dropped_capture_callers(h: &mut Harness) {
 
 /// A publish matching more consumers than `max_captures_per_publish` (3 here) is
 /// refused whole: stored for none, its idempotency key not kept.
+async fn release(h: &mut Harness) {
+    // With one attempt allowed, a failed attempt would dead-letter: a release must not
+    // count one, must not wait for a backoff, and must take the event back whoever
+    // holds the rest.
+    h.create(ConsumerConfig { max_attempts: 1, ..consumer("inbox", &["jobs"]) }).await;
+    let mut a = h.attach("inbox").await;
+    for i in 0..3 {
+        h.publish("jobs", &i.to_string()).await;
+    }
+    let held = take(&mut a.deliveries, 3).await;
+    // Without drain: back at once, to the one client there is, with the same attempt.
+    a.client.release(vec![held[0].event.id.clone()], false).await;
+    let again = one(&mut a.deliveries).await;
+    assert_eq!((&again.event.id, again.attempt), (&held[0].event.id, 1), "released without drain");
+    // With drain: the client hears `drained` (the empty batch) and gets nothing more;
+    // what it released goes to another client, unattempted.
+    let mut b = h.attach("inbox").await;
+    a.client.release(vec![held[0].event.id.clone(), held[1].event.id.clone()], true).await;
+    let marker = within(a.deliveries.recv()).await.expect("deliveries stream open");
+    assert!(marker.is_empty(), "the drain's answer is an empty batch: {marker:?}");
+    let mut moved = take(&mut b.deliveries, 2).await;
+    moved.sort_by_key(payload);
+    assert_eq!(moved.iter().map(|d| (payload(d), d.attempt)).collect::<Vec<_>>(), [("0".into(), 1), ("1".into(), 1)]);
+    let later = h.publish("jobs", "3").await;
+    assert_eq!(one(&mut b.deliveries).await.event.id, later.id, "new events go to the client not draining");
+    assert_nothing_delivered(&mut a.deliveries, "a draining client");
+    // The draining client still finishes what it started.
+    a.client.ack(vec![held[2].event.id.clone()]).await;
+    b.client.ack(ids(&moved)).await;
+    b.client.ack(vec![later.id.clone()]).await;
+    let info = h.wait_info("inbox", "every ack", |i| i.acked == 4).await;
+    assert_eq!((info.pending, info.in_flight, info.dead_lettered, info.redelivered), (0, 0, 0, 0));
+    let log = h.log("inbox", Some(LogStatus::Completed)).await;
+    assert_eq!(log.len(), 4);
+    assert!(log.iter().all(|e| e.attempts == 1 && e.failures.is_empty()), "no attempt counted: {log:?}");
+}
+
 async fn too_many_captures(h: &mut Harness) {
     for name in ["a", "b", "c"] {
         h.create(consumer(name, &["fan.>"])).await;
@@ -1140,4 +1177,5 @@ conformance! {
     max_pending: embedded_max_pending, redis_max_pending;
     dropped_capture_callers: embedded_dropped_capture_callers, redis_dropped_capture_callers;
     too_many_captures: embedded_too_many_captures, redis_too_many_captures;
+    release: embedded_release, redis_release;
 }

@@ -23,7 +23,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Union
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Union
 
 import grpc
 import grpc.aio
@@ -38,10 +38,13 @@ from .errors import EventBusError, from_rpc_error, is_transient
 log = logging.getLogger("socle_eventbus.worker")
 
 SHUTDOWN_REASON = "worker shutdown"
-# Shutdown nacks ask for redelivery after this delay rather than the backoff (the event
-# was not at fault), long enough that the broker has seen this stream close first, so it
-# goes to another client rather than back to us.
+# Handlers still running at the shutdown timeout are nacked for redelivery after this
+# delay rather than the backoff, long enough that the broker has seen this stream close
+# first, so they go to another client rather than back to us.
 SHUTDOWN_NACK_DELAY_MS = 100
+# How long a stopping worker waits for the broker's `drained` (a broker that predates
+# it never sends one).
+DRAINED_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,9 @@ class Worker:
         # Event id → monotonic time it was received or last extended: every delivery not yet
         # answered (queued or running). Drives Extend, and the nacks at shutdown.
         self._held: Dict[str, float] = {}
+        # Held events a handler has started (the rest of `held` is handed back at stop).
+        self._started: Set[str] = set()
+        self._drained = asyncio.Event()
         self._acks: List[str] = []
         self._controls: List[pb.ConsumeRequest] = []
         self._send_wakeup = asyncio.Event()
@@ -246,9 +252,10 @@ class Worker:
             await asyncio.shield(self._task)
 
     async def stop(self) -> None:
-        """Graceful stop: takes no more events, waits up to `shutdown_timeout` for running
-        handlers (their acks are sent), nacks every other held event (reason "worker
-        shutdown", redelivered at once), closes the stream, runs on_stop."""
+        """Graceful stop: takes no more events, hands back those no handler started (no
+        attempt counted: another worker gets them at once), waits up to
+        `shutdown_timeout` for running handlers (their acks are sent), nacks those still
+        running, closes the stream, runs on_stop."""
         self._stopping = True
         self._stop_event.set()
         if self._task is not None:
@@ -340,6 +347,16 @@ class Worker:
                 resp = await call.read()
                 if resp is grpc.aio.EOF:
                     break
+                kind = resp.WhichOneof("kind")
+                if kind == "drained":
+                    self._drained.set()
+                    continue
+                if self._stopping:
+                    # Sent before the broker read our drain: back unstarted.
+                    ids = [d.event.id for d in resp.deliveries.deliveries]
+                    if ids:
+                        self._control(pb.ConsumeRequest(release=pb.Release(event_ids=ids)))
+                    continue
                 now = mono()
                 for d in resp.deliveries.deliveries:
                     held[d.event.id] = now
@@ -371,7 +388,8 @@ class Worker:
             if d is None:
                 return
             if self._stopping:
-                continue  # left in `held`: nacked by _drain
+                continue  # left in `held`: handed back by _drain
+            self._started.add(d.event.id)
             self._in_flight += 1
             t0 = clock()
             err: Optional[BaseException] = None
@@ -379,6 +397,7 @@ class Worker:
                 out = await handler(d)
             except asyncio.CancelledError:
                 self._in_flight -= 1
+                self._started.discard(d.event.id)
                 raise
             except Exception as e:  # the handler's failure: retry
                 out, err = None, e
@@ -387,6 +406,7 @@ class Worker:
                 hist.observe(clock() - t0)
             eid = d.event.id
             held.pop(eid, None)
+            self._started.discard(eid)
             if err is None and (out is None or type(out) is Ack):
                 self._processed += 1
                 acks = self._acks
@@ -466,7 +486,14 @@ class Worker:
                 self._send_wakeup.set()
 
     async def _drain(self, session: Optional["asyncio.Task[None]"]) -> None:
-        """Shutdown: handlers finish (bounded), the rest is nacked, the stream closed."""
+        """Shutdown: what no handler started is handed back (no attempt counted), the
+        handlers finish (bounded), those still running are nacked, the stream closed."""
+        call = self._call
+        unstarted = [eid for eid in self._held if eid not in self._started]
+        for eid in unstarted:
+            del self._held[eid]
+        if call is not None:
+            self._control(pb.ConsumeRequest(release=pb.Release(event_ids=unstarted, drain=True)))
         for _ in self._workers:
             self._queue.put_nowait(None)
         if self._workers:
@@ -479,6 +506,10 @@ class Worker:
                 await asyncio.wait(pending)
         call = self._call
         if call is not None:
+            try:
+                await asyncio.wait_for(self._drained.wait(), DRAINED_TIMEOUT)
+            except asyncio.TimeoutError:
+                log.debug("consumer %s: no `drained` from the broker", self.consumer)
             for eid in list(self._held):
                 self._controls.append(pb.ConsumeRequest(
                     nack=pb.Nack(event_id=eid, reason=SHUTDOWN_REASON, delay_ms=SHUTDOWN_NACK_DELAY_MS)))

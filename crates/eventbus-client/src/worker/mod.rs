@@ -350,8 +350,9 @@ impl Worker {
     }
 
     /// Runs `handler` on the consumer's events until `shutdown` is cancelled, then
-    /// drains: takes no more events, waits up to the shutdown timeout for running
-    /// handlers, nacks what is left and detaches. Lost connections are re-established
+    /// drains: takes no more events, hands back those no handler started (no attempt
+    /// counted: they go to another worker at once), waits up to the shutdown timeout
+    /// for running handlers, nacks those still running and detaches. Lost connections are re-established
     /// with backoff. Returns an error only when the broker refuses the worker (unknown
     /// consumer, credentials, rights).
     pub async fn run<H: Handler>(&self, handler: H, shutdown: CancellationToken) -> Result<(), Error> {

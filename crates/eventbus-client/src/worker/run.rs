@@ -31,7 +31,7 @@ const DEFAULT_ACK_DEADLINE: Duration = Duration::from_secs(30);
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on the broker confirming the last requests when detaching.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Redelivery delay asked for events released by a stopping worker: at once, elsewhere.
+/// Redelivery delay asked for events whose handler outlived the shutdown timeout.
 const RELEASE_DELAY: Duration = Duration::from_millis(1);
 /// "Never" for disabled timers (select! still builds every branch's future).
 const FAR: Duration = Duration::from_secs(86_400);
@@ -75,6 +75,8 @@ pub(super) struct Run<'w, H> {
     tasks: FuturesUnordered<BoxFuture<'static, Done>>,
     acks: Vec<String>,
     flush_at: Option<Instant>,
+    /// The broker said no delivery follows (the answer to the drain).
+    drained: bool,
 }
 
 async fn next_message(conn: &mut Option<Conn>) -> Result<Option<ConsumeMessage>, Error> {
@@ -101,6 +103,7 @@ impl<'w, H: Handler> Run<'w, H> {
             tasks: FuturesUnordered::new(),
             acks: Vec::new(),
             flush_at: None,
+            drained: false,
         }
     }
 
@@ -123,10 +126,13 @@ impl<'w, H: Handler> Run<'w, H> {
 
     async fn serve(&mut self, shutdown: &CancellationToken) -> Result<(), Error> {
         let mut drain_until: Option<Instant> = None;
+        // Once the handlers are done, how long to wait for `drained` (a broker that
+        // predates it never answers; what it still sends then counts an attempt).
+        let mut drained_by = Instant::now() + FAR;
         loop {
             if drain_until.is_none() {
                 self.dispatch();
-            } else if self.tasks.is_empty() {
+            } else if self.tasks.is_empty() && (self.drained || self.conn.is_none() || Instant::now() >= drained_by) {
                 return Ok(());
             }
             if self.flush_at.is_some() && self.queue.is_empty() && self.tasks.is_empty() {
@@ -137,15 +143,17 @@ impl<'w, H: Handler> Run<'w, H> {
                 biased;
                 () = shutdown.cancelled(), if drain_until.is_none() => {
                     drain_until = Some(Instant::now() + self.worker.settings.shutdown_timeout);
+                    drained_by = Instant::now() + CLOSE_TIMEOUT;
                     let queued: Vec<_> = self.queue.drain(..).collect();
-                    self.release(queued, "worker shutting down").await;
+                    self.release(queued, true).await;
                 }
                 () = sleep_until(drain_until.unwrap_or(far)), if drain_until.is_some() => {
                     self.flush().await;
                     let ids: Vec<String> = self.held.iter().filter(|(_, h)| h.session == self.session).map(|(id, _)| id.clone()).collect();
-                    self.release_ids(ids, "worker shutdown timeout: handler still running").await;
+                    self.nack_ids(ids, "worker shutdown timeout: handler still running").await;
                     return Ok(());
                 }
+                () = sleep_until(drained_by), if drain_until.is_some() && self.tasks.is_empty() && !self.drained => {}
                 Some(done) = self.tasks.next() => {
                     self.finished(done).await;
                     // Whatever else has finished too, in one go: one turn of this loop
@@ -214,11 +222,15 @@ impl<'w, H: Handler> Run<'w, H> {
                     self.held.insert(id, Held { session: self.session, extended_at: now });
                 }
                 if draining {
-                    self.release(deliveries, "worker shutting down").await;
+                    self.release(deliveries, false).await;
                 } else {
                     self.queue.extend(deliveries);
                     self.sync_backlog();
                 }
+                return Ok(());
+            }
+            Ok(Some(ConsumeMessage::Drained)) => {
+                self.drained = true;
                 return Ok(());
             }
             Ok(Some(_)) => return Ok(()),
@@ -354,14 +366,24 @@ impl<'w, H: Handler> Run<'w, H> {
         }
     }
 
-    /// Hands deliveries not started back to the broker for redelivery at once.
-    async fn release(&mut self, deliveries: impl IntoIterator<Item = pb::Delivery>, reason: &str) {
-        let ids = deliveries.into_iter().filter_map(|d| d.event.map(|e| e.id)).collect();
-        self.release_ids(ids, reason).await;
+    /// Hands deliveries not started back to the broker: redelivered at once, no attempt
+    /// counted. `drain`: this worker is stopping (it takes no more deliveries).
+    async fn release(&mut self, deliveries: impl IntoIterator<Item = pb::Delivery>, drain: bool) {
+        let ids: Vec<String> = deliveries
+            .into_iter()
+            .filter_map(|d| d.event.map(|e| e.id))
+            .filter(|id| self.held.remove(id).is_some_and(|h| h.session == self.session))
+            .collect();
+        if let Some(conn) = &self.conn
+            && (!ids.is_empty() || drain)
+        {
+            let _ = conn.sender.release(ids, drain).await;
+        }
         self.sync_backlog();
     }
 
-    async fn release_ids(&mut self, ids: Vec<String>, reason: &str) {
+    /// Fails events whose handler is still running: redelivered after a short delay.
+    async fn nack_ids(&mut self, ids: Vec<String>, reason: &str) {
         for id in ids {
             let current = self.held.remove(&id).is_some_and(|h| h.session == self.session);
             if let Some(conn) = self.conn.as_ref().filter(|_| current) {

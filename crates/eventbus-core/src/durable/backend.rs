@@ -121,6 +121,11 @@ pub trait ConsumerClient: Send + Sync + fmt::Debug {
     fn extend(&self, event_ids: Vec<String>, by: Duration) -> BoxFuture<'_, ()>;
     /// Dead-letters an in-flight event now.
     fn term(&self, event_id: String, reason: String) -> BoxFuture<'_, ()>;
+    /// Hands in-flight events this client has not started back to the consumer at
+    /// once: no attempt counted, no backoff. With `drain`, the client takes no more
+    /// deliveries, and its deliveries channel carries one empty batch after the last
+    /// one it was sent (the wire's `drained`).
+    fn release(&self, event_ids: Vec<String>, drain: bool) -> BoxFuture<'_, ()>;
     /// Why the deliveries stream ended, when the engine ended it (for example the
     /// store became unreachable); `None` for a normal end.
     fn closed_reason(&self) -> Option<DurableError> {
@@ -135,7 +140,8 @@ pub struct Attachment {
     /// flight differs by engine: README "Mode differences").
     pub info: ConsumerInfo,
     /// Delivery batches, pushed as events become available; ends when the client is
-    /// detached (consumer deleted, shutdown, store lost).
+    /// detached (consumer deleted, shutdown, store lost). An empty batch answers a
+    /// draining release ([`ConsumerClient::release`]): no delivery follows it.
     pub deliveries: mpsc::Receiver<Vec<Delivery>>,
     pub client: Box<dyn ConsumerClient>,
 }

@@ -63,15 +63,22 @@ pub(crate) struct Client {
     pub(crate) in_flight: u32,
     pub(crate) tx: mpsc::Sender<Vec<Delivery>>,
     pub(crate) closed: Arc<Mutex<Option<String>>>,
+    /// Stopping: takes no more deliveries.
+    pub(crate) draining: bool,
 }
 
 impl Client {
-    /// Events this client can take now (0 when it has left).
+    /// Events this client can take now (0 when it has left or is stopping).
     fn room(&self) -> usize {
-        if self.tx.is_closed() {
+        self.free().min(self.max_batch as usize)
+    }
+
+    /// Events this client can hold beyond those it holds.
+    fn free(&self) -> usize {
+        if self.draining || self.tx.is_closed() {
             return 0;
         }
-        self.max_in_flight.saturating_sub(self.in_flight).min(self.max_batch) as usize
+        self.max_in_flight.saturating_sub(self.in_flight) as usize
     }
 }
 
@@ -398,6 +405,7 @@ impl Actor {
                     self.fails.push(FailItem::of(held, reason, -1, true));
                 }
             }
+            Command::Release(id, event_ids, drain) => self.release_unstarted(id, event_ids, drain),
             Command::Extend(id, event_ids, by) => {
                 let deadline_in = self.config.ack_deadline();
                 let by = if by.is_zero() { deadline_in } else { by };
@@ -441,6 +449,34 @@ impl Actor {
             c.in_flight = c.in_flight.saturating_sub(1);
         }
         Some((key, held))
+    }
+
+    /// Events a client hands back unstarted: read again by the next client with room,
+    /// with the attempt number they had (none counted). With `drain`, the client takes
+    /// no more and hears so; when no client here takes events any more, what was read
+    /// goes back to the stream for the other instances.
+    fn release_unstarted(&mut self, id: u64, event_ids: Vec<String>, drain: bool) {
+        let mut released = 0usize;
+        for event_id in event_ids {
+            if let Some((_, held)) = self.release(id, &event_id) {
+                self.buffer.push_front(held.entry);
+                released += 1;
+            }
+        }
+        if drain && let Some(client) = self.clients.iter_mut().find(|c| c.id == id && !c.draining) {
+            client.draining = true;
+            // After every batch sent to it (sent at once, in order): the client's
+            // channel has room for this one beyond its batches.
+            let _ = client.tx.try_send(Vec::new());
+        }
+        if released > 0 || drain {
+            tracing::info!(consumer = %self.rt.name, client = id, released, drain, "events released unstarted by a client");
+        }
+        if self.clients.iter().all(|c| c.draining) {
+            self.read = None;
+            self.idle_conn = None;
+            self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
+        }
     }
 
     fn detach(&mut self, id: u64) {
@@ -555,7 +591,7 @@ impl Actor {
     /// Room the receiving clients have for more events than already read.
     fn room(&self) -> usize {
         let receivers = &self.clients[..self.receivers()];
-        let room: usize = receivers.iter().map(|c| c.max_in_flight.saturating_sub(c.in_flight) as usize).sum();
+        let room: usize = receivers.iter().map(Client::free).sum();
         room.saturating_sub(self.buffer.len())
     }
 

@@ -34,6 +34,8 @@ pub(crate) enum Command {
     Nack(u64, String, String, Option<Duration>),
     Extend(u64, Vec<String>, Duration),
     Term(u64, String, String),
+    /// Events handed back unstarted; `true`: the client is draining.
+    Release(u64, Vec<String>, bool),
     /// Something the actor reads outside its commands changed (paused or resumed); the
     /// sender, if any, hears once the actor has acted on it.
     Wake(Option<tokio::sync::oneshot::Sender<()>>),
@@ -125,10 +127,12 @@ impl Runtime {
         options: ClientOptions,
     ) -> Result<(mpsc::Receiver<Vec<Delivery>>, RedisClient), DurableError> {
         let (max_in_flight, max_batch) = options.resolve(self.config().max_in_flight);
-        // One message per batch; a batch holds at least one in-flight event.
-        let (tx, rx) = mpsc::channel(max_in_flight.max(1) as usize);
+        // One message per batch (a batch holds at least one in-flight event), and the
+        // drain's empty batch.
+        let (tx, rx) = mpsc::channel(max_in_flight.max(1) as usize + 1);
         let closed = Arc::new(Mutex::new(None));
-        let client = Client { id, max_in_flight, max_batch, in_flight: 0, tx, closed: Arc::clone(&closed) };
+        let client =
+            Client { id, max_in_flight, max_batch, in_flight: 0, tx, closed: Arc::clone(&closed), draining: false };
         let actor = self.actor(shared);
         actor.send(Command::Attach(client)).await.map_err(|_| DurableError::unavailable("the consumer was stopped"))?;
         Ok((rx, RedisClient { actor, id, closed }))
@@ -185,6 +189,10 @@ impl ConsumerClient for RedisClient {
 
     fn term(&self, event_id: String, reason: String) -> BoxFuture<'_, ()> {
         self.send(Command::Term(self.id, event_id, reason))
+    }
+
+    fn release(&self, event_ids: Vec<String>, drain: bool) -> BoxFuture<'_, ()> {
+        self.send(Command::Release(self.id, event_ids, drain))
     }
 
     fn closed_reason(&self) -> Option<DurableError> {
