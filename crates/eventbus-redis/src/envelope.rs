@@ -1,19 +1,128 @@
 //! What goes over Redis.
 //!
-//! The broker's own events are a versioned envelope: four magic bytes (`EB 42 55 01`:
-//! not valid UTF-8, so no text payload can start with them) then the protobuf
-//! `eventbus.v1.Event`. Anything else on a prefixed channel comes from a foreign
+//! The broker's own events are a versioned envelope, in one of two encodings:
+//! - binary (the default): four magic bytes (`EB 42 55 01`: not valid UTF-8, so no text
+//!   payload can start with them) then the protobuf `eventbus.v1.Event`;
+//! - JSON (`eventbus.redis.envelope: json`), for services that only have a Redis
+//!   client: an object whose `eventbus` member is `1`, with `id`, `channel`,
+//!   `timestamp` (RFC 3339), `source`, `content_type`, `metadata` (string values), and
+//!   the payload as `payload` (UTF-8 text) or `payload_base64` (anything else).
+//!
+//! Every instance reads both. Anything else on a prefixed channel comes from a foreign
 //! producer (`redis-cli PUBLISH socle:eventbus:orders.created '{"id":1}'`) and becomes
 //! an event with that raw payload, a fresh id and the current time.
 
 use std::collections::HashMap;
+use std::str::FromStr;
 use std::time::SystemTime;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use eventbus_core::Event;
 use eventbus_core::event::new_id;
 use eventbus_proto::pb;
 use prost::Message;
+use serde::{Deserialize, Serialize};
+
+/// How this instance encodes the events it publishes to Redis (it reads both).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Envelope {
+    /// Magic bytes and protobuf: compact, what eventbus instances exchange by default.
+    #[default]
+    Binary,
+    /// A JSON object any Redis client can read (see the module documentation).
+    Json,
+}
+
+/// Version of the JSON envelope, its `eventbus` member.
+const JSON_VERSION: u32 = 1;
+
+/// The JSON envelope, as written and read.
+#[derive(Serialize, Deserialize)]
+struct JsonEvent<'a> {
+    eventbus: u32,
+    #[serde(borrow)]
+    id: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    channel: std::borrow::Cow<'a, str>,
+    timestamp: String,
+    #[serde(borrow, default)]
+    source: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    content_type: std::borrow::Cow<'a, str>,
+    #[serde(default)]
+    metadata: HashMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    payload: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    payload_base64: Option<String>,
+}
+
+/// `event` as this instance publishes it to Redis.
+pub(crate) fn encode_as(envelope: Envelope, event: &Event) -> Vec<u8> {
+    match envelope {
+        Envelope::Binary => encode(event),
+        Envelope::Json => encode_json(event),
+    }
+}
+
+fn encode_json(event: &Event) -> Vec<u8> {
+    let (payload, payload_base64) = match std::str::from_utf8(&event.payload) {
+        Ok(text) => (Some(text.to_owned()), None),
+        Err(_) => (None, Some(BASE64.encode(&event.payload))),
+    };
+    let json = JsonEvent {
+        eventbus: JSON_VERSION,
+        id: event.id.as_str().into(),
+        channel: event.channel.as_str().into(),
+        timestamp: prost_types::Timestamp::from(event.timestamp).to_string(),
+        source: event.source.as_str().into(),
+        content_type: event.content_type.as_str().into(),
+        metadata: event.metadata.clone(),
+        payload,
+        payload_base64,
+    };
+    // A struct of strings and a map of strings always serializes.
+    serde_json::to_vec(&json).unwrap_or_default()
+}
+
+/// The event of a JSON envelope; `None` when `message` is not one (a foreign producer's
+/// JSON, say). Cheap for anything else: only a message that names the `eventbus`
+/// member is parsed.
+fn decode_json(channel: &str, message: &[u8]) -> Option<Event> {
+    let start = message.iter().position(|b| !b.is_ascii_whitespace())?;
+    if message[start] != b'{' || !contains(message, b"\"eventbus\"") {
+        return None;
+    }
+    let json: JsonEvent<'_> = serde_json::from_slice(message).ok()?;
+    if json.eventbus != JSON_VERSION || json.id.is_empty() {
+        return None;
+    }
+    let payload = match (json.payload, json.payload_base64) {
+        (Some(text), None) => Bytes::from(text),
+        (None, Some(b64)) => Bytes::from(BASE64.decode(b64).ok()?),
+        (None, None) => Bytes::new(),
+        (Some(_), Some(_)) => return None,
+    };
+    let timestamp = prost_types::Timestamp::from_str(&json.timestamp)
+        .ok()
+        .and_then(|t| SystemTime::try_from(t).ok())
+        .unwrap_or_else(SystemTime::now);
+    Some(Event::from_parts(
+        json.id.into_owned(),
+        channel.to_owned(),
+        timestamp,
+        json.source.into_owned(),
+        payload,
+        json.metadata,
+        json.content_type.into_owned(),
+    ))
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
 
 /// Magic prefix and version of the envelope.
 pub(crate) const MAGIC: [u8; 4] = [0xEB, 0x42, 0x55, 0x01];
@@ -73,6 +182,9 @@ pub(crate) fn decode(channel: &str, message: Bytes) -> Event {
             wire.content_type,
         );
     }
+    if let Some(event) = decode_json(channel, &message) {
+        return event;
+    }
     let now = SystemTime::now();
     Event::from_parts(
         new_id(),
@@ -105,6 +217,65 @@ mod tests {
             (back.id, back.timestamp, back.source, back.payload, back.metadata, back.content_type),
             (event.id, event.timestamp, event.source, event.payload, event.metadata, event.content_type)
         );
+    }
+
+    fn sample(payload: &'static [u8]) -> Event {
+        Event::from_parts(
+            new_id(),
+            "orders.created".into(),
+            SystemTime::UNIX_EPOCH + std::time::Duration::from_micros(1_700_000_000_123_456),
+            "billing".into(),
+            Bytes::from_static(payload),
+            [("k".to_owned(), "v".to_owned())].into(),
+            "application/json".into(),
+        )
+    }
+
+    #[test]
+    fn json_envelopes_round_trip_text_and_binary_payloads() {
+        for payload in [&b"{\"id\":1}"[..], &[0xFF, 0x00, 0x80][..], &b""[..]] {
+            let event = sample(payload);
+            let wire = encode_as(Envelope::Json, &event);
+            let back = decode("orders.created", Bytes::from(wire));
+            assert_eq!(
+                (back.id, back.timestamp, back.source, back.payload, back.metadata, back.content_type),
+                (event.id, event.timestamp, event.source, event.payload, event.metadata, event.content_type)
+            );
+        }
+    }
+
+    #[test]
+    fn the_json_envelope_is_the_documented_object() {
+        let event = sample(b"{\"id\":1}");
+        let v: serde_json::Value = serde_json::from_slice(&encode_as(Envelope::Json, &event)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "eventbus": 1,
+                "id": event.id,
+                "channel": "orders.created",
+                "timestamp": "2023-11-14T22:13:20.123456Z",
+                "source": "billing",
+                "content_type": "application/json",
+                "metadata": {"k": "v"},
+                "payload": "{\"id\":1}",
+            })
+        );
+        let binary = sample(&[0xFF]);
+        let v: serde_json::Value = serde_json::from_slice(&encode_as(Envelope::Json, &binary)).unwrap();
+        assert_eq!((v.get("payload"), v["payload_base64"].as_str()), (None, Some("/w==")));
+    }
+
+    #[test]
+    fn foreign_json_stays_a_raw_payload() {
+        for raw in [
+            &b"{\"id\":1}"[..],
+            b"{\"eventbus\": 2, \"id\": \"x\", \"channel\": \"c\", \"timestamp\": \"\"}",
+            b"{\"eventbus\":",
+        ] {
+            let event = decode("orders.created", Bytes::copy_from_slice(raw));
+            assert_eq!((event.payload.as_ref(), event.source.as_str()), (raw, FOREIGN_SOURCE));
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod glob;
 pub mod transport;
 
 pub use durable::{RedisDurable, RedisDurableSettings};
+pub use envelope::Envelope;
 /// The Redis client's error, for callers that report a bad Redis setting.
 pub use redis::RedisError;
 pub use transport::{RedisOptions, RedisTransport};

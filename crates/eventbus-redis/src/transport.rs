@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::dedup::Dedup;
-use crate::envelope;
+use crate::envelope::{self, Envelope};
 use crate::glob::{RedisFilter, event_channel, redis_channel, redis_filter};
 
 /// First reconnection delay; doubles up to [`MAX_BACKOFF`].
@@ -49,6 +49,8 @@ pub struct RedisOptions {
     pub database: i64,
     /// Redis channel of event channel `C` is `{prefix}:C`.
     pub prefix: String,
+    /// How the events this instance publishes are encoded (it reads both).
+    pub envelope: Envelope,
     /// PEM file of the CA that signed Redis's TLS certificate (`rediss://` URLs), for a
     /// private CA; `None` trusts the system's root certificates.
     pub tls_ca_file: Option<std::path::PathBuf>,
@@ -152,6 +154,7 @@ const STALLED_CHECKS_BEFORE_RECONNECT: u32 = 5;
 #[derive(Debug)]
 pub struct RedisTransport {
     prefix: String,
+    envelope: Envelope,
     target: String,
     health_interval: Duration,
     health_timeout: Duration,
@@ -180,6 +183,7 @@ impl RedisTransport {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let transport = Arc::new(Self {
             prefix: settings.prefix.clone(),
+            envelope: settings.envelope,
             target: settings.display_target(),
             health_interval: settings.health_check_interval,
             health_timeout: settings.health_check_timeout,
@@ -386,7 +390,7 @@ impl Transport for RedisTransport {
             let key = redis_channel(&self.prefix, &event.channel);
             let receivers: i64 = redis::cmd("PUBLISH")
                 .arg(key)
-                .arg(envelope::encode(&event))
+                .arg(envelope::encode_as(self.envelope, &event))
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.unavailable(format!("PUBLISH failed: {e}")))?;
@@ -446,6 +450,7 @@ mod tests {
             password: None,
             database: 0,
             prefix: "p".into(),
+            envelope: Envelope::Binary,
             tls_ca_file: None,
             health_check_interval: Duration::from_secs(1),
             health_check_timeout: Duration::from_millis(500),

@@ -21,7 +21,7 @@ use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKin
 use eventbus_auth::AuthSettings;
 use eventbus_core::durable::{Backoff, BackoffKind, ConsumerConfig};
 use eventbus_core::{BusConfig, Overflow};
-use eventbus_redis::RedisOptions;
+use eventbus_redis::{Envelope, RedisOptions};
 use serde::Deserialize;
 use tracing_subscriber::filter::ParseError;
 
@@ -405,6 +405,8 @@ pub struct RedisSettings {
     pub password: String,
     pub database: u32,
     pub prefix: String,
+    /// How the events this instance publishes to Redis are encoded (it reads both).
+    pub envelope: EnvelopeSetting,
     /// PEM CA file for `rediss://` with a private CA; empty = system roots.
     pub tls_ca_file: String,
     /// How often the pub/sub and publishing connections are PINGed.
@@ -453,6 +455,11 @@ pub struct MetricsSettings {
     /// share `consumer="_other"`.
     pub max_consumer_labels: usize,
 }
+
+choice!(
+    /// Encoding of the events published to Redis.
+    EnvelopeSetting { Binary = "binary", Json = "json" }
+);
 
 choice!(
     /// When captures reach the disk.
@@ -721,6 +728,10 @@ impl Settings {
             password: (!r.password.is_empty()).then(|| r.password.clone()),
             database: i64::from(r.database),
             prefix: r.prefix.clone(),
+            envelope: match r.envelope {
+                EnvelopeSetting::Binary => Envelope::Binary,
+                EnvelopeSetting::Json => Envelope::Json,
+            },
             tls_ca_file: (!r.tls_ca_file.is_empty()).then(|| PathBuf::from(&r.tls_ca_file)),
             health_check_interval: Duration::from_millis(r.health_check_interval_ms),
             health_check_timeout: Duration::from_millis(r.health_check_timeout_ms),

@@ -428,6 +428,7 @@ fn start_redis_durable(
         prefix: redis.prefix.clone(),
         instance_id: bus.instance_id().to_owned(),
         retention: settings.retention(),
+        envelope: redis.envelope,
     };
     let durable =
         RedisDurable::start(client, durable_settings, durable_options(settings, metrics, supervisor), stop.clone())?;

@@ -101,6 +101,7 @@ impl Harness {
             prefix: "conformance".into(),
             instance_id: "conformance-1".into(),
             retention: RETENTION,
+            envelope: eventbus_redis::Envelope::Binary,
         };
         let (options, sink, letters) = options();
         let stop = CancellationToken::new();

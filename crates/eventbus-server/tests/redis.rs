@@ -99,6 +99,58 @@ async fn foreign_publish_reaches_subscribers_as_raw_payload() {
     assert!(!e.id.is_empty() && e.timestamp.is_some());
 }
 
+/// With `eventbus.redis.envelope: json`, a service with nothing but a Redis client reads
+/// the events an instance publishes; an instance left on the binary envelope reads them
+/// too (a fleet switches one instance at a time).
+#[tokio::test]
+async fn the_json_envelope_is_readable_by_a_plain_redis_subscriber_and_by_binary_instances() {
+    use futures::StreamExt as _;
+    let Some(redis) = RedisProc::start().await else { return };
+    let json =
+        broker_with(&redis, |s| s.eventbus.redis.envelope = eventbus_server::config::EnvelopeSetting::Json).await;
+    let binary = broker(&redis).await;
+    let mut plain = redis::Client::open(redis.url()).unwrap().get_async_pubsub().await.unwrap();
+    plain.subscribe("socle:eventbus:orders.created").await.unwrap();
+    let mut on_binary = binary.subscribe(sub(&["orders.*"])).await;
+
+    let mut text = event("orders.created", r#"{"id":1}"#);
+    text.content_type = "application/json".into();
+    text.metadata.insert("tenant".into(), "acme".into());
+    let mut bytes = event("orders.created", "");
+    bytes.payload = vec![0xFF, 0x00, 0x80].into();
+    let mut client = json.client().await;
+    let text_id = client.publish(text).await.unwrap().into_inner().event_id;
+    let bytes_id = client.publish(bytes).await.unwrap().into_inner().event_id;
+
+    let mut messages = plain.on_message();
+    let mut read = Vec::new();
+    for _ in 0..2 {
+        let msg = within(messages.next()).await.expect("a message on the plain subscriber");
+        let bytes = msg.get_payload_bytes();
+        read.push(
+            serde_json::from_slice::<serde_json::Value>(bytes)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(bytes))),
+        );
+    }
+    let first = &read[0];
+    assert_eq!(first["eventbus"], 1);
+    assert_eq!(first["id"], text_id.as_str());
+    assert_eq!(first["channel"], "orders.created");
+    assert_eq!(first["payload"], r#"{"id":1}"#);
+    assert_eq!(first["content_type"], "application/json");
+    assert_eq!(first["metadata"], serde_json::json!({"tenant": "acme"}));
+    assert!(first["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')), "{first}");
+    assert_eq!((read[1]["id"].as_str(), read[1]["payload_base64"].as_str()), (Some(bytes_id.as_str()), Some("/wCA")));
+
+    let got = on_binary.take(2).await;
+    assert_eq!((got[0].id.as_str(), payload(&got[0]).as_str()), (text_id.as_str(), r#"{"id":1}"#));
+    assert_eq!(
+        (got[0].content_type.as_str(), got[0].metadata.get("tenant").map(String::as_str)),
+        ("application/json", Some("acme"))
+    );
+    assert_eq!((got[1].id.as_str(), got[1].payload.as_ref()), (bytes_id.as_str(), &[0xFF, 0x00, 0x80][..]));
+}
+
 #[tokio::test]
 async fn redis_outage_fails_publishes_then_recovers_the_same_streams() {
     let Some(mut redis) = RedisProc::start().await else { return };

@@ -16,7 +16,11 @@ use super::*;
 /// A publish waiting for the next capture script.
 pub(super) struct PendingCapture {
     pub(super) event: Arc<Event>,
+    /// Stored for the consumers (always the binary envelope).
     pub(super) envelope: Vec<u8>,
+    /// Published for subscribers when it differs from `envelope` (the JSON one); empty
+    /// = the envelope.
+    pub(super) published: Vec<u8>,
     /// "" = none.
     pub(super) ordering_key: String,
     /// The full Redis key; "" = none.
@@ -77,6 +81,10 @@ impl Shared {
             let (reply, outcome) = oneshot::channel();
             let capture = PendingCapture {
                 envelope: envelope::encode(r.event),
+                published: match self.envelope {
+                    Envelope::Binary => Vec::new(),
+                    json => envelope::encode_as(json, r.event),
+                },
                 ordering_key: r.ordering_key.unwrap_or("").to_owned(),
                 idem: r.idempotency_key.map(|k| format!("{}{k}", self.keys.idem)).unwrap_or_default(),
                 event: Arc::clone(r.event),
@@ -128,6 +136,7 @@ impl Shared {
                     names.retain(|n| registry.by_name.contains_key(n));
                     call.arg(&p.event.id)
                         .arg(&p.envelope)
+                        .arg(&p.published)
                         .arg(&p.event.channel)
                         .arg(&p.ordering_key)
                         .arg(&p.idem)

@@ -70,7 +70,7 @@ use redis::{Client, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::envelope;
+use crate::envelope::{self, Envelope};
 use crate::glob::redis_channel;
 use capture::{PendingCapture, run_captures};
 use follow::follow_changes;
@@ -100,6 +100,9 @@ pub struct RedisDurableSettings {
     pub instance_id: String,
     /// Terminal log bounds.
     pub retention: Retention,
+    /// How captured events are published to subscribers (`eventbus.redis.envelope`);
+    /// consumers' streams always keep the binary envelope.
+    pub envelope: Envelope,
 }
 
 /// Durable consumers on Redis Streams. A cheap handle.
@@ -137,6 +140,7 @@ pub(crate) struct Shared {
     prefix: String,
     instance: String,
     retention: Retention,
+    envelope: Envelope,
     options: DurableOptions,
     sink: OnceLock<DeadLetterSink>,
     keys: GlobalKeys,
@@ -206,6 +210,7 @@ impl RedisDurable {
             prefix: settings.prefix,
             instance: settings.instance_id,
             retention: settings.retention,
+            envelope: settings.envelope,
             options,
             sink: OnceLock::new(),
             keys,

@@ -265,8 +265,9 @@ end
 /// ephemeral subscribers.
 ///
 /// KEYS: version. ARGV: known version, window ms, pub/sub channel prefix, then per
-/// event: event id, envelope, channel, ordering key ('' = none), idempotency key ('' =
-/// none), number of consumers n, then n (consumer key base, max_pending) pairs. A
+/// event: event id, envelope (stored), pub/sub message ('' = the envelope), channel,
+/// ordering key ('' = none), idempotency key ('' = none), number of consumers n, then n
+/// (consumer key base, max_pending) pairs. A
 /// consumer holding max_pending unfinished events (0 = no limit) takes no more: the
 /// capture is dropped for it and counted (`:n` dropped).
 /// Returns `{'stale', version}` (nothing done), or `{'ok', r1, r2, ...}` with one `r`
@@ -279,9 +280,10 @@ local window, pubsub = ARGV[2], ARGV[3]
 local out = {'ok'}
 local j = 4
 while j <= #ARGV do
-  local id, env, channel, key, idem = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4]
-  local first = j + 6
-  j = first + 2 * tonumber(ARGV[j + 5])
+  local id, env, msg, channel, key, idem = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4], ARGV[j + 5]
+  local first = j + 7
+  j = first + 2 * tonumber(ARGV[j + 6])
+  if msg == '' then msg = env end
   local prev = false
   if idem ~= '' then
     prev = redis.call('GET', idem)
@@ -304,7 +306,7 @@ while j <= #ARGV do
         redis.call('XADD', b .. ':s', '*', 'e', env)
       end
     end
-    out[#out + 1] = redis.call('PUBLISH', pubsub .. channel, env)
+    out[#out + 1] = redis.call('PUBLISH', pubsub .. channel, msg)
   end
 end
 return out
