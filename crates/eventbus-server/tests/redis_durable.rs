@@ -829,3 +829,122 @@ async fn the_packed_terminal_log_ages_out_by_log_max_age_ms() {
     let d = c.deliveries(1).await;
     assert_eq!(d[0].event.as_ref().unwrap().id, later.event_id);
 }
+
+/// The terminal log's entries, as the previous release's reader takes them: each must
+/// be one line in field `j`; returns the event ids, or `None` at the first entry that
+/// reader could not read (a pack).
+async fn log_as_the_previous_release_reads_it(redis: &RedisProc, consumer: &str) -> Option<Vec<String>> {
+    let key = format!("socle:eventbus:durable:{consumer}:l");
+    let rows: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg(key).arg("-").arg("+").query_async(&mut redis.conn().await).await.unwrap();
+    let mut ids = Vec::new();
+    for (_, fields) in rows {
+        let [(field, line)] = fields.as_slice() else { return None };
+        if field != "j" {
+            return None;
+        }
+        let entry: serde_json::Value = serde_json::from_str(line).unwrap();
+        ids.push(entry["event_id"].as_str().unwrap().to_owned());
+    }
+    Some(ids)
+}
+
+/// A rolling upgrade: Redis holds what the previous release wrote (a recorded fixture:
+/// the consumer's definition, its group, a live event, log lines one per entry, no log
+/// format key). This build reads it all, and keeps writing the log one line per entry,
+/// which the previous release reads, until the fleet's format is set to packed once
+/// every instance runs this build; a fresh Redis starts packed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_upgrade_keeps_the_log_readable_by_the_previous_release() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let mut conn = redis.conn().await;
+    let fixture_event = pb::Event {
+        id: "01930000-0000-7000-8000-000000000001".into(),
+        channel: "lg.created".into(),
+        timestamp: Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 0 }),
+        source: "legacy".into(),
+        payload: b"from before".to_vec().into(),
+        ..Default::default()
+    };
+    let envelope = [&[0xEB, 0x42, 0x55, 0x01][..], &fixture_event.encode_to_vec()].concat();
+    let definition = r#"{"name":"legacy","channels":["lg.>"],"ack_deadline_ms":30000,"max_attempts":5,"backoff":{"initial_ms":1000,"multiplier":2.0,"max_ms":60000},"max_in_flight":100,"dead_letter_channel":null}"#;
+    let base = "socle:eventbus:durable:legacy";
+    let mut fixture = redis::pipe();
+    fixture
+        .cmd("HSET")
+        .arg("socle:eventbus:durable:consumers")
+        .arg("legacy")
+        .arg(definition)
+        .cmd("SET")
+        .arg("socle:eventbus:durable:version")
+        .arg(1)
+        .cmd("XGROUP")
+        .arg("CREATE")
+        .arg(format!("{base}:s"))
+        .arg("eventbus")
+        .arg("0")
+        .arg("MKSTREAM")
+        .cmd("XADD")
+        .arg(format!("{base}:s"))
+        .arg("*")
+        .arg("e")
+        .arg(envelope)
+        .cmd("HSET")
+        .arg(format!("{base}:n"))
+        .arg("acked")
+        .arg(2);
+    for id in ["old-1", "old-2"] {
+        let line = format!(
+            r#"{{"event_id":"{id}","channel":"lg.old","status":"Completed","attempts":1,"first_delivered_ms":1,"finished_ms":2,"failures":[]}}"#
+        );
+        fixture.cmd("XADD").arg(format!("{base}:l")).arg("*").arg("j").arg(line);
+    }
+    let _: () = fixture.query_async(&mut conn).await.unwrap();
+
+    let server = broker(&redis).await;
+    assert_eq!(info(&server, "legacy").await.acked, 2, "the previous release's counters read");
+    let mut c = attach(server.endpoint(), "legacy", 0).await.unwrap();
+    let mut new_ids = Vec::new();
+    for i in 0..5 {
+        new_ids.push(publish(&server, event("lg.created", format!("{i}"))).await.event_id);
+    }
+    let got: Vec<String> = c.deliveries(6).await.iter().map(|d| d.event.as_ref().unwrap().id.clone()).collect();
+    assert_eq!(got[0], fixture_event.id, "the previous release's live event is delivered");
+    c.send(ack(got.clone())).await;
+    eventually("the batch acked", || async { info(&server, "legacy").await.acked == 8 }).await;
+    let format: Option<String> =
+        redis::cmd("GET").arg("socle:eventbus:durable:log_format").query_async(&mut conn).await.unwrap();
+    assert_eq!(format, None, "an upgraded Redis is not switched by itself");
+    let mut expected: Vec<String> = vec!["old-1".into(), "old-2".into()];
+    expected.extend(got.iter().cloned());
+    assert_eq!(
+        log_as_the_previous_release_reads_it(&redis, "legacy").await.as_deref(),
+        Some(&expected[..]),
+        "one line per entry while the previous release may still read the log"
+    );
+
+    // Every instance upgraded: the operator switches the fleet to packed entries.
+    let _: () = redis::cmd("SET").arg("socle:eventbus:durable:log_format").arg(2).query_async(&mut conn).await.unwrap();
+    let mut later = Vec::new();
+    for i in 0..3 {
+        later.push(publish(&server, event("lg.created", format!("late {i}"))).await.event_id);
+    }
+    let got_later: Vec<String> = c.deliveries(3).await.iter().map(|d| d.event.as_ref().unwrap().id.clone()).collect();
+    c.send(ack(got_later.clone())).await;
+    eventually("the second batch acked", || async { info(&server, "legacy").await.acked == 11 }).await;
+    let entries: u64 = redis::cmd("XLEN").arg(format!("{base}:l")).query_async(&mut conn).await.unwrap();
+    assert_eq!(entries, 2 + 6 + 1, "the second batch's three lines packed in one entry");
+    assert_eq!(log_as_the_previous_release_reads_it(&redis, "legacy").await, None, "a pack: this build only");
+    expected.extend(got_later.iter().cloned());
+    let whole: Vec<String> =
+        log(&server, "legacy", pb::EventStatus::Unspecified).await.into_iter().map(|e| e.event_id).collect();
+    assert_eq!(whole, expected, "this build reads both kinds of entry");
+
+    // A fresh Redis has no earlier release to wait for: packed from the first definition.
+    let Some(fresh) = RedisProc::start().await else { return };
+    let server = broker(&fresh).await;
+    create(&server, consumer("fresh", &["fr.>"])).await;
+    let format: Option<String> =
+        redis::cmd("GET").arg("socle:eventbus:durable:log_format").query_async(&mut fresh.conn().await).await.unwrap();
+    assert_eq!(format.as_deref(), Some("2"));
+}

@@ -716,7 +716,7 @@ impl Actor {
         let maxlen = self.shared.retention.max_entries.max(1);
         if !self.acks.is_empty() {
             let newest = self.acks.iter().filter_map(|a| Some((stream_id_order(&a.sid)?, a.sid.as_str()))).max();
-            let mut args = Args::new(&self.shared.scripts.ack);
+            let mut args = Args::logging(&self.shared.scripts.ack, &self.shared);
             args.push(&base).push(GROUP).push(maxlen).push(now_ms()).push(&self.ack_lines);
             args.push(newest.map_or("", |(_, sid)| sid));
             self.ack_lines.clear();
@@ -726,7 +726,7 @@ impl Actor {
             self.script(|s| &s.ack, args, "ack failed", |_| Outcome::default());
         }
         if !self.fails.is_empty() {
-            let mut args = Args::new(&self.shared.scripts.fail);
+            let mut args = Args::logging(&self.shared.scripts.fail, &self.shared);
             args.push(&base).push(GROUP).push(now_ms()).push(maxlen).push(&self.shared.instance);
             args.retry_config(&self.config);
             for f in self.fails.drain(..) {
@@ -846,7 +846,7 @@ impl Actor {
     }
 }
 
-/// A script call (EVALSHA, no keys), its arguments written straight into the command
+/// A script call (EVALSHA), its arguments written straight into the command
 /// (owned: the script runs after the actor moves on).
 struct Args(redis::Cmd);
 
@@ -854,6 +854,13 @@ impl Args {
     fn new(script: &Script) -> Self {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash()).arg(0);
+        Self(cmd)
+    }
+
+    /// For a script that writes the terminal log: its one key is the fleet's log format.
+    fn logging(script: &Script, shared: &Shared) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(1).arg(&shared.keys.log_format);
         Self(cmd)
     }
 

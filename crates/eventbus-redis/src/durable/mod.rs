@@ -11,6 +11,7 @@
 //! | `P:durable:version` | bumped by every create/replace/delete |
 //! | `P/durable/changes` | pub/sub notice of a bump (outside `P:*`, so no event subscriber sees it) |
 //! | `P:durable:idem:{key}` | idempotency key → first event id, expires with the window |
+//! | `P:durable:log_format` | `2`: terminal-log lines may be packed several to an entry (see `scripts`) |
 //! | `P:durable:{name}:s` | stream of live events, consumer group `eventbus` |
 //! | `P:durable:{name}:d` / `:r` | retries: due time (zset) / record (hash), also parked events |
 //! | `P:durable:{name}:y` | ids of the events in `:r` (zset, all scored 0: paged by id) |
@@ -128,6 +129,8 @@ struct GlobalKeys {
     version: String,
     notify: String,
     idem: String,
+    /// The terminal log's format across the fleet: `2` once lines may be packed.
+    log_format: String,
     /// What precedes an event channel in its Redis Pub/Sub channel (`{prefix}:`).
     pubsub: String,
 }
@@ -200,6 +203,7 @@ impl RedisDurable {
             version: format!("{p}:durable:version"),
             notify: format!("{p}/durable/changes"),
             idem: format!("{p}:durable:idem:"),
+            log_format: format!("{p}:durable:log_format"),
             pubsub: redis_channel(p, ""),
         };
         let (captures, capture_queue) = mpsc::channel(CAPTURE_QUEUE);
@@ -337,6 +341,7 @@ impl Shared {
             .define
             .key(&self.keys.consumers)
             .key(&self.keys.version)
+            .key(&self.keys.log_format)
             .arg(&config.name)
             .arg(&json)
             .arg(self.base(&config.name))
@@ -642,7 +647,11 @@ impl DurableBackend for RedisDurable {
             let rt = self.shared.find_known(name).await?;
             let limit = if limit == 0 { MAX_REDRIVE } else { limit.min(MAX_REDRIVE) };
             let mut call = self.shared.scripts.redrive.prepare_invoke();
-            call.arg(&rt.base).arg(now_ms()).arg(self.shared.retention.max_entries.max(1)).arg(limit);
+            call.key(&self.shared.keys.log_format)
+                .arg(&rt.base)
+                .arg(now_ms())
+                .arg(self.shared.retention.max_entries.max(1))
+                .arg(limit);
             for id in event_ids.iter().take(MAX_REDRIVE) {
                 call.arg(id);
             }

@@ -8,8 +8,10 @@
 //! on each read, and only the rare failure paths need them here. A record in `:r` is `cmsgpack({e, c, k, i, a, f, x})`
 //! (`k`, `f`, `x` empty when unset). A terminal-log entry holds the lines (each the JSON
 //! of a `LogEntry`) of one script: one line in field `j` (the only format before lines
-//! were packed), or `c` their count and `m` the lines joined by '\n'; `:n` field
-//! `logged` counts the lines (absent: a log of `j` entries only).
+//! were packed, and still the only one written while `P:durable:log_format` is not `2`,
+//! so that instances of the earlier release keep reading the log during a rolling
+//! upgrade), or `c` their count and `m` the lines joined by '\n'; `:n` field `logged`
+//! counts the lines (absent: a log of `j` entries only).
 
 use redis::Script;
 
@@ -175,17 +177,28 @@ local function log_trim(b, total, keep, minid, last, budget)
   return total, dropped >= budget
 end
 
--- Appends `n` lines (`text`: joined by '\n') as one entry: `j` for one line (the
--- format of every entry before lines were packed), else `c` the count and `m` the
--- lines. Past `maxlen` lines (with some slack, so that trims come in batches) the
--- oldest entries go.
+-- Whether several lines may share a log entry: only once the fleet's log format
+-- (`P:durable:log_format`, the script's KEYS[1]) is 2, i.e. every instance reads packed
+-- entries. Until then one line per entry, which every release reads.
+local function log_packed()
+  return KEYS[1] ~= nil and redis.call('GET', KEYS[1]) == '2'
+end
+
+-- Appends `n` lines (`text`: joined by '\n'): packed (see log_packed) as one entry,
+-- `c` the count and `m` the lines, else one entry per line, `j` the line (the format of
+-- every entry before lines were packed). Past `maxlen` lines (with some slack, so that
+-- trims come in batches) the oldest entries go.
 local function log_write(b, text, n, maxlen)
   if n == 0 then return end
   local total, last = log_count(b) + n, nil
   if n == 1 then
     last = redis.call('XADD', b .. ':l', '*', 'j', text)
-  else
+  elseif log_packed() then
     last = redis.call('XADD', b .. ':l', '*', 'c', n, 'm', text)
+  else
+    for line in string.gmatch(text, '[^\n]+') do
+      last = redis.call('XADD', b .. ':l', '*', 'j', line)
+    end
   end
   maxlen = tonumber(maxlen)
   if total > maxlen + math.floor(maxlen / 16) then
@@ -514,10 +527,13 @@ for _, d in ipairs(out.dead) do reply[#reply + 1] = d end
 return reply
 "#;
 
-/// Create or replace a definition: KEYS consumers hash, version; ARGV name, config
-/// JSON, key base, group, notify channel, replace (1/0). Returns `{'exists', json}`
-/// when a definition exists and `replace` is 0, else `{'ok', version}`.
+/// Create or replace a definition: KEYS consumers hash, version, log format; ARGV
+/// name, config JSON, key base, group, notify channel, replace (1/0). Returns
+/// `{'exists', json}` when a definition exists and `replace` is 0, else `{'ok',
+/// version}`. The first definition ever made (no version yet: a fresh Redis, no
+/// instance of an earlier release around it) sets the log format to packed.
 const DEFINE: &str = r#"
+if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('SET', KEYS[3], '2', 'NX') end
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur and ARGV[6] ~= '1' then return {'exists', cur} end
 if cur == ARGV[2] then return {'ok', redis.call('GET', KEYS[2]) or '0'} end
