@@ -1,0 +1,260 @@
+//! Publishing: checking a publish, capturing it for durable consumers, handing it to
+//! subscribers or the shared transport.
+
+use super::*;
+
+/// A publish's keys ("" = none).
+pub(super) struct PublishKeys {
+    ordering: String,
+    idempotency: String,
+}
+
+impl PublishKeys {
+    pub(super) fn request<'a>(&'a self, event: &'a Arc<Event>) -> CaptureRequest<'a> {
+        CaptureRequest {
+            event,
+            ordering_key: (!self.ordering.is_empty()).then_some(self.ordering.as_str()),
+            idempotency_key: (!self.idempotency.is_empty()).then_some(self.idempotency.as_str()),
+        }
+    }
+}
+
+impl Bus {
+    /// Validates and publishes one event.
+    pub async fn publish(&self, input: PublishInput) -> Result<Published, Error> {
+        self.publish_within(input, self.inner.config.max_payload_bytes).await
+    }
+
+    /// [`Bus::publish`] with its own payload limit.
+    pub(super) async fn publish_within(
+        &self,
+        input: PublishInput,
+        max_payload_bytes: usize,
+    ) -> Result<Published, Error> {
+        let start = Instant::now();
+        let (event, keys) = self.prepare(input, max_payload_bytes, ChannelCheck::Needed)?;
+        let event = Arc::new(event);
+        let Some(durable) = self.inner.durable.get() else {
+            return self.deliver(event, start).await;
+        };
+        let r = keys.request(&event);
+        let captured = durable.capture(r.event, r.ordering_key, r.idempotency_key).await?;
+        self.complete(event, captured, start).await
+    }
+
+    /// Publishes several events of one publisher (the requests of a `PublishStream`
+    /// that arrived together), in order: the durable capture of all of them shares one
+    /// round trip where the engine allows it. The answers come in the same order and
+    /// stop at the first error, which is then the last answer; the events after it
+    /// go unanswered (see [`DurableBackend::capture_many`]).
+    pub async fn publish_many(&self, inputs: Vec<PublishInput>) -> Vec<Result<Published, Error>> {
+        let start = Instant::now();
+        let mut out = Vec::with_capacity(inputs.len());
+        let Some(durable) = self.inner.durable.get().filter(|_| inputs.len() > 1) else {
+            for input in inputs {
+                let published = self.publish(input).await;
+                let failed = published.is_err();
+                out.push(published);
+                if failed {
+                    break;
+                }
+            }
+            return out;
+        };
+        let mut prepared = Vec::with_capacity(inputs.len());
+        let mut refused = None;
+        for input in inputs {
+            let check = channel_check(prepared.last().map(|(e, _)| e), &input);
+            match self.prepare(input, self.inner.config.max_payload_bytes, check) {
+                Ok((event, keys)) => prepared.push((Arc::new(event), keys)),
+                Err(err) => {
+                    refused = Some(err);
+                    break;
+                }
+            }
+        }
+        let captured = {
+            let requests: Vec<CaptureRequest<'_>> = prepared.iter().map(|(e, keys)| keys.request(e)).collect();
+            durable.capture_many(&requests).await
+        };
+        let expected = prepared.len();
+        for ((event, _), captured) in prepared.into_iter().zip(captured) {
+            let published = match captured {
+                Ok(c) => self.complete(event, c, start).await,
+                Err(err) => Err(err.into()),
+            };
+            let failed = published.is_err();
+            out.push(published);
+            if failed {
+                return out;
+            }
+        }
+        if out.len() < expected {
+            // An engine that answered fewer events than it was given: say so rather
+            // than leave a publisher without an answer.
+            let answered = out.len();
+            let reason = format!("the durable engine answered {answered} of {expected} publishes");
+            out.push(Err(Error::Durable(DurableError::unavailable(reason))));
+            return out;
+        }
+        out.extend(refused.map(Err));
+        out
+    }
+
+    /// Publishes the events of one batch (`PublishBatch`) in order, and answers every
+    /// one of them, in the same order: unlike [`Bus::publish_many`], a refused event
+    /// does not stop the ones after it. The durable captures of the accepted events
+    /// share one round trip where the engine allows it; should the engine fail part-way,
+    /// the events it left unanswered are refused as not captured (like any publish
+    /// whose answer was lost, a shared store may have captured some of them).
+    pub async fn publish_each(&self, inputs: Vec<PublishInput>) -> Vec<Result<Published, Error>> {
+        let mut out = Vec::with_capacity(inputs.len());
+        let Some(durable) = self.inner.durable.get() else {
+            for input in inputs {
+                out.push(self.publish(input).await);
+            }
+            return out;
+        };
+        let start = Instant::now();
+        let max_payload_bytes = self.inner.config.max_payload_bytes;
+        let mut prepared: Vec<Result<(Arc<Event>, PublishKeys), Error>> = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            let check = channel_check(prepared.last().and_then(|p| p.as_ref().ok()).map(|(e, _)| e), &input);
+            prepared.push(self.prepare(input, max_payload_bytes, check).map(|(event, keys)| (Arc::new(event), keys)));
+        }
+        let captured = {
+            let requests: Vec<CaptureRequest<'_>> =
+                prepared.iter().filter_map(|p| p.as_ref().ok()).map(|(e, keys)| keys.request(e)).collect();
+            if requests.is_empty() { Vec::new() } else { durable.capture_many(&requests).await }
+        };
+        let mut captured = captured.into_iter();
+        for prepared in prepared {
+            let published = match prepared {
+                Err(err) => Err(err),
+                Ok((event, _)) => match captured.next() {
+                    Some(Ok(c)) => self.complete(event, c, start).await,
+                    Some(Err(err)) => Err(err.into()),
+                    None => Err(Error::Durable(DurableError::unavailable(
+                        "not captured: the durable engine failed on an earlier event of the batch",
+                    ))),
+                },
+            };
+            out.push(published);
+        }
+        out
+    }
+
+    /// Checks a publish and builds its event.
+    fn prepare(
+        &self,
+        mut input: PublishInput,
+        max_payload_bytes: usize,
+        channel: ChannelCheck,
+    ) -> Result<(Event, PublishKeys), Error> {
+        if self.is_shutting_down() {
+            return Err(Error::ShuttingDown);
+        }
+        for (field, value, limit) in [
+            ("ordering_key", &input.ordering_key, MAX_KEY_BYTES),
+            ("idempotency_key", &input.idempotency_key, MAX_KEY_BYTES),
+            ("source", &input.source, MAX_SOURCE_BYTES),
+        ] {
+            if value.len() > limit {
+                return Err(Error::InvalidOption {
+                    field,
+                    message: format!("{} bytes is over the limit of {limit}", value.len()),
+                });
+            }
+        }
+        let keys = PublishKeys {
+            ordering: std::mem::take(&mut input.ordering_key),
+            idempotency: scoped_key(&input.idempotency_scope, std::mem::take(&mut input.idempotency_key)),
+        };
+        let event = input.into_event(max_payload_bytes, channel)?;
+        if let Some(status) = &self.inner.transport_status {
+            let status = *status.borrow();
+            if !status.connected {
+                // Fail fast while the shared medium is away, durable capture included.
+                let reason = if status.stalled {
+                    "connected but not answering health checks (hung or overloaded); the event was not published"
+                } else {
+                    "not connected; the event was not published"
+                };
+                return Err(Error::Transport(TransportError { transport: self.mode(), reason: reason.into() }));
+            }
+        }
+        if self.inner.durable.get().is_none() && !keys.idempotency.is_empty() {
+            // Promising "delivered once" and then not checking would be a silent lie.
+            return Err(Error::InvalidOption {
+                field: "idempotency_key",
+                message: "needs durable consumers, which this broker does not run".into(),
+            });
+        }
+        Ok((event, keys))
+    }
+
+    /// Finishes a publish the durable engine has captured: a duplicate is answered as
+    /// such, an event the engine forwarded is done, a stored one goes to subscribers.
+    async fn complete(&self, event: Arc<Event>, captured: Captured, start: Instant) -> Result<Published, Error> {
+        match captured {
+            Captured::Duplicate(original) => Ok(Published {
+                event_id: original,
+                delivered: 0,
+                failed: 0,
+                duration: start.elapsed(),
+                duplicate: true,
+            }),
+            Captured::Forwarded { fanout, .. } => {
+                self.inner.channel(&event.channel).counters.mark_published(event.timestamp);
+                self.inner.counters.published.fetch_add(1, Ordering::Relaxed);
+                Ok(Published {
+                    event_id: event.id.clone(),
+                    delivered: fanout.delivered,
+                    failed: fanout.failed,
+                    duration: start.elapsed(),
+                    duplicate: false,
+                })
+            }
+            Captured::Stored(_) => self.deliver(event, start).await,
+        }
+    }
+
+    /// Hands an event to the local subscribers or the shared transport.
+    async fn deliver(&self, event: Arc<Event>, start: Instant) -> Result<Published, Error> {
+        let event_id = event.id.clone();
+        let fanout = match &self.inner.transport {
+            None => self.inner.dispatch_local(event, true).await,
+            Some(transport) => {
+                let channel = self.inner.channel(&event.channel);
+                let at = event.timestamp;
+                let fanout = transport.publish(event).await?;
+                channel.counters.mark_published(at);
+                self.inner.counters.published.fetch_add(1, Ordering::Relaxed);
+                fanout
+            }
+        };
+        Ok(Published {
+            event_id,
+            delivered: fanout.delivered,
+            failed: fanout.failed,
+            duration: start.elapsed(),
+            duplicate: false,
+        })
+    }
+}
+
+/// A name within a principal's scope (an idempotency key as the durable engines keep
+/// it, a group's routing key): `<scope length>:<scope>:<key>`, unambiguous whatever the
+/// names contain; the key alone in the empty scope (authentication off).
+pub(super) fn scoped_key(scope: &str, key: String) -> String {
+    if scope.is_empty() || key.is_empty() {
+        return key;
+    }
+    format!("{}:{scope}:{key}", scope.len())
+}
+
+/// A publish's channel is checked unless the publish before it in the same call, already
+/// accepted, had the same one.
+fn channel_check(previous: Option<&Arc<Event>>, input: &PublishInput) -> ChannelCheck {
+    if previous.is_some_and(|e| e.channel == input.channel) { ChannelCheck::Done } else { ChannelCheck::Needed }
+}
