@@ -1,0 +1,200 @@
+//! Loading: the layers, the seed's aliases and layout, command-line overrides.
+
+use super::*;
+
+/// Seed variable names and the keys they stand for.
+const ALIASES: &[(&str, &str)] = &[
+    ("EVENTBUS_ENABLED", "eventbus.enabled"),
+    ("EVENTBUS_MODE", "eventbus.mode"),
+    ("EVENTBUS_QUEUE_CAPACITY", "eventbus.default_queue_capacity"),
+    ("EVENTBUS_OFFER_TIMEOUT", "eventbus.offer_timeout_ms"),
+    ("REDIS_HOST", "eventbus.redis.host"),
+    ("REDIS_PORT", "eventbus.redis.port"),
+    ("REDIS_PASSWORD", "eventbus.redis.password"),
+    ("REDIS_DATABASE", "eventbus.redis.database"),
+    ("EVENTBUS_REDIS_PREFIX", "eventbus.redis.prefix"),
+    ("EVENTBUS_REDIS_POOL_MAX", "eventbus.redis.pool.max_total"),
+    ("EVENTBUS_REDIS_POOL_MAX_IDLE", "eventbus.redis.pool.max_idle"),
+    ("EVENTBUS_REDIS_POOL_MIN_IDLE", "eventbus.redis.pool.min_idle"),
+    ("EVENTBUS_METRICS_ENABLED", "eventbus.metrics.enabled"),
+];
+
+/// The keys of the seed's `eventbus.common` section; each is a spelling of the flat
+/// `eventbus.<key>`.
+const COMMON_KEYS: &[&str] =
+    &["default_queue_capacity", "max_queue_capacity", "offer_timeout_ms", "overflow", "max_batch", "max_payload_bytes"];
+
+/// Command-line values, the top layer. `None` leaves the lower layers alone.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub config_file: Option<PathBuf>,
+    pub grpc_addr: Option<String>,
+    pub http_addr: Option<String>,
+    pub mode: Option<String>,
+    pub log_level: Option<String>,
+    pub log_format: Option<String>,
+}
+
+impl Settings {
+    /// Loads every layer. `env` is the process environment (a map, for tests).
+    pub fn load(overrides: &Overrides, env: &HashMap<String, String>) -> Result<Self, ConfigError> {
+        let mut layers = Layers::default();
+        layers.add(&File::from_str(DEFAULT_YAML, FileFormat::Yaml), "the built-in defaults")?;
+        match &overrides.config_file {
+            Some(path) if !path.exists() => return Err(ConfigError::MissingFile { path: path.clone() }),
+            Some(path) => {
+                layers.add(&File::from(path.as_path()).format(FileFormat::Yaml), &path.display().to_string())?;
+            }
+            None if Path::new(IMPLICIT_FILE).exists() => {
+                layers.add(&File::new(IMPLICIT_FILE, FileFormat::Yaml), IMPLICIT_FILE)?;
+            }
+            None => {}
+        }
+        let aliases: Map<String, Value> = ALIASES
+            .iter()
+            .filter_map(|(var, key)| {
+                env.get(*var).map(|v| (key.to_string(), Value::new(Some(&var.to_string()), v.clone())))
+            })
+            .collect();
+        layers.add(&Layer(typed_like_env(aliases)), "the seed's environment variables")?;
+        let environment = Environment::with_prefix("EVENTBUS")
+            .prefix_separator("__")
+            .separator("__")
+            .try_parsing(true)
+            .source(Some(env.clone().into_iter().collect()));
+        layers.add(&environment, "the EVENTBUS__ environment variables")?;
+        let mut builder = layers.builder;
+        let flags = [
+            ("server.grpc_addr", &overrides.grpc_addr),
+            ("server.http_addr", &overrides.http_addr),
+            ("eventbus.mode", &overrides.mode),
+            ("log.level", &overrides.log_level),
+            ("log.format", &overrides.log_format),
+        ];
+        for (key, value) in flags {
+            if let Some(value) = value {
+                builder = builder.set_override(key, value.as_str())?;
+            }
+        }
+        let spellings = layers.seed_spelled;
+        let settings = builder
+            .build()
+            .and_then(Config::try_deserialize::<Settings>)
+            .map_err(ConfigError::from)
+            .and_then(|settings| settings.validate().map(|()| settings));
+        settings.map_err(|err| match err.key().and_then(|key| spellings.get(key)) {
+            Some((nested, origin)) => {
+                ConfigError::SeedSpelling { nested: nested.clone(), origin: origin.clone(), source: Box::new(err) }
+            }
+            None => err,
+        })
+    }
+}
+
+/// The layers merged so far, each rewritten to the flat layout.
+#[derive(Debug, Default)]
+struct Layers {
+    builder: config::ConfigBuilder<config::builder::DefaultState>,
+    /// Flat key → (seed-shaped key, layer) for the settings whose current value was
+    /// written the seed's way, so that an error about one can say how it was written.
+    seed_spelled: HashMap<String, (String, String)>,
+}
+
+impl Layers {
+    /// Adds `source` above the layers before it. `origin` names it in errors.
+    fn add(&mut self, source: &dyn Source, origin: &str) -> Result<(), ConfigError> {
+        let mut cache = Value::new(None, Map::<String, Value>::new());
+        source.collect_to(&mut cache)?;
+        let ValueKind::Table(mut tree) = cache.kind else {
+            return Ok(());
+        };
+        let moved = flatten_seed_layout(&mut tree, origin)?;
+        if let Some(ValueKind::Table(eventbus)) = tree.get("eventbus").map(|v| &v.kind) {
+            for key in COMMON_KEYS.iter().filter(|key| eventbus.contains_key(**key)) {
+                let flat = format!("eventbus.{key}");
+                if moved.contains(key) {
+                    self.seed_spelled.insert(flat, (format!("eventbus.common.{key}"), origin.to_owned()));
+                } else {
+                    self.seed_spelled.remove(&flat);
+                }
+            }
+        }
+        self.builder = std::mem::take(&mut self.builder).add_source(Layer(tree));
+        Ok(())
+    }
+}
+
+/// Rewrites one layer's seed-shaped keys to the flat layout: `eventbus.common.<key>`
+/// becomes `eventbus.<key>`, and the seed's empty `eventbus.in_memory` section goes.
+/// Returns the keys moved.
+fn flatten_seed_layout(tree: &mut Map<String, Value>, origin: &str) -> Result<Vec<&'static str>, ConfigError> {
+    let Some(ValueKind::Table(eventbus)) = tree.get_mut("eventbus").map(|v| &mut v.kind) else {
+        // Absent, or not a mapping: deserialization names the problem.
+        return Ok(Vec::new());
+    };
+    let section = |key: &'static str, value: Value| match value.kind {
+        ValueKind::Nil => Ok(Map::new()),
+        ValueKind::Table(table) => Ok(table),
+        _ => Err(ConfigError::NotASection { key, origin: origin.to_owned() }),
+    };
+    if let Some(in_memory) = eventbus.remove("in_memory")
+        && let Some(key) = section("eventbus.in_memory", in_memory)?.keys().next()
+    {
+        let key = format!("eventbus.in_memory.{key}");
+        return Err(ConfigError::UnknownSeedKey { key, origin: origin.to_owned(), expected: &[] });
+    }
+    let Some(common) = eventbus.remove("common") else {
+        return Ok(Vec::new());
+    };
+    let mut moved = Vec::new();
+    for (key, value) in section("eventbus.common", common)? {
+        let Some(known) = COMMON_KEYS.iter().copied().find(|k| *k == key) else {
+            let key = format!("eventbus.common.{key}");
+            return Err(ConfigError::UnknownSeedKey { key, origin: origin.to_owned(), expected: COMMON_KEYS });
+        };
+        if eventbus.contains_key(known) {
+            return Err(ConfigError::DuplicateKey {
+                flat: format!("eventbus.{known}"),
+                nested: format!("eventbus.common.{known}"),
+                origin: origin.to_owned(),
+            });
+        }
+        eventbus.insert(key, value);
+        moved.push(known);
+    }
+    Ok(moved)
+}
+
+/// One layer, already collected and flattened.
+#[derive(Debug, Clone)]
+struct Layer(Map<String, Value>);
+
+impl Source for Layer {
+    fn clone_into_box(&self) -> Box<dyn Source + Send + Sync> {
+        Box::new(self.clone())
+    }
+
+    fn collect(&self) -> Result<Map<String, Value>, config::ConfigError> {
+        Ok(self.0.clone())
+    }
+}
+
+/// The seed's environment variables, already mapped to their keys, typed the way the
+/// EVENTBUS__ variables are parsed, so numbers and booleans deserialize.
+fn typed_like_env(aliases: Map<String, Value>) -> Map<String, Value> {
+    aliases
+        .into_iter()
+        .map(|(k, v)| {
+            let origin = v.origin().map(str::to_owned);
+            let raw = v.into_string().unwrap_or_default();
+            let kind = if let Ok(b) = raw.to_ascii_lowercase().parse::<bool>() {
+                ValueKind::Boolean(b)
+            } else if let Ok(i) = raw.parse::<i64>() {
+                ValueKind::I64(i)
+            } else {
+                ValueKind::String(raw)
+            };
+            (k, Value::new(origin.as_ref(), kind))
+        })
+        .collect()
+}

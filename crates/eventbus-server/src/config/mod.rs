@@ -1,0 +1,141 @@
+//! Configuration (README "Configuration").
+//!
+//! Layers, lowest first: the shipped `config/default.yaml` (compiled in, the single
+//! source of defaults), a file (`--config PATH`, else `./config/default.yaml` when
+//! present), the seed's environment variables (`EVENTBUS_MODE`, `REDIS_HOST`, …),
+//! `EVENTBUS__SECTION__KEY` variables, then command-line flags. Unknown keys and bad
+//! values stop start-up with a message naming the key.
+//!
+//! The settings are built on the flat layout of `config/default.yaml`. The seed's
+//! layout is accepted too: each layer is rewritten to the flat one before the layers are
+//! merged, so `eventbus.common.max_batch` is another spelling of `eventbus.max_batch`
+//! and takes part in the precedence like it. One layer spelling a setting both ways is
+//! refused ([`ConfigError::DuplicateKey`]).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
+use eventbus_auth::AuthSettings;
+use eventbus_core::durable::{Backoff, BackoffKind, ConsumerConfig};
+use eventbus_core::{BusConfig, Overflow};
+use eventbus_redis::{Envelope, RedisOptions};
+use serde::Deserialize;
+use tracing_subscriber::filter::ParseError;
+
+pub use crate::tls::TlsSettings;
+
+/// The shipped defaults, embedded so the binary runs from any directory.
+pub const DEFAULT_YAML: &str = include_str!("../../../../config/default.yaml");
+
+/// File read when `--config` is not given, if it exists.
+pub const IMPLICIT_FILE: &str = "config/default.yaml";
+
+mod error;
+mod load;
+mod sections;
+mod validate;
+
+pub use error::ConfigError;
+pub use load::Overrides;
+pub use sections::*;
+pub use validate::MAX_PAYLOAD_LIMIT;
+
+/// Everything eventbusd can be configured with.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub eventbus: EventBusSettings,
+    pub durable: DurableSettings,
+    pub auth: AuthSettings,
+    pub log: LogSettings,
+}
+
+impl Default for Settings {
+    /// The shipped defaults.
+    fn default() -> Self {
+        let config = Config::builder()
+            .add_source(File::from_str(DEFAULT_YAML, FileFormat::Yaml))
+            .build()
+            .and_then(Config::try_deserialize);
+        // The embedded file is part of the binary; `shipped_defaults_parse` tests it.
+        config.expect("the embedded config/default.yaml is valid")
+    }
+}
+
+impl Settings {
+    /// Settings accepted for the seed's sake that change nothing here. eventbusd logs
+    /// each at start-up, so that nobody tunes them believing they act.
+    pub fn without_effect(&self) -> Vec<WithoutEffect> {
+        const NO_POOL: &str = "eventbusd keeps no Redis connection pool: commands share multiplexed \
+                               connections, pub/sub and blocking reads hold their own";
+        let pool = &self.eventbus.redis.pool;
+        [
+            ("eventbus.redis.pool.max_total", "EVENTBUS_REDIS_POOL_MAX", pool.max_total),
+            ("eventbus.redis.pool.max_idle", "EVENTBUS_REDIS_POOL_MAX_IDLE", pool.max_idle),
+            ("eventbus.redis.pool.min_idle", "EVENTBUS_REDIS_POOL_MIN_IDLE", pool.min_idle),
+        ]
+        .into_iter()
+        .filter_map(|(key, variable, value)| {
+            value.map(|value| WithoutEffect { key, variable, value: value.to_string(), reason: NO_POOL })
+        })
+        .collect()
+    }
+
+    /// The engine's settings.
+    pub fn bus_config(&self) -> BusConfig {
+        let e = &self.eventbus;
+        BusConfig {
+            default_queue_capacity: e.default_queue_capacity,
+            max_queue_capacity: e.max_queue_capacity,
+            default_queue_bytes: e.default_queue_bytes,
+            max_queued_bytes: e.max_queued_bytes,
+            offer_timeout: Duration::from_millis(e.offer_timeout_ms),
+            overflow: e.overflow.into(),
+            max_batch: e.max_batch,
+            max_payload_bytes: e.max_payload_bytes,
+            max_channels: e.max_tracked_channels,
+            max_channel_labels: e.metrics.enabled.then_some(e.metrics.max_channel_labels),
+        }
+    }
+
+    /// Where Redis is, for the redis mode.
+    pub fn redis_settings(&self) -> RedisOptions {
+        let r = &self.eventbus.redis;
+        RedisOptions {
+            url: (!r.url.is_empty()).then(|| r.url.clone()),
+            host: r.host.clone(),
+            port: r.port,
+            username: (!r.username.is_empty()).then(|| r.username.clone()),
+            password: (!r.password.is_empty()).then(|| r.password.clone()),
+            database: i64::from(r.database),
+            prefix: r.prefix.clone(),
+            envelope: match r.envelope {
+                EnvelopeSetting::Binary => Envelope::Binary,
+                EnvelopeSetting::Json => Envelope::Json,
+            },
+            tls_ca_file: (!r.tls_ca_file.is_empty()).then(|| PathBuf::from(&r.tls_ca_file)),
+            health_check_interval: Duration::from_millis(r.health_check_interval_ms),
+            health_check_timeout: Duration::from_millis(r.health_check_timeout_ms),
+        }
+    }
+
+    /// Terminal log bounds.
+    pub fn retention(&self) -> eventbus_core::durable::Retention {
+        eventbus_core::durable::Retention {
+            max_entries: self.durable.log_max_entries,
+            max_age_ms: self.durable.log_max_age_ms,
+        }
+    }
+
+    /// Bound on the shutdown flush.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.server.shutdown_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests;

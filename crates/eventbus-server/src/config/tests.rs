@@ -1,0 +1,399 @@
+
+use super::*;
+
+fn load(env: &[(&str, &str)], overrides: Overrides) -> Result<Settings, ConfigError> {
+    let env: HashMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    Settings::load(&overrides, &env)
+}
+
+fn error(env: &[(&str, &str)], overrides: Overrides) -> String {
+    match load(env, overrides) {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn shipped_defaults_parse_and_validate() {
+    let s = Settings::default();
+    s.validate().unwrap();
+    assert_eq!(s.server.grpc_addr.port(), 50051);
+    assert_eq!(s.server.http_addr.port(), 8080);
+    assert_eq!(s.bus_config(), BusConfig { max_channels: 10_000, ..BusConfig::default() });
+    assert_eq!(s.eventbus.redis.prefix, "socle:eventbus");
+    assert_eq!(s.eventbus.metrics.max_channel_labels, 1000);
+    assert_eq!((s.server.idle_timeout_ms, s.server.http.header_read_timeout_ms), (300_000, 10_000));
+    assert!(s.server.http.allowed_origins.is_empty());
+}
+
+#[test]
+fn edge_limits_are_checked() {
+    let check = |tweak: &dyn Fn(&mut Settings)| {
+        let mut s = Settings::default();
+        tweak(&mut s);
+        s.validate()
+    };
+    let err = check(&|s| s.server.grpc_stream_window_bytes = 1000).unwrap_err();
+    assert!(matches!(err, ConfigError::OutOfRange { key: "server.grpc_stream_window_bytes", .. }), "{err:?}");
+    let err = check(&|s| s.server.grpc_connection_window_bytes = u32::MAX).unwrap_err();
+    assert!(matches!(err, ConfigError::OutOfRange { key: "server.grpc_connection_window_bytes", .. }), "{err:?}");
+    let err = check(&|s| {
+        s.server.grpc_stream_window_bytes = 1 << 20;
+        s.server.grpc_connection_window_bytes = 1 << 19;
+    })
+    .unwrap_err();
+    assert!(matches!(err, ConfigError::AboveLimit { key: "server.grpc_stream_window_bytes", .. }), "{err:?}");
+    let err = check(&|s| s.server.http.header_read_timeout_ms = 0).unwrap_err();
+    assert!(matches!(err, ConfigError::TooSmall { key: "server.http.header_read_timeout_ms", .. }), "{err:?}");
+    for bad in ["console.example", "https://console.example/", "https://a.example/path", "null", "https://"] {
+        let err = check(&|s| s.server.http.allowed_origins = vec![bad.into()]).unwrap_err();
+        assert!(matches!(err, ConfigError::Invalid { key: "server.http.allowed_origins", .. }), "{bad}: {err:?}");
+    }
+    let good = check(&|s| {
+        s.server.http.allowed_origins = vec!["https://console.example".into(), "http://127.0.0.1:3000".into()];
+        s.server.idle_timeout_ms = 0;
+    });
+    assert!(good.is_ok(), "{good:?}");
+}
+
+#[test]
+fn precedence_defaults_file_env_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("eb.yaml");
+    std::fs::write(&file, "eventbus:\n  max_batch: 7\n  offer_timeout_ms: 5\nserver:\n  shutdown_timeout_ms: 9\n")
+        .unwrap();
+    let overrides = Overrides { config_file: Some(file), grpc_addr: Some("127.0.0.1:1".into()), ..Default::default() };
+    let s = load(
+        &[
+            ("EVENTBUS__EVENTBUS__MAX_BATCH", "8"),
+            ("EVENTBUS__SERVER__GRPC_ADDR", "127.0.0.1:2"),
+            ("EVENTBUS_QUEUE_CAPACITY", "42"),
+        ],
+        overrides,
+    )
+    .unwrap();
+    assert_eq!(s.server.shutdown_timeout_ms, 9, "file over defaults");
+    assert_eq!(s.eventbus.offer_timeout_ms, 5, "file over defaults");
+    assert_eq!(s.eventbus.max_batch, 8, "env over file");
+    assert_eq!(s.server.grpc_addr.port(), 1, "flag over env");
+    assert_eq!(s.eventbus.default_queue_capacity, 42, "seed alias");
+}
+
+#[test]
+fn canonical_variable_wins_over_alias() {
+    let s = load(
+        &[("EVENTBUS_QUEUE_CAPACITY", "42"), ("EVENTBUS__EVENTBUS__DEFAULT_QUEUE_CAPACITY", "43")],
+        Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(s.eventbus.default_queue_capacity, 43);
+    let s = load(&[("EVENTBUS_METRICS_ENABLED", "false"), ("REDIS_PORT", "6380")], Overrides::default()).unwrap();
+    assert!(!s.eventbus.metrics.enabled);
+    assert_eq!(s.eventbus.redis.port, 6380);
+}
+
+#[test]
+fn unknown_keys_are_named() {
+    let msg = error(&[("EVENTBUS__SERVER__GRPC_ADRR", "x")], Overrides::default());
+    assert!(msg.contains("grpc_adrr"), "{msg}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("eb.yaml");
+    std::fs::write(&file, "eventbus:\n  queue_size: 3\n").unwrap();
+    let msg = error(&[], Overrides { config_file: Some(file), ..Default::default() });
+    assert!(msg.contains("queue_size"), "{msg}");
+}
+
+#[test]
+fn bad_values_are_named() {
+    let msg = error(&[("EVENTBUS__EVENTBUS__MAX_BATCH", "lots")], Overrides::default());
+    assert!(msg.contains("max_batch"), "{msg}");
+    let msg = error(&[("EVENTBUS__EVENTBUS__OVERFLOW", "explode")], Overrides::default());
+    assert!(msg.contains("overflow"), "{msg}");
+    let msg = error(&[], Overrides { grpc_addr: Some("nowhere".into()), ..Default::default() });
+    assert!(msg.contains("grpc_addr"), "{msg}");
+    let msg = error(&[("EVENTBUS__EVENTBUS__DEFAULT_QUEUE_CAPACITY", "0")], Overrides::default());
+    assert!(msg.contains("eventbus.default_queue_capacity"), "{msg}");
+    let msg = error(&[("EVENTBUS__EVENTBUS__METRICS__PREFIX", "9bad")], Overrides::default());
+    assert!(msg.contains("eventbus.metrics.prefix"), "{msg}");
+    let msg = error(&[], Overrides { config_file: Some("/nonexistent.yaml".into()), ..Default::default() });
+    assert!(msg.contains("/nonexistent.yaml"), "{msg}");
+    let msg = error(&[("EVENTBUS__LOG__FORMAT", "xml")], Overrides::default());
+    assert!(msg.contains("format"), "{msg}");
+}
+
+#[test]
+fn consumers_declared_in_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("eb.yaml");
+    let yaml = "durable:\n  data_dir: ''\n  consumers:\n    - name: billing\n      channels: ['orders.>']\n      max_attempts: 3\n";
+    std::fs::write(&file, yaml).unwrap();
+    let s = load(&[], Overrides { config_file: Some(file.clone()), ..Default::default() }).unwrap();
+    let c = s.durable.consumers[0].to_config();
+    assert_eq!(
+        (c.name.as_str(), c.max_attempts, c.ack_deadline_ms, c.backoff),
+        ("billing", 3, 30_000, Backoff::default())
+    );
+    std::fs::write(&file, "durable:\n  consumers:\n    - name: bad name\n      channels: ['a']\n").unwrap();
+    let msg = error(&[], Overrides { config_file: Some(file), ..Default::default() });
+    assert!(msg.contains("durable.consumers") && msg.contains("bad name"), "{msg}");
+}
+
+/// README "Consumer operations": `exclusive` and `backoff.kind` in `durable.consumers`;
+/// a partial `backoff` keeps the other defaults.
+#[test]
+fn declared_consumers_take_exclusive_and_linear_backoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("eb.yaml");
+    let yaml = "durable:\n  consumers:\n    - name: runner\n      channels: ['jobs.>']\n      exclusive: true\n      \
+                    backoff: { kind: linear }\n";
+    std::fs::write(&file, yaml).unwrap();
+    let s = load(&[], Overrides { config_file: Some(file.clone()), ..Default::default() }).unwrap();
+    let c = s.durable.consumers[0].to_config();
+    assert!(c.exclusive);
+    assert_eq!(c.backoff, Backoff { kind: BackoffKind::Linear, ..Backoff::default() });
+    std::fs::write(
+        &file,
+        "durable:\n  consumers:\n    - name: r\n      channels: ['a']\n      backoff: { kind: cubic }\n",
+    )
+    .unwrap();
+    let msg = error(&[], Overrides { config_file: Some(file), ..Default::default() });
+    assert!(msg.contains("cubic") && msg.contains("backoff.kind"), "{msg}");
+}
+
+/// The seed's `application.yml` with its defaults written in, minus the
+/// Spring `socle:` root, and in redis mode so that every section matters.
+const SEED_SHAPED: &str = "\
+eventbus:
+  enabled: true
+  mode: redis
+  common:
+    default_queue_capacity: 5000
+    max_queue_capacity: 20000
+    offer_timeout_ms: 250
+    overflow: drop_oldest
+    max_batch: 64
+    max_payload_bytes: 65536
+  in_memory:
+  redis:
+    host: cache
+    port: 6380
+    password: secret
+    database: 2
+    prefix: app:bus
+    pool:
+      max_total: 16
+      max_idle: 8
+      min_idle: 2
+  metrics:
+    enabled: false
+    prefix: app_bus
+";
+
+/// The same settings in the built (flat) layout.
+const FLAT: &str = "\
+eventbus:
+  mode: redis
+  default_queue_capacity: 5000
+  max_queue_capacity: 20000
+  offer_timeout_ms: 250
+  overflow: drop_oldest
+  max_batch: 64
+  max_payload_bytes: 65536
+  redis:
+    host: cache
+    port: 6380
+    password: secret
+    database: 2
+    prefix: app:bus
+  metrics:
+    enabled: false
+    prefix: app_bus
+";
+
+fn load_file(text: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("eventbus.yaml");
+    std::fs::write(&file, text).unwrap();
+    load(env, Overrides { config_file: Some(file), ..Default::default() })
+}
+
+#[test]
+fn seed_shaped_file_gives_the_same_settings_as_the_flat_one() {
+    let mut seed = load_file(SEED_SHAPED, &[]).unwrap();
+    let flat = load_file(FLAT, &[]).unwrap();
+    assert_ne!(flat, Settings::default(), "the files change something");
+    assert_eq!(
+        seed.eventbus.redis.pool,
+        RedisPoolSettings { max_total: Some(16), max_idle: Some(8), min_idle: Some(2) }
+    );
+    seed.eventbus.redis.pool = RedisPoolSettings::default();
+    assert_eq!(seed, flat);
+    assert!(flat.without_effect().is_empty());
+}
+
+#[test]
+fn seed_layout_takes_part_in_the_precedence() {
+    // A nested key in the file is overridden by the flat variable, and by the seed's.
+    let s =
+        load_file(SEED_SHAPED, &[("EVENTBUS__EVENTBUS__MAX_BATCH", "9"), ("EVENTBUS_QUEUE_CAPACITY", "7")]).unwrap();
+    assert_eq!((s.eventbus.max_batch, s.eventbus.default_queue_capacity), (9, 7));
+    // The nested spelling works in EVENTBUS__ variables too, over a flat file.
+    let s = load_file(FLAT, &[("EVENTBUS__EVENTBUS__COMMON__MAX_BATCH", "10")]).unwrap();
+    assert_eq!(s.eventbus.max_batch, 10);
+    // An empty common section, or in_memory: {}, is harmless.
+    let s = load_file("eventbus:\n  common:\n  in_memory: {}\n", &[]).unwrap();
+    assert_eq!(s, Settings::default());
+}
+
+#[test]
+fn seed_variables_are_aliases() {
+    let env = [
+        ("EVENTBUS_ENABLED", "true"),
+        ("EVENTBUS_REDIS_POOL_MAX", "32"),
+        ("EVENTBUS_REDIS_POOL_MIN_IDLE", "4"),
+        ("EVENTBUS_OFFER_TIMEOUT", "50"),
+    ];
+    let s = load(&env, Overrides::default()).unwrap();
+    assert_eq!(s.eventbus.offer_timeout_ms, 50);
+    assert_eq!(s.eventbus.redis.pool, RedisPoolSettings { max_total: Some(32), max_idle: None, min_idle: Some(4) });
+    let ignored = s.without_effect();
+    let names: Vec<_> = ignored.iter().map(|i| (i.key, i.variable, i.value.as_str())).collect();
+    assert_eq!(
+        names,
+        [
+            ("eventbus.redis.pool.max_total", "EVENTBUS_REDIS_POOL_MAX", "32"),
+            ("eventbus.redis.pool.min_idle", "EVENTBUS_REDIS_POOL_MIN_IDLE", "4"),
+        ]
+    );
+    assert!(ignored[0].reason.contains("no Redis connection pool"));
+
+    let msg = error(&[("EVENTBUS_REDIS_POOL_MAX_IDLE", "-1")], Overrides::default());
+    assert!(msg.contains("eventbus.redis.pool.max_idle"), "{msg}");
+}
+
+#[test]
+fn eventbus_enabled_false_refuses_to_start() {
+    for (env, file) in [(&[("EVENTBUS_ENABLED", "false")][..], ""), (&[][..], "eventbus:\n  enabled: off\n")] {
+        let err = load_file(file, env).unwrap_err();
+        assert!(matches!(err, ConfigError::Disabled), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("eventbus.enabled") && msg.contains("EVENTBUS_ENABLED"), "{msg}");
+    }
+    // The canonical variable wins over the seed's, as for every alias.
+    let env = [("EVENTBUS_ENABLED", "false"), ("EVENTBUS__EVENTBUS__ENABLED", "true")];
+    assert!(load(&env, Overrides::default()).unwrap().eventbus.enabled);
+}
+
+#[test]
+fn a_setting_given_both_ways_in_one_layer_is_refused() {
+    let err = load_file("eventbus:\n  max_batch: 5\n  common:\n    max_batch: 6\n", &[]).unwrap_err();
+    let ConfigError::DuplicateKey { flat, nested, origin } = &err else { panic!("{err:?}") };
+    assert_eq!((flat.as_str(), nested.as_str()), ("eventbus.max_batch", "eventbus.common.max_batch"));
+    assert!(origin.ends_with("eventbus.yaml"), "{origin}");
+    let msg = err.to_string();
+    assert!(msg.contains("`eventbus.max_batch`") && msg.contains("`eventbus.common.max_batch`"), "{msg}");
+
+    let env = [("EVENTBUS__EVENTBUS__OVERFLOW", "disconnect"), ("EVENTBUS__EVENTBUS__COMMON__OVERFLOW", "drop_oldest")];
+    let msg = error(&env, Overrides::default());
+    assert!(msg.contains("eventbus.overflow") && msg.contains("eventbus.common.overflow"), "{msg}");
+    assert!(msg.contains("EVENTBUS__"), "names the layer: {msg}");
+}
+
+#[test]
+fn seed_sections_are_checked() {
+    let msg = load_file("eventbus:\n  common:\n    queue_size: 3\n", &[]).unwrap_err().to_string();
+    assert!(msg.contains("eventbus.common.queue_size") && msg.contains("`max_batch`"), "{msg}");
+    // Keys that only exist flat are not in common.
+    let msg = load_file("eventbus:\n  common:\n    max_tracked_channels: 3\n", &[]).unwrap_err().to_string();
+    assert!(msg.contains("eventbus.common.max_tracked_channels"), "{msg}");
+    let msg = load_file("eventbus:\n  in_memory:\n    shards: 3\n", &[]).unwrap_err().to_string();
+    assert!(msg.contains("eventbus.in_memory.shards") && msg.contains("takes no settings"), "{msg}");
+    let msg = load_file("eventbus:\n  common: 3\n", &[]).unwrap_err().to_string();
+    assert!(msg.contains("eventbus.common") && msg.contains("mapping"), "{msg}");
+    let msg = load_file("eventbus:\n  redis:\n    pool:\n      max_wait: 3\n", &[]).unwrap_err().to_string();
+    assert!(msg.contains("max_wait"), "{msg}");
+}
+
+#[test]
+fn errors_about_a_seed_shaped_key_name_it_as_written() {
+    // Refused by validate(): the winning value came from the file's common section.
+    let err = load_file("eventbus:\n  common:\n    max_batch: 0\n", &[]).unwrap_err();
+    assert_eq!(err.key(), Some("eventbus.max_batch"));
+    let msg = err.to_string();
+    assert!(msg.contains("eventbus.max_batch") && msg.contains("set as `eventbus.common.max_batch`"), "{msg}");
+    // Refused by deserialization.
+    let msg = load_file("eventbus:\n  common:\n    max_batch: lots\n", &[]).unwrap_err().to_string();
+    assert!(msg.contains("max_batch") && msg.contains("eventbus.common.max_batch"), "{msg}");
+    // A flat variable over the nested file value: the error is the variable's.
+    let msg = load_file("eventbus:\n  common:\n    max_batch: 5\n", &[("EVENTBUS__EVENTBUS__MAX_BATCH", "0")])
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("eventbus.max_batch") && !msg.contains("common"), "{msg}");
+}
+
+#[test]
+fn byte_bounds_are_checked_against_each_other() {
+    let err = load(&[("EVENTBUS__EVENTBUS__DEFAULT_QUEUE_BYTES", "1073741824")], Overrides::default()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::AboveLimit { key: "eventbus.default_queue_bytes", limit_key: "eventbus.max_queued_bytes", .. }
+        ),
+        "{err:?}"
+    );
+    let err = load(&[("EVENTBUS__EVENTBUS__MAX_QUEUED_BYTES", "1000")], Overrides::default()).unwrap_err();
+    assert!(matches!(err, ConfigError::TooSmall { key: "eventbus.max_queued_bytes", .. }), "{err:?}");
+    let s = load(&[], Overrides::default()).unwrap();
+    assert_eq!((s.bus_config().default_queue_bytes, s.bus_config().max_queued_bytes), (64 << 20, 512 << 20));
+    let redis = s.redis_settings();
+    assert_eq!(redis.health_check_interval, Duration::from_secs(1));
+    assert_eq!(redis.health_check_timeout, Duration::from_millis(500));
+}
+
+#[test]
+fn errors_carry_the_key_and_the_value() {
+    let err = load(&[("EVENTBUS__EVENTBUS__MAX_BATCH", "0")], Overrides::default()).unwrap_err();
+    assert!(
+        matches!(err, ConfigError::OutOfRange { key: "eventbus.max_batch", value: 0, min: 1, max: 10_000 }),
+        "{err:?}"
+    );
+    let err = load(
+        &[("EVENTBUS__EVENTBUS__DEFAULT_QUEUE_CAPACITY", "11")],
+        Overrides { config_file: None, ..Default::default() },
+    )
+    .and_then(|mut s| {
+        s.eventbus.max_queue_capacity = 10;
+        s.validate().map(|()| s)
+    })
+    .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::AboveLimit { key: "eventbus.default_queue_capacity", value: 11, limit: 10, .. }),
+        "{err:?}"
+    );
+    let err = load(&[("EVENTBUS__LOG__LEVEL", "info,=[")], Overrides::default()).unwrap_err();
+    let ConfigError::LogLevel { value, .. } = &err else { panic!("{err:?}") };
+    assert_eq!(value, "info,=[");
+    assert!(std::error::Error::source(&err).is_some(), "the parse error is the source");
+    let err = load(&[("EVENTBUS__EVENTBUS__REDIS__URL", "http://:secret@cache")], Overrides::default()).unwrap_err();
+    assert!(matches!(&err, ConfigError::RedisUrlScheme { scheme: Some(s) } if s == "http"), "{err:?}");
+    assert!(!err.to_string().contains("secret"), "{err}");
+    assert_eq!(
+        Mode::try_from("clustered".to_owned()),
+        Err(ChoiceError { value: "clustered".into(), expected: &["in_memory", "redis"] })
+    );
+}
+
+#[test]
+fn redis_tls_settings_are_checked() {
+    let msg = error(&[("EVENTBUS__EVENTBUS__REDIS__TLS_CA_FILE", "/ca.pem")], Overrides::default());
+    assert!(msg.contains("eventbus.redis.tls_ca_file") && msg.contains("rediss://"), "{msg}");
+    let env = [
+        ("EVENTBUS_MODE", "redis"),
+        ("EVENTBUS__EVENTBUS__REDIS__URL", "rediss://cache:6380/"),
+        ("EVENTBUS__EVENTBUS__REDIS__TLS_CA_FILE", "/nonexistent/ca.pem"),
+    ];
+    let msg = error(&env, Overrides::default());
+    assert!(msg.contains("eventbus.redis") && msg.contains("/nonexistent/ca.pem"), "{msg}");
+    let msg = error(&[("EVENTBUS__EVENTBUS__REDIS__URL", "http://cache")], Overrides::default());
+    assert!(msg.contains("eventbus.redis.url"), "{msg}");
+}

@@ -1,0 +1,172 @@
+//! Range and consistency checks serde cannot express.
+
+use super::*;
+
+impl Settings {
+    /// Range checks serde cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let e = &self.eventbus;
+        if !e.enabled {
+            return Err(ConfigError::Disabled);
+        }
+        at_least("eventbus.max_queue_capacity", e.max_queue_capacity, 1)?;
+        at_least("eventbus.default_queue_capacity", e.default_queue_capacity, 1)?;
+        if e.default_queue_capacity > e.max_queue_capacity {
+            return Err(ConfigError::AboveLimit {
+                key: "eventbus.default_queue_capacity",
+                value: widen(e.default_queue_capacity),
+                limit_key: "eventbus.max_queue_capacity",
+                limit: widen(e.max_queue_capacity),
+            });
+        }
+        within("eventbus.max_batch", e.max_batch, 1, eventbus_core::bus::MAX_BATCH_LIMIT)?;
+        within("eventbus.max_payload_bytes", e.max_payload_bytes, 1, MAX_PAYLOAD_LIMIT)?;
+        within("eventbus.max_publish_batch", e.max_publish_batch, 1, MAX_PUBLISH_BATCH_LIMIT)?;
+        // The budget must hold at least one event of the largest payload.
+        at_least("eventbus.max_queued_bytes", e.max_queued_bytes, e.max_payload_bytes)?;
+        at_least("eventbus.default_queue_bytes", e.default_queue_bytes, 1)?;
+        if e.default_queue_bytes > e.max_queued_bytes {
+            return Err(ConfigError::AboveLimit {
+                key: "eventbus.default_queue_bytes",
+                value: widen(e.default_queue_bytes),
+                limit_key: "eventbus.max_queued_bytes",
+                limit: widen(e.max_queued_bytes),
+            });
+        }
+        within("eventbus.redis.health_check_interval_ms", e.redis.health_check_interval_ms, 100, 60_000)?;
+        within("eventbus.redis.health_check_timeout_ms", e.redis.health_check_timeout_ms, 10, 60_000)?;
+        at_least("eventbus.max_tracked_channels", e.max_tracked_channels, 1)?;
+        within("eventbus.offer_timeout_ms", e.offer_timeout_ms, 0, 60_000)?;
+        let url = &e.redis.url;
+        if !(url.is_empty() || url.starts_with("redis://") || url.starts_with("rediss://")) {
+            let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_owned());
+            return Err(ConfigError::RedisUrlScheme { scheme });
+        }
+        let invalid = |key, value: &str, problem| Err(ConfigError::Invalid { key, value: value.to_owned(), problem });
+        if !e.redis.tls_ca_file.is_empty() && !url.starts_with("rediss://") {
+            return invalid("eventbus.redis.tls_ca_file", &e.redis.tls_ca_file, "only applies to a rediss:// url");
+        }
+        if !e.redis.username.is_empty() && e.redis.password.is_empty() {
+            // Without a password no AUTH is sent, and the user would silently be `default`.
+            return invalid(
+                "eventbus.redis.username",
+                &e.redis.username,
+                "needs eventbus.redis.password (for a `nopass` user, any password)",
+            );
+        }
+        if e.redis.prefix.is_empty() {
+            return invalid("eventbus.redis.prefix", &e.redis.prefix, "must not be empty");
+        }
+        if !is_metric_name(&e.metrics.prefix) {
+            return invalid(
+                "eventbus.metrics.prefix",
+                &e.metrics.prefix,
+                "is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)",
+            );
+        }
+        if e.mode == Mode::Redis
+            && let Err(err) = self.redis_settings().client()
+        {
+            return Err(ConfigError::Redis { source: Box::new(err) });
+        }
+        for consumer in &self.durable.consumers {
+            if let Err(reason) = consumer.to_config().validate() {
+                return Err(ConfigError::Consumer { name: consumer.name.clone(), reason });
+            }
+        }
+        at_least("durable.log_max_entries", self.durable.log_max_entries, 1)?;
+        at_least("server.max_connections", self.server.max_connections, 1)?;
+        let server = &self.server;
+        within("server.grpc_stream_window_bytes", server.grpc_stream_window_bytes, MIN_WINDOW, MAX_WINDOW)?;
+        within("server.grpc_connection_window_bytes", server.grpc_connection_window_bytes, MIN_WINDOW, MAX_WINDOW)?;
+        if server.grpc_stream_window_bytes > server.grpc_connection_window_bytes {
+            return Err(ConfigError::AboveLimit {
+                key: "server.grpc_stream_window_bytes",
+                value: server.grpc_stream_window_bytes.into(),
+                limit_key: "server.grpc_connection_window_bytes",
+                limit: server.grpc_connection_window_bytes.into(),
+            });
+        }
+        at_least("server.http.header_read_timeout_ms", server.http.header_read_timeout_ms, 1)?;
+        for origin in &server.http.allowed_origins {
+            if !is_origin(origin) {
+                return invalid(
+                    "server.http.allowed_origins",
+                    origin,
+                    "is not an origin: scheme://host or scheme://host:port, without a path",
+                );
+            }
+        }
+        let tls = &self.server.tls;
+        if tls.cert_file.is_empty() != tls.key_file.is_empty() {
+            let (key, value) = if tls.key_file.is_empty() {
+                ("server.tls.key_file", &tls.key_file)
+            } else {
+                ("server.tls.cert_file", &tls.cert_file)
+            };
+            return invalid(key, value, "must be set too: server.tls.cert_file and key_file go together");
+        }
+        if tls.mutual() && !tls.enabled() {
+            return invalid(
+                "server.tls.client_ca_file",
+                &tls.client_ca_file,
+                "needs server.tls.cert_file and key_file (mTLS is part of TLS)",
+            );
+        }
+        let auth = &self.auth;
+        if auth.enabled && auth.principals_file.is_empty() && !auth.jwt.configured() {
+            return invalid(
+                "auth.enabled",
+                "true",
+                "but no credential can be checked: set auth.principals_file, auth.jwt.hs256_secret_file or \
+                 auth.jwt.public_key_file",
+            );
+        }
+        if let Err(source) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return Err(ConfigError::LogLevel { value: self.log.level.clone(), source });
+        }
+        Ok(())
+    }
+}
+
+/// Largest `max_publish_batch` accepted: a batch is answered in one message, and its
+/// events are held together while they are published.
+const MAX_PUBLISH_BATCH_LIMIT: usize = 100_000;
+
+/// Largest `max_payload_bytes` accepted: gRPC messages stay well within what clients
+/// can be configured to take.
+pub const MAX_PAYLOAD_LIMIT: usize = 64 << 20;
+
+/// `scheme://host[:port]` as browsers send it in `Origin` (no path, no trailing slash).
+fn is_origin(s: &str) -> bool {
+    let Some((scheme, authority)) = s.split_once("://") else { return false };
+    !scheme.is_empty()
+        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        && !authority.is_empty()
+        && !authority.contains(['/', '?', '#', '@', ' '])
+}
+
+fn is_metric_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+fn at_least<N: Copy + PartialOrd + TryInto<u64>>(key: &'static str, value: N, min: N) -> Result<(), ConfigError> {
+    if value < min {
+        return Err(ConfigError::TooSmall { key, value: widen(value), min: widen(min) });
+    }
+    Ok(())
+}
+
+fn within<N: Copy + PartialOrd + TryInto<u64>>(key: &'static str, value: N, min: N, max: N) -> Result<(), ConfigError> {
+    if value < min || value > max {
+        return Err(ConfigError::OutOfRange { key, value: widen(value), min: widen(min), max: widen(max) });
+    }
+    Ok(())
+}
+
+/// A count for an error message (`usize` is at most 64 bits where eventbusd runs).
+fn widen<N: TryInto<u64>>(n: N) -> u64 {
+    n.try_into().unwrap_or(u64::MAX)
+}
