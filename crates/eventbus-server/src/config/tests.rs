@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn load(env: &[(&str, &str)], overrides: Overrides) -> Result<Settings, ConfigError> {

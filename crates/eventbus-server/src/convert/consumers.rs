@@ -1,0 +1,218 @@
+//! Durable consumers: their configuration, state, deliveries and dead letters.
+
+use super::*;
+
+/// A consumer definition from the wire, created by `owner`; zero values take the
+/// defaults.
+pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig, owner: &str) -> Result<ConsumerConfig, EdgeError> {
+    let pb::ConsumerConfig {
+        name,
+        channels,
+        ack_deadline_ms,
+        max_attempts,
+        backoff,
+        max_in_flight,
+        dead_letter_channel,
+        exclusive,
+        max_pending,
+    } = c;
+    let defaults = ConsumerConfig::new(name.clone(), Vec::new());
+    let b = backoff.unwrap_or_default();
+    let db = Backoff::default();
+    Ok(ConsumerConfig {
+        name,
+        channels,
+        ack_deadline_ms: if ack_deadline_ms == 0 { defaults.ack_deadline_ms } else { ack_deadline_ms },
+        max_attempts: max_attempts.unwrap_or(defaults.max_attempts),
+        backoff: Backoff {
+            initial_ms: if b.initial_ms == 0 { db.initial_ms } else { b.initial_ms },
+            multiplier: if b.multiplier == 0.0 { db.multiplier } else { b.multiplier },
+            max_ms: if b.max_ms == 0 { db.max_ms } else { b.max_ms },
+            kind: backoff_kind_from_pb(b.kind)?,
+        },
+        max_in_flight: if max_in_flight == 0 { defaults.max_in_flight } else { max_in_flight },
+        dead_letter_channel: (!dead_letter_channel.is_empty()).then_some(dead_letter_channel),
+        owner: owner.to_owned(),
+        exclusive,
+        max_pending: max_pending.unwrap_or(defaults.max_pending),
+    })
+}
+
+fn backoff_kind_from_pb(kind: i32) -> Result<BackoffKind, EdgeError> {
+    match pb::BackoffKind::try_from(kind) {
+        Ok(pb::BackoffKind::Exponential) => Ok(BackoffKind::Exponential),
+        Ok(pb::BackoffKind::Linear) => Ok(BackoffKind::Linear),
+        Err(_) => Err(EdgeError::BadRequest(format!("invalid backoff.kind: unknown backoff kind {kind}"))),
+    }
+}
+
+fn backoff_kind(kind: BackoffKind) -> pb::BackoffKind {
+    match kind {
+        BackoffKind::Exponential => pb::BackoffKind::Exponential,
+        BackoffKind::Linear => pb::BackoffKind::Linear,
+    }
+}
+
+fn consumer_config(c: &ConsumerConfig) -> pb::ConsumerConfig {
+    let ConsumerConfig {
+        name,
+        channels,
+        ack_deadline_ms,
+        max_attempts,
+        backoff,
+        max_in_flight,
+        dead_letter_channel,
+        owner: _,
+        exclusive,
+        max_pending,
+    } = c;
+    let Backoff { initial_ms, multiplier, max_ms, kind } = *backoff;
+    pb::ConsumerConfig {
+        name: name.clone(),
+        channels: channels.clone(),
+        ack_deadline_ms: *ack_deadline_ms,
+        max_attempts: Some(*max_attempts),
+        backoff: Some(pb::Backoff { initial_ms, multiplier, max_ms, kind: backoff_kind(kind).into() }),
+        max_in_flight: *max_in_flight,
+        dead_letter_channel: dead_letter_channel.clone().unwrap_or_default(),
+        exclusive: *exclusive,
+        max_pending: Some(*max_pending),
+    }
+}
+
+pub(crate) fn consumer_info(i: &ConsumerInfo) -> pb::ConsumerInfo {
+    let ConsumerInfo {
+        config,
+        pending,
+        in_flight,
+        clients,
+        acked,
+        dead_lettered,
+        redelivered,
+        redriven,
+        dropped,
+        paused,
+        redrivable,
+    } = i;
+    pb::ConsumerInfo {
+        config: Some(consumer_config(config)),
+        pending: *pending,
+        in_flight: *in_flight,
+        clients: *clients,
+        acked: *acked,
+        dead_lettered: *dead_lettered,
+        redelivered: *redelivered,
+        owner: config.owner.clone(),
+        paused: *paused,
+        redrivable: *redrivable,
+        redriven: *redriven,
+        dropped: *dropped,
+    }
+}
+
+/// `Backoff` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct BackoffJson {
+    initial_ms: u64,
+    multiplier: f64,
+    max_ms: u64,
+    kind: BackoffKind,
+}
+
+/// `ConsumerInfo` in JSON: the definition's fields and the counters side by side; no
+/// dead-letter channel (the `dlq.` default) is `null`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ConsumerJson {
+    name: String,
+    channels: Vec<String>,
+    ack_deadline_ms: u64,
+    max_attempts: u32,
+    backoff: BackoffJson,
+    max_in_flight: u32,
+    dead_letter_channel: Option<String>,
+    owner: String,
+    exclusive: bool,
+    max_pending: u64,
+    paused: bool,
+    pending: u64,
+    in_flight: u64,
+    clients: u32,
+    acked: u64,
+    dead_lettered: u64,
+    redelivered: u64,
+    redriven: u64,
+    redrivable: u64,
+    dropped: u64,
+}
+
+pub(crate) fn consumer_info_json(i: &ConsumerInfo) -> ConsumerJson {
+    let ConsumerInfo {
+        config,
+        pending,
+        in_flight,
+        clients,
+        acked,
+        dead_lettered,
+        redelivered,
+        redriven,
+        dropped,
+        paused,
+        redrivable,
+    } = i;
+    let ConsumerConfig {
+        name,
+        channels,
+        ack_deadline_ms,
+        max_attempts,
+        backoff,
+        max_in_flight,
+        dead_letter_channel,
+        owner,
+        exclusive,
+        max_pending,
+    } = config;
+    let Backoff { initial_ms, multiplier, max_ms, kind } = *backoff;
+    ConsumerJson {
+        name: name.clone(),
+        channels: channels.clone(),
+        ack_deadline_ms: *ack_deadline_ms,
+        max_attempts: *max_attempts,
+        backoff: BackoffJson { initial_ms, multiplier, max_ms, kind },
+        max_in_flight: *max_in_flight,
+        dead_letter_channel: dead_letter_channel.clone(),
+        owner: owner.clone(),
+        exclusive: *exclusive,
+        max_pending: *max_pending,
+        paused: *paused,
+        redriven: *redriven,
+        redrivable: *redrivable,
+        dropped: *dropped,
+        pending: *pending,
+        in_flight: *in_flight,
+        clients: *clients,
+        acked: *acked,
+        dead_lettered: *dead_lettered,
+        redelivered: *redelivered,
+    }
+}
+
+pub(crate) fn delivery(d: &Delivery) -> pb::Delivery {
+    let Delivery { event: e, attempt, deadline } = d;
+    pb::Delivery { event: Some(event(e)), attempt: *attempt, deadline: Some(timestamp(*deadline)) }
+}
+
+/// Content type of published dead letters.
+pub const DEAD_LETTER_CONTENT_TYPE: &str = "application/x-protobuf; type=eventbus.v1.DeadLetter";
+
+/// The wire form of a dead letter, for `DurableOptions::dead_letter_encoder`.
+pub fn encode_dead_letter(dl: &PublishedDeadLetter) -> (Bytes, String) {
+    let PublishedDeadLetter { channel: _, event: e, consumer, owner, attempts, failures } = dl;
+    let msg = pb::DeadLetter {
+        event: Some(event(e)),
+        consumer: consumer.clone(),
+        owner: owner.clone(),
+        attempts: *attempts,
+        failures: failures.iter().map(failure).collect(),
+    };
+    (Bytes::from(msg.encode_to_vec()), DEAD_LETTER_CONTENT_TYPE.to_owned())
+}

@@ -1,0 +1,257 @@
+//! Subscriptions, events and statistics.
+
+use super::*;
+
+pub(crate) fn subscribe_options(
+    req: pb::SubscribeRequest,
+    peer: String,
+    owner: String,
+) -> Result<SubscribeOptions, EdgeError> {
+    let pb::SubscribeRequest { channels, group, queue_capacity, overflow, max_batch, name, max_queue_bytes } = req;
+    let overflow = match pb::OverflowPolicy::try_from(overflow) {
+        Ok(pb::OverflowPolicy::Unspecified) => None,
+        Ok(pb::OverflowPolicy::DropNewest) => Some(Overflow::DropNewest),
+        Ok(pb::OverflowPolicy::DropOldest) => Some(Overflow::DropOldest),
+        Ok(pb::OverflowPolicy::Disconnect) => Some(Overflow::Disconnect),
+        Ok(pb::OverflowPolicy::DeadLetter) => Some(Overflow::DeadLetter),
+        Err(_) => return Err(EdgeError::BadRequest(format!("invalid overflow: unknown policy {overflow}"))),
+    };
+    Ok(SubscribeOptions {
+        channels,
+        group,
+        queue_capacity: queue_capacity as usize,
+        max_queue_bytes: usize::try_from(max_queue_bytes).unwrap_or(usize::MAX),
+        overflow,
+        max_batch: max_batch as usize,
+        name,
+        peer,
+        owner,
+        owner_max_queued_bytes: 0,
+    })
+}
+
+fn overflow_policy(o: Overflow) -> pb::OverflowPolicy {
+    match o {
+        Overflow::DropNewest => pb::OverflowPolicy::DropNewest,
+        Overflow::DropOldest => pb::OverflowPolicy::DropOldest,
+        Overflow::Disconnect => pb::OverflowPolicy::Disconnect,
+        Overflow::DeadLetter => pb::OverflowPolicy::DeadLetter,
+    }
+}
+
+pub(crate) fn event(e: &Arc<Event>) -> pb::Event {
+    pb::Event {
+        id: e.id.clone(),
+        channel: e.channel.clone(),
+        timestamp: Some(timestamp(e.timestamp)),
+        source: e.source.clone(),
+        payload: e.payload.clone(),
+        metadata: e.metadata.clone(),
+        content_type: e.content_type.clone(),
+    }
+}
+
+pub(crate) fn subscription(s: SubscriptionInfo) -> pb::SubscriptionInfo {
+    let SubscriptionInfo {
+        id,
+        channels,
+        group,
+        name,
+        pending,
+        capacity,
+        queued_bytes,
+        max_queue_bytes,
+        delivered,
+        dropped,
+        overflow,
+        peer,
+        owner,
+        created_at,
+    } = s;
+    pb::SubscriptionInfo {
+        id,
+        channels,
+        group: group.unwrap_or_default(),
+        name,
+        pending,
+        capacity,
+        queued_bytes,
+        max_queue_bytes,
+        delivered,
+        dropped,
+        overflow: overflow_policy(overflow).into(),
+        peer,
+        created_at: Some(timestamp(created_at)),
+        owner,
+    }
+}
+
+/// `SubscriptionInfo` in JSON: no group is `null`, the policy its configuration spelling.
+#[derive(Debug, Serialize)]
+pub(crate) struct SubscriptionJson {
+    id: String,
+    channels: Vec<String>,
+    group: Option<String>,
+    name: String,
+    pending: u64,
+    capacity: u64,
+    queued_bytes: u64,
+    max_queue_bytes: u64,
+    delivered: u64,
+    dropped: u64,
+    overflow: &'static str,
+    peer: String,
+    owner: String,
+    created_at: String,
+}
+
+pub(crate) fn subscription_json(s: SubscriptionInfo) -> SubscriptionJson {
+    let SubscriptionInfo {
+        id,
+        channels,
+        group,
+        name,
+        pending,
+        capacity,
+        queued_bytes,
+        max_queue_bytes,
+        delivered,
+        dropped,
+        overflow,
+        peer,
+        owner,
+        created_at,
+    } = s;
+    SubscriptionJson {
+        id,
+        channels,
+        group,
+        name,
+        pending,
+        capacity,
+        queued_bytes,
+        max_queue_bytes,
+        delivered,
+        dropped,
+        overflow: overflow.as_str(),
+        peer,
+        owner,
+        created_at: rfc3339(created_at),
+    }
+}
+
+// --- stats ---
+
+pub(crate) fn stats(s: BusStats) -> pb::GetStatsResponse {
+    let BusStats {
+        total_published,
+        total_delivered,
+        total_failed,
+        total_dropped,
+        active_subscriptions,
+        active_channels,
+        started_at,
+        mode,
+        instance_id,
+    } = s;
+    pb::GetStatsResponse {
+        total_published,
+        total_delivered,
+        total_failed,
+        total_dropped,
+        active_subscriptions,
+        active_channels,
+        started_at: Some(timestamp(started_at)),
+        mode: mode.to_owned(),
+        instance_id,
+    }
+}
+
+/// `GetStatsResponse` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct StatsJson {
+    total_published: u64,
+    total_delivered: u64,
+    total_failed: u64,
+    total_dropped: u64,
+    active_subscriptions: u64,
+    active_channels: u64,
+    started_at: String,
+    mode: &'static str,
+    instance_id: String,
+}
+
+pub(crate) fn stats_json(s: BusStats) -> StatsJson {
+    let BusStats {
+        total_published,
+        total_delivered,
+        total_failed,
+        total_dropped,
+        active_subscriptions,
+        active_channels,
+        started_at,
+        mode,
+        instance_id,
+    } = s;
+    StatsJson {
+        total_published,
+        total_delivered,
+        total_failed,
+        total_dropped,
+        active_subscriptions,
+        active_channels,
+        started_at: rfc3339(started_at),
+        mode,
+        instance_id,
+    }
+}
+
+// `failed_count` and `dropped_count` feed the per-channel metrics; neither wire form
+// carries them (yet), and both say so here.
+pub(crate) fn channel(c: ChannelStats) -> pb::ChannelStats {
+    let ChannelStats {
+        channel,
+        published_count,
+        delivered_count,
+        failed_count: _,
+        dropped_count: _,
+        subscriber_count,
+        last_published_at,
+    } = c;
+    pb::ChannelStats {
+        channel,
+        published_count,
+        delivered_count,
+        subscriber_count,
+        last_published_at: last_published_at.map(timestamp),
+    }
+}
+
+/// `ChannelStats` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChannelJson {
+    channel: String,
+    published_count: u64,
+    delivered_count: u64,
+    subscriber_count: u64,
+    last_published_at: Option<String>,
+}
+
+pub(crate) fn channel_json(c: ChannelStats) -> ChannelJson {
+    let ChannelStats {
+        channel,
+        published_count,
+        delivered_count,
+        failed_count: _,
+        dropped_count: _,
+        subscriber_count,
+        last_published_at,
+    } = c;
+    ChannelJson {
+        channel,
+        published_count,
+        delivered_count,
+        subscriber_count,
+        last_published_at: last_published_at.map(rfc3339),
+    }
+}

@@ -1,0 +1,214 @@
+//! The wire edge: every conversion between core types and what gRPC (`eventbus.v1`) and
+//! the admin REST routes (JSON) carry, and the one table from a refusal to its gRPC
+//! status and HTTP code.
+//!
+//! Each domain object has its protobuf form and its JSON form side by side, and both
+//! take the domain struct apart field by field (no `..`): a field added to a core type
+//! does not compile until both wire forms say what they do with it, so the two
+//! protocols cannot drift apart again.
+
+mod consumers;
+mod events;
+mod log;
+mod publish;
+
+pub(crate) use consumers::*;
+pub use consumers::{DEAD_LETTER_CONTENT_TYPE, encode_dead_letter};
+pub(crate) use events::*;
+pub(crate) use log::*;
+pub(crate) use publish::*;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::http::StatusCode;
+use bytes::Bytes;
+use eventbus_core::durable::from_epoch_ms;
+use eventbus_core::durable::{
+    Backoff, BackoffKind, ConsumerConfig, ConsumerInfo, Delivery, DurableBackend, DurableError, Failure, LogEntry,
+    LogSlice, LogStatus, PendingEntry, PendingSlice, PendingState, PublishedDeadLetter, Redriven,
+};
+use eventbus_core::{
+    Bus, BusStats, ChannelStats, CloseReason, Error, ErrorKind, Event, Overflow, PublishInput, Published,
+    SubscribeOptions, SubscriptionInfo,
+};
+use eventbus_proto::pb;
+use prost::Message;
+use serde::Serialize;
+use tonic::{Code, Status};
+
+// --- refusals ---
+
+/// Why a request is refused, as the edge sees it: a core error, or a refusal decided
+/// before the bus is reached. Both protocols render it through [`EdgeError::codes`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EdgeError {
+    /// Refused by the core (names, limits, unknown ids, durable engine, shutdown).
+    #[error(transparent)]
+    Core(#[from] Error),
+    /// A durable-consumer call on a broker without a durable engine.
+    #[error("durable consumers are not enabled on this broker")]
+    DurableDisabled,
+    /// A publish request too large to be read at all (over the gRPC decode limit or the
+    /// REST body limit), refused before its payload is buffered.
+    #[error(
+        "request is over {request_limit} bytes, too large to read; the payload limit is \
+         max_payload_bytes = {max_payload_bytes}"
+    )]
+    RequestTooLarge { request_limit: usize, max_payload_bytes: usize },
+    /// A request the edge cannot turn into a core call (missing field, unknown enum
+    /// value, malformed JSON).
+    #[error("{0}")]
+    BadRequest(String),
+    /// Missing, malformed, unknown, expired or badly signed credentials (the text
+    /// never holds the credential).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The caller lacks the right the operation needs; `what` names the refused
+    /// channel or consumer.
+    #[error("permission denied: principal {principal:?} may not {operation}: {what}")]
+    PermissionDenied { principal: String, operation: &'static str, what: String },
+    /// A per-principal limit (`max_subscriptions`, `max_publish_rate`) is reached.
+    #[error("principal {principal:?} is over its {limit}")]
+    OverLimit { principal: String, limit: &'static str },
+    /// A `PublishBatch` with more events than `eventbus.max_publish_batch`.
+    #[error("a batch holds at most eventbus.max_publish_batch = {limit} events; this one has {count}")]
+    BatchTooLarge { count: usize, limit: usize },
+}
+
+impl From<DurableError> for EdgeError {
+    fn from(err: DurableError) -> Self {
+        Self::Core(err.into())
+    }
+}
+
+impl EdgeError {
+    /// The one table from a refusal to its wire codes, so a gRPC client and a REST
+    /// client always get the same answer. `FAILED_PRECONDITION` (the broker is not set
+    /// up for the call; retrying will not help) is 409 Conflict: the request conflicts
+    /// with the broker's state, and 503 would invite retries.
+    pub(crate) fn codes(&self) -> (Code, StatusCode) {
+        match self {
+            Self::Core(err) => match err.kind() {
+                ErrorKind::InvalidArgument => (Code::InvalidArgument, StatusCode::BAD_REQUEST),
+                ErrorKind::TooLarge => (Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE),
+                ErrorKind::NotFound => (Code::NotFound, StatusCode::NOT_FOUND),
+                ErrorKind::Unavailable => (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
+                ErrorKind::AlreadyExists => (Code::AlreadyExists, StatusCode::CONFLICT),
+                ErrorKind::StorageFull => (Code::ResourceExhausted, StatusCode::INSUFFICIENT_STORAGE),
+                ErrorKind::Internal => {
+                    // The client reads no internals; the log keeps the causes.
+                    tracing::error!(error = %eventbus_core::error_chain(err), "internal error");
+                    (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR)
+                }
+            },
+            Self::DurableDisabled => (Code::FailedPrecondition, StatusCode::CONFLICT),
+            Self::RequestTooLarge { .. } => (Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE),
+            Self::BadRequest(_) | Self::BatchTooLarge { .. } => (Code::InvalidArgument, StatusCode::BAD_REQUEST),
+            Self::Unauthenticated(_) => (Code::Unauthenticated, StatusCode::UNAUTHORIZED),
+            Self::PermissionDenied { .. } => (Code::PermissionDenied, StatusCode::FORBIDDEN),
+            Self::OverLimit { .. } => (Code::ResourceExhausted, StatusCode::TOO_MANY_REQUESTS),
+        }
+    }
+}
+
+impl From<EdgeError> for Status {
+    fn from(err: EdgeError) -> Self {
+        let (code, _) = err.codes();
+        Status::new(code, err.to_string())
+    }
+}
+
+/// The gRPC status of a refusal (README "Errors"). Messages name the problem.
+pub(crate) fn status(err: impl Into<EdgeError>) -> Status {
+    err.into().into()
+}
+
+/// The durable engine, or why there is none.
+pub(crate) fn durable(bus: &Bus) -> Result<&Arc<dyn DurableBackend>, EdgeError> {
+    bus.durable().ok_or(EdgeError::DurableDisabled)
+}
+
+/// The status a subscription stream ends with, or `None` for a normal end.
+pub(crate) fn close_status(reason: CloseReason) -> Option<Status> {
+    match reason {
+        CloseReason::Unsubscribed => None,
+        CloseReason::SlowConsumer => Some(Status::resource_exhausted(
+            "slow consumer: the subscription queue overflowed (overflow policy DISCONNECT)",
+        )),
+        CloseReason::ShuttingDown => Some(Status::unavailable("shutting down")),
+    }
+}
+
+// --- scalars ---
+
+pub(crate) fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    t.into()
+}
+
+/// A time in JSON: RFC 3339, UTC.
+fn rfc3339(t: SystemTime) -> String {
+    timestamp(t).to_string()
+}
+
+fn duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log::{DEFAULT_LOG_LIMIT, log_status_name};
+    use super::*;
+
+    #[test]
+    fn both_protocols_take_their_codes_from_one_table() {
+        let too_large = EdgeError::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
+        let cases: [(EdgeError, Code, StatusCode); 11] = [
+            (Error::NoChannels.into(), Code::InvalidArgument, StatusCode::BAD_REQUEST),
+            (
+                Error::PayloadTooLarge { size: 2, limit: 1 }.into(),
+                Code::ResourceExhausted,
+                StatusCode::PAYLOAD_TOO_LARGE,
+            ),
+            (too_large, Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE),
+            (Error::UnknownSubscription("s".into()).into(), Code::NotFound, StatusCode::NOT_FOUND),
+            (Error::ShuttingDown.into(), Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
+            (DurableError::AlreadyExists("c".into()).into(), Code::AlreadyExists, StatusCode::CONFLICT),
+            (EdgeError::DurableDisabled, Code::FailedPrecondition, StatusCode::CONFLICT),
+            (EdgeError::BadRequest("config is required".into()), Code::InvalidArgument, StatusCode::BAD_REQUEST),
+            (EdgeError::Unauthenticated("missing".into()), Code::Unauthenticated, StatusCode::UNAUTHORIZED),
+            (
+                EdgeError::PermissionDenied { principal: "p".into(), operation: "publish", what: "channel a".into() },
+                Code::PermissionDenied,
+                StatusCode::FORBIDDEN,
+            ),
+            (
+                EdgeError::OverLimit { principal: "p".into(), limit: "max_subscriptions" },
+                Code::ResourceExhausted,
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+        ];
+        for (err, code, http) in cases {
+            assert_eq!(err.codes(), (code, http), "{err}");
+            let message = err.to_string();
+            let status = status(err);
+            assert_eq!((status.code(), status.message()), (code, message.as_str()));
+        }
+    }
+
+    #[test]
+    fn an_oversized_request_names_the_payload_limit() {
+        let err = EdgeError::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
+        assert!(err.to_string().contains("max_payload_bytes = 1048576"), "{err}");
+    }
+
+    #[test]
+    fn log_status_names_round_trip_through_the_rest_filter() {
+        for s in [LogStatus::Completed, LogStatus::DeadLettered, LogStatus::Redriven] {
+            assert_eq!(log_status_filter_json(Some(log_status_name(s))).ok(), Some(Some(s)));
+        }
+        assert_eq!(log_status_filter_json(Some("all")).ok(), Some(None));
+        assert!(log_status_filter_json(Some("lost")).is_err());
+        assert_eq!((log_limit(0), log_limit(7)), (DEFAULT_LOG_LIMIT, 7));
+    }
+}

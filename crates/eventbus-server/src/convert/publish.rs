@@ -1,0 +1,87 @@
+//! Publish requests and answers.
+
+use super::*;
+
+/// A publish from the wire; `scope` is the publisher's idempotency scope (its name).
+pub(crate) fn publish_input(req: pb::PublishRequest, peer: String, scope: &str) -> PublishInput {
+    let pb::PublishRequest { channel, payload, metadata, content_type, source, ordering_key, idempotency_key } = req;
+    let idempotency_scope = if idempotency_key.is_empty() { String::new() } else { scope.to_owned() };
+    PublishInput {
+        channel,
+        payload,
+        metadata,
+        content_type,
+        source,
+        peer,
+        ordering_key,
+        idempotency_key,
+        idempotency_scope,
+    }
+}
+
+/// `POST /admin/eventbus/publish` body. The payload is any JSON value, stored as its
+/// compact JSON text with content type `application/json`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PublishJson {
+    channel: String,
+    #[serde(default)]
+    payload: Option<serde_json::Value>,
+    #[serde(default)]
+    metadata: std::collections::HashMap<String, String>,
+    #[serde(default)]
+    source: String,
+}
+
+pub(crate) fn publish_input_json(body: &[u8], peer: String) -> Result<PublishInput, EdgeError> {
+    let PublishJson { channel, payload, metadata, source } =
+        serde_json::from_slice(body).map_err(|e| EdgeError::BadRequest(format!("invalid JSON body: {e}")))?;
+    let payload = match payload {
+        Some(value) => {
+            serde_json::to_vec(&value).map_err(|e| EdgeError::BadRequest(format!("invalid payload: {e}")))?
+        }
+        None => Vec::new(),
+    };
+    Ok(PublishInput {
+        channel,
+        payload: payload.into(),
+        metadata,
+        content_type: "application/json".to_owned(),
+        source,
+        peer,
+        ..PublishInput::default()
+    })
+}
+
+pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
+    let Published { event_id, delivered, failed, duration: took, duplicate } = p;
+    pb::PublishResponse {
+        event_id,
+        delivered_count: delivered,
+        failed_count: failed,
+        duration: Some(duration(took)),
+        duplicate,
+        error: None,
+    }
+}
+
+/// The REST answer to a publish (`PublishResponse`, the duration in microseconds).
+#[derive(Debug, Serialize)]
+pub(crate) struct PublishedJson {
+    event_id: String,
+    delivered_count: u32,
+    failed_count: u32,
+    duration_us: u64,
+    duplicate: bool,
+}
+
+pub(crate) fn publish_response_json(p: Published) -> PublishedJson {
+    let Published { event_id, delivered, failed, duration, duplicate } = p;
+    PublishedJson {
+        event_id,
+        delivered_count: delivered,
+        failed_count: failed,
+        duration_us: duration.as_micros() as u64,
+        duplicate,
+    }
+}
