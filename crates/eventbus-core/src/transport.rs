@@ -46,6 +46,13 @@ pub struct TransportStatus {
     pub stalled: bool,
     /// Successful reconnections after a lost connection, since start.
     pub reconnects: u64,
+    /// Interruptions of a subscription while connected (Redis Cluster: a failover or a
+    /// slot migration moved a shard channel), since start. Events published meanwhile
+    /// were missed; the subscription was restored.
+    pub gaps: u64,
+    /// Redis Cluster: hash slots without a serving master now. Publishes to their
+    /// channels fail; the other shards keep serving.
+    pub degraded_slots: u32,
 }
 
 /// Future returned by [`Transport::watched`].

@@ -87,10 +87,10 @@ fn encode_json(event: &Event) -> Vec<u8> {
     serde_json::to_vec(&json).unwrap_or_default()
 }
 
-/// The event of a JSON envelope; `None` when `message` is not one (a foreign producer's
-/// JSON, say). Cheap for anything else: only a message that names the `eventbus`
-/// member is parsed.
-fn decode_json(channel: &str, message: &[u8]) -> Option<Event> {
+/// The event of a JSON envelope, on `channel` or else on the channel the envelope names;
+/// `None` when `message` is not one (a foreign producer's JSON, say). Cheap for anything
+/// else: only a message that names the `eventbus` member is parsed.
+fn decode_json(channel: Option<&str>, message: &[u8]) -> Option<Event> {
     let start = message.iter().position(|b| !b.is_ascii_whitespace())?;
     if message[start] != b'{' || !contains(message, b"\"eventbus\"") {
         return None;
@@ -109,9 +109,13 @@ fn decode_json(channel: &str, message: &[u8]) -> Option<Event> {
         .ok()
         .and_then(|t| SystemTime::try_from(t).ok())
         .unwrap_or_else(SystemTime::now);
+    let channel = match channel {
+        Some(channel) => channel.to_owned(),
+        None => json.channel.into_owned(),
+    };
     Some(Event::from_parts(
         json.id.into_owned(),
-        channel.to_owned(),
+        channel,
         timestamp,
         json.source.into_owned(),
         payload,
@@ -166,6 +170,16 @@ pub(crate) fn decode_own(message: Bytes) -> Option<Event> {
     ))
 }
 
+/// The event of an envelope (binary or JSON) on the channel the envelope names; `None`
+/// for anything else (Redis Cluster's shard channels carry several channels, so a
+/// message without an envelope cannot be routed).
+pub(crate) fn decode_enveloped(message: Bytes) -> Option<Event> {
+    if message.starts_with(&MAGIC) {
+        return decode_own(message);
+    }
+    decode_json(None, &message)
+}
+
 /// The event a Redis message on `channel` carries.
 pub(crate) fn decode(channel: &str, message: Bytes) -> Event {
     if message.starts_with(&MAGIC)
@@ -182,7 +196,7 @@ pub(crate) fn decode(channel: &str, message: Bytes) -> Event {
             wire.content_type,
         );
     }
-    if let Some(event) = decode_json(channel, &message) {
+    if let Some(event) = decode_json(Some(channel), &message) {
         return event;
     }
     let now = SystemTime::now();

@@ -11,15 +11,19 @@
 //!   raw form a foreign producer's plain `PUBLISH` takes.
 //! - `glob`: filters mapped to Redis channels and globs.
 //! - `dedup`: one copy per instance when an exact channel and patterns both match.
+//! - [`cluster`]: [`ClusterTransport`], the same on a Redis Cluster with sharded
+//!   Pub/Sub (`SPUBLISH`/`SSUBSCRIBE`) over a fixed set of shard channels.
 //! - [`durable`]: [`RedisDurable`], durable consumers on Redis Streams, shared by every
 //!   instance (the core's `DurableBackend`).
 
+pub mod cluster;
 mod dedup;
 pub mod durable;
 mod envelope;
 mod glob;
 pub mod transport;
 
+pub use cluster::ClusterTransport;
 pub use durable::{RedisDurable, RedisDurableSettings};
 pub use envelope::Envelope;
 /// The Redis client's error, for callers that report a bad Redis setting.

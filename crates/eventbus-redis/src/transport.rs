@@ -54,6 +54,10 @@ pub struct RedisOptions {
     /// PEM file of the CA that signed Redis's TLS certificate (`rediss://` URLs), for a
     /// private CA; `None` trusts the system's root certificates.
     pub tls_ca_file: Option<std::path::PathBuf>,
+    /// Redis Cluster seed nodes; non-empty selects cluster mode (see [`crate::cluster`]).
+    pub cluster_nodes: Vec<String>,
+    /// Cluster mode: how many leading tokens of a channel choose its shard.
+    pub shard_tokens: usize,
     /// How often the transport PINGs Redis on both of its connections.
     pub health_check_interval: Duration,
     /// How long a PING may take before Redis counts as not answering.
@@ -452,6 +456,8 @@ mod tests {
             prefix: "p".into(),
             envelope: Envelope::Binary,
             tls_ca_file: None,
+            cluster_nodes: Vec::new(),
+            shard_tokens: 1,
             health_check_interval: Duration::from_secs(1),
             health_check_timeout: Duration::from_millis(500),
         };

@@ -358,7 +358,18 @@ async fn healthz(State(state): State<HttpState>) -> Response {
 
 async fn readyz(State(state): State<HttpState>) -> Response {
     match state.readiness.reason() {
-        None => (StatusCode::OK, Json(json!({ "status": "ready" }))).into_response(),
+        None => match state.bus.transport_status().map(|s| s.borrow().degraded_slots).unwrap_or(0) {
+            0 => (StatusCode::OK, Json(json!({ "status": "ready" }))).into_response(),
+            // Ready: the other shards serve; taking every instance out would stop them too.
+            slots => (
+                StatusCode::OK,
+                Json(json!({
+                    "status": "ready",
+                    "degraded": format!("{slots} of 16384 Redis Cluster slots have no master: publishes to their channels fail"),
+                })),
+            )
+                .into_response(),
+        },
         Some(reason) => {
             (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "not ready", "reason": reason }))).into_response()
         }

@@ -235,7 +235,8 @@ struct BusCollector {
     overflow_dead_letters: IntCounterVec,
     limits: LabelLimits,
     /// Redis mode only.
-    redis: Option<(IntGauge, IntCounter)>,
+    /// redis mode: connected, reconnects, subscription gaps, slots without a master.
+    redis: Option<(IntGauge, IntCounter, IntCounter, IntGauge)>,
     /// Durable consumers: acked, redelivered, dead-lettered, redriven, dropped; pending, in
     /// flight, paused.
     consumers: [IntCounterVec; 5],
@@ -302,6 +303,15 @@ impl BusCollector {
                     IntCounter::new(
                         format!("{prefix}_redis_reconnects_total"),
                         "Reconnections to Redis after a lost connection.",
+                    )?,
+                    IntCounter::new(
+                        format!("{prefix}_redis_subscription_gaps_total"),
+                        "Redis Cluster: sharded subscriptions interrupted by a failover, a slot migration or a lost \
+                         node connection, then restored (events published meanwhile were missed).",
+                    )?,
+                    IntGauge::new(
+                        format!("{prefix}_redis_cluster_degraded_slots"),
+                        "Redis Cluster: hash slots without a serving master now (their channels' publishes fail).",
                     )?,
                 )),
             },
@@ -448,14 +458,22 @@ impl BusCollector {
             families.extend(in_flight.collect());
             families.extend(paused.collect());
         }
-        if let (Some((connected, reconnects)), Some(status)) = (&self.redis, self.bus.transport_status()) {
+        if let (Some((connected, reconnects, gaps, degraded)), Some(status)) =
+            (&self.redis, self.bus.transport_status())
+        {
             let status = *status.borrow();
             let connected = IntGauge::with_opts(opts_of(connected.desc()[0]))?;
             connected.set(i64::from(status.connected));
             let reconnects = IntCounter::with_opts(opts_of(reconnects.desc()[0]))?;
             reconnects.inc_by(status.reconnects);
+            let gaps = IntCounter::with_opts(opts_of(gaps.desc()[0]))?;
+            gaps.inc_by(status.gaps);
+            let degraded = IntGauge::with_opts(opts_of(degraded.desc()[0]))?;
+            degraded.set(i64::from(status.degraded_slots));
             families.extend(connected.collect());
             families.extend(reconnects.collect());
+            families.extend(gaps.collect());
+            families.extend(degraded.collect());
         }
         Ok(families)
     }
@@ -512,9 +530,11 @@ impl Collector for BusCollector {
         for g in &self.consumer_gauges {
             descs.extend(g.desc());
         }
-        if let Some((connected, reconnects)) = &self.redis {
+        if let Some((connected, reconnects, gaps, degraded)) = &self.redis {
             descs.extend(connected.desc());
             descs.extend(reconnects.desc());
+            descs.extend(gaps.desc());
+            descs.extend(degraded.desc());
         }
         descs
     }

@@ -9,7 +9,7 @@ use eventbus_core::durable::{AckObserver, DurableBackend, DurableOptions};
 use eventbus_core::{Bus, Supervisor, TransportStatus};
 use eventbus_durable::{Durable, Fsync, RedbStore};
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
-use eventbus_redis::{RedisDurable, RedisDurableSettings, RedisTransport};
+use eventbus_redis::{ClusterTransport, RedisDurable, RedisDurableSettings, RedisTransport};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
@@ -98,7 +98,8 @@ impl Server {
     /// Builds the bus and binds the listeners named in `settings` (port 0 picks a free
     /// port; see [`Server::grpc_addr`] and [`Server::http_addr`]).
     pub async fn bind(settings: Settings) -> Result<Self, ServerError> {
-        if settings.eventbus.mode == Mode::Redis {
+        let cluster = settings.eventbus.mode == Mode::Redis && !settings.eventbus.redis.cluster_nodes.is_empty();
+        if settings.eventbus.mode == Mode::Redis && !cluster {
             let redis = settings.redis_settings();
             if let Err(source) = redis.check_credentials().await {
                 return Err(ServerError::RedisCredentials { target: redis.display_target(), source });
@@ -130,6 +131,20 @@ impl Server {
         let supervisor = Supervisor::new();
         let bus = match settings.eventbus.mode {
             Mode::InMemory => Bus::new(settings.bus_config()),
+            Mode::Redis if cluster => {
+                let redis = settings.redis_settings();
+                info!(
+                    nodes = %redis.cluster_nodes.join(","),
+                    prefix = %redis.prefix,
+                    shard_tokens = redis.shard_tokens,
+                    "redis cluster mode: connecting in the background"
+                );
+                let setup = ClusterTransport::client(&redis).map_err(ServerError::Redis)?;
+                let stop = transport_stop.clone();
+                Bus::with_transport(settings.bus_config(), |local| {
+                    ClusterTransport::start(setup, &redis, local, stop, &supervisor)
+                })
+            }
             Mode::Redis => {
                 let redis = settings.redis_settings();
                 let client = redis.client().map_err(ServerError::Redis)?;
@@ -152,6 +167,10 @@ impl Server {
         };
         match settings.eventbus.mode {
             Mode::InMemory => start_durable(&settings, &bus, metrics.clone(), &supervisor).await?,
+            Mode::Redis if cluster => warn!(
+                "durable consumers are not available on Redis Cluster yet: their calls answer FAILED_PRECONDITION \
+                 (core pub/sub is served)"
+            ),
             Mode::Redis => start_redis_durable(&settings, &bus, metrics.clone(), transport_stop.clone(), &supervisor)?,
         }
         Ok(Self {

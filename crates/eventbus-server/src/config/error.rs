@@ -41,6 +41,12 @@ pub enum ConfigError {
     /// A text value that parsed but cannot be used.
     #[error("invalid value for {key}: {value:?} {problem}")]
     Invalid { key: &'static str, value: String, problem: &'static str },
+    /// A single-Redis key is set beside `eventbus.redis.cluster_nodes`.
+    #[error(
+        "{key} is set together with eventbus.redis.cluster_nodes: a cluster is reached through its seed \
+         nodes only, so leave {key} unset (or empty cluster_nodes for a single Redis)"
+    )]
+    ClusterMix { key: &'static str },
     /// `eventbus.redis.url` has another scheme. The URL is not repeated: it may hold a
     /// password.
     #[error("invalid value for eventbus.redis.url: must start with redis:// or rediss://")]
@@ -90,6 +96,7 @@ impl ConfigError {
             | Self::AboveLimit { key, .. }
             | Self::Invalid { key, .. } => Some(key),
             Self::RedisUrlScheme { .. } => Some("eventbus.redis.url"),
+            Self::ClusterMix { key } => Some(key),
             Self::Redis { .. } => Some("eventbus.redis"),
             Self::Consumer { .. } => Some("durable.consumers"),
             Self::LogLevel { .. } => Some("log.level"),

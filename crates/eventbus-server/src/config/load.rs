@@ -17,6 +17,21 @@ const ALIASES: &[(&str, &str)] = &[
     ("EVENTBUS_REDIS_POOL_MAX_IDLE", "eventbus.redis.pool.max_idle"),
     ("EVENTBUS_REDIS_POOL_MIN_IDLE", "eventbus.redis.pool.min_idle"),
     ("EVENTBUS_METRICS_ENABLED", "eventbus.metrics.enabled"),
+    ("REDIS_CLUSTER_NODES", "eventbus.redis.cluster_nodes"),
+];
+
+/// The list-valued keys: set from the environment, each takes a comma-separated value
+/// (`EVENTBUS__SERVER__HTTP__ALLOWED_ORIGINS=https://a.example,https://b.example`); an
+/// empty value is the empty list.
+pub(super) const LIST_KEYS: &[&str] = &[
+    "server.http.allowed_origins",
+    "eventbus.redis.cluster_nodes",
+    "auth.default_permissions.publish.allow",
+    "auth.default_permissions.publish.deny",
+    "auth.default_permissions.subscribe.allow",
+    "auth.default_permissions.subscribe.deny",
+    "auth.default_permissions.consumers.allow",
+    "auth.default_permissions.manage_consumers",
 ];
 
 /// The keys of the seed's `eventbus.common` section; each is a spelling of the flat
@@ -57,12 +72,16 @@ impl Settings {
             })
             .collect();
         layers.add(&Layer(typed_like_env(aliases)), "the seed's environment variables")?;
-        let environment = Environment::with_prefix("EVENTBUS")
-            .prefix_separator("__")
-            .separator("__")
-            .try_parsing(true)
-            .source(Some(env.clone().into_iter().collect()));
-        layers.add(&environment, "the EVENTBUS__ environment variables")?;
+        let environment = LIST_KEYS.iter().fold(
+            Environment::with_prefix("EVENTBUS")
+                .prefix_separator("__")
+                .separator("__")
+                .try_parsing(true)
+                .list_separator(",")
+                .source(Some(env.clone().into_iter().collect())),
+            |environment, key| environment.with_list_parse_key(key),
+        );
+        layers.add(&Layer(comma_lists(environment.collect()?)), "the EVENTBUS__ environment variables")?;
         let mut builder = layers.builder;
         let flags = [
             ("server.grpc_addr", &overrides.grpc_addr),
@@ -187,7 +206,9 @@ fn typed_like_env(aliases: Map<String, Value>) -> Map<String, Value> {
         .map(|(k, v)| {
             let origin = v.origin().map(str::to_owned);
             let raw = v.into_string().unwrap_or_default();
-            let kind = if let Ok(b) = raw.to_ascii_lowercase().parse::<bool>() {
+            let kind = if LIST_KEYS.contains(&k.as_str()) {
+                ValueKind::Array(split_list(&raw, origin.as_ref()))
+            } else if let Ok(b) = raw.to_ascii_lowercase().parse::<bool>() {
                 ValueKind::Boolean(b)
             } else if let Ok(i) = raw.parse::<i64>() {
                 ValueKind::I64(i)
@@ -197,4 +218,29 @@ fn typed_like_env(aliases: Map<String, Value>) -> Map<String, Value> {
             (k, Value::new(origin.as_ref(), kind))
         })
         .collect()
+}
+
+/// The items of a comma-separated list value, trimmed; an empty value is no item.
+fn split_list(raw: &str, origin: Option<&String>) -> Vec<Value> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| Value::new(origin, ValueKind::String(item.to_owned())))
+        .collect()
+}
+
+/// The environment's list values as [`LIST_KEYS`] say: split on commas, trimmed, and
+/// a value the environment parsed as a number or boolean (one item, `8080`) still a
+/// list.
+fn comma_lists(mut values: Map<String, Value>) -> Map<String, Value> {
+    for key in LIST_KEYS {
+        let Some(value) = values.get_mut(*key) else { continue };
+        let origin = value.origin().map(str::to_owned);
+        let items: Vec<String> = match &value.kind {
+            ValueKind::Array(items) => items.iter().map(ToString::to_string).collect(),
+            other => vec![other.to_string()],
+        };
+        *value = Value::new(origin.as_ref(), ValueKind::Array(split_list(&items.join(","), origin.as_ref())));
+    }
+    values
 }

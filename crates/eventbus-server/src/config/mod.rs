@@ -118,6 +118,8 @@ impl Settings {
                 EnvelopeSetting::Json => Envelope::Json,
             },
             tls_ca_file: (!r.tls_ca_file.is_empty()).then(|| PathBuf::from(&r.tls_ca_file)),
+            cluster_nodes: r.cluster_nodes.clone(),
+            shard_tokens: r.shard_tokens as usize,
             health_check_interval: Duration::from_millis(r.health_check_interval_ms),
             health_check_timeout: Duration::from_millis(r.health_check_timeout_ms),
         }

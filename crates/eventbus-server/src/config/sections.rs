@@ -244,6 +244,11 @@ pub struct RedisSettings {
     pub envelope: EnvelopeSetting,
     /// PEM CA file for `rediss://` with a private CA; empty = system roots.
     pub tls_ca_file: String,
+    /// Redis Cluster seed nodes (`host:port`, or `redis://`/`rediss://` URLs); non-empty
+    /// selects cluster mode, where `url`, `host`, `port` and `database` stay unset.
+    pub cluster_nodes: Vec<String>,
+    /// Cluster mode: how many leading tokens of a channel choose its shard.
+    pub shard_tokens: u32,
     /// How often the pub/sub and publishing connections are PINGed.
     pub health_check_interval_ms: u64,
     /// How long a PING may take before Redis counts as not answering.

@@ -396,3 +396,39 @@ fn redis_tls_settings_are_checked() {
     let msg = error(&[("EVENTBUS__EVENTBUS__REDIS__URL", "http://cache")], Overrides::default());
     assert!(msg.contains("eventbus.redis.url"), "{msg}");
 }
+
+#[test]
+fn list_keys_take_comma_separated_values_from_the_environment() {
+    let s = load(
+        &[
+            ("EVENTBUS__SERVER__HTTP__ALLOWED_ORIGINS", "https://a.example, https://b.example"),
+            ("EVENTBUS__AUTH__DEFAULT_PERMISSIONS__PUBLISH__ALLOW", "orders.>"),
+            ("EVENTBUS__LOG__LEVEL", "info,eventbus_core=debug"),
+        ],
+        Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(s.server.http.allowed_origins, ["https://a.example", "https://b.example"]);
+    assert_eq!(s.auth.default_permissions.publish.allow, ["orders.>"]);
+    assert_eq!(s.log.level, "info,eventbus_core=debug", "other keys keep their commas");
+    let s = load(&[("EVENTBUS__SERVER__HTTP__ALLOWED_ORIGINS", "")], Overrides::default()).unwrap();
+    assert!(s.server.http.allowed_origins.is_empty(), "an empty value is the empty list");
+    let s = load(&[("REDIS_CLUSTER_NODES", "10.0.0.1:7000,10.0.0.2:7000")], Overrides::default()).unwrap();
+    assert_eq!(s.eventbus.redis.cluster_nodes, ["10.0.0.1:7000", "10.0.0.2:7000"]);
+}
+
+#[test]
+fn cluster_nodes_refuse_single_redis_keys_beside_them_and_bad_nodes() {
+    let nodes = ("EVENTBUS__EVENTBUS__REDIS__CLUSTER_NODES", "10.0.0.1:7000,10.0.0.2:7000");
+    let err = load(&[nodes, ("REDIS_HOST", "cache")], Overrides::default()).unwrap_err();
+    assert!(matches!(err, ConfigError::ClusterMix { key: "eventbus.redis.host" }), "{err:?}");
+    assert!(err.to_string().contains("eventbus.redis.cluster_nodes"), "{err}");
+    let err = load(&[nodes, ("EVENTBUS__EVENTBUS__REDIS__URL", "redis://cache")], Overrides::default()).unwrap_err();
+    assert!(matches!(err, ConfigError::ClusterMix { key: "eventbus.redis.url" }), "{err:?}");
+    let msg = error(&[("REDIS_CLUSTER_NODES", "10.0.0.1")], Overrides::default());
+    assert!(msg.contains("eventbus.redis.cluster_nodes") && msg.contains("host:port"), "{msg}");
+    let msg = error(&[("REDIS_CLUSTER_NODES", "redis://a:7000,rediss://b:7000")], Overrides::default());
+    assert!(msg.contains("mixes redis:// and rediss://"), "{msg}");
+    let msg = error(&[nodes, ("EVENTBUS__EVENTBUS__REDIS__SHARD_TOKENS", "0")], Overrides::default());
+    assert!(msg.contains("eventbus.redis.shard_tokens"), "{msg}");
+}

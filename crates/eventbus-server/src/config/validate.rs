@@ -43,8 +43,17 @@ impl Settings {
             return Err(ConfigError::RedisUrlScheme { scheme });
         }
         let invalid = |key, value: &str, problem| Err(ConfigError::Invalid { key, value: value.to_owned(), problem });
-        if !e.redis.tls_ca_file.is_empty() && !url.starts_with("rediss://") {
-            return invalid("eventbus.redis.tls_ca_file", &e.redis.tls_ca_file, "only applies to a rediss:// url");
+        let cluster = &e.redis.cluster_nodes;
+        if !cluster.is_empty() {
+            self.validate_cluster()?;
+        }
+        let tls = url.starts_with("rediss://") || cluster.iter().any(|node| node.starts_with("rediss://"));
+        if !e.redis.tls_ca_file.is_empty() && !tls {
+            return invalid(
+                "eventbus.redis.tls_ca_file",
+                &e.redis.tls_ca_file,
+                "only applies to rediss:// (url or cluster_nodes)",
+            );
         }
         if !e.redis.username.is_empty() && e.redis.password.is_empty() {
             // Without a password no AUTH is sent, and the user would silently be `default`.
@@ -124,6 +133,52 @@ impl Settings {
         }
         if let Err(source) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(ConfigError::LogLevel { value: self.log.level.clone(), source });
+        }
+        Ok(())
+    }
+}
+
+/// Defaults of the single-Redis keys a cluster configuration leaves alone.
+const SINGLE_REDIS_DEFAULTS: (&str, u16, u32) = ("localhost", 6379, 0);
+
+impl Settings {
+    /// Cluster mode (`eventbus.redis.cluster_nodes` set): seed nodes that parse, one
+    /// scheme for all, and none of the single-Redis keys beside them.
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        let r = &self.eventbus.redis;
+        let (host, port, database) = SINGLE_REDIS_DEFAULTS;
+        let single = [
+            ("eventbus.redis.url", !r.url.is_empty()),
+            ("eventbus.redis.host", r.host != host),
+            ("eventbus.redis.port", r.port != port),
+            ("eventbus.redis.database", r.database != database),
+        ];
+        if let Some((key, _)) = single.into_iter().find(|(_, set)| *set) {
+            return Err(ConfigError::ClusterMix { key });
+        }
+        let mut tls = None;
+        for node in &r.cluster_nodes {
+            let url = eventbus_redis::cluster::node_url(node).map_err(|problem| ConfigError::Invalid {
+                key: "eventbus.redis.cluster_nodes",
+                value: node.clone(),
+                problem,
+            })?;
+            let node_tls = url.starts_with("rediss://");
+            if *tls.get_or_insert(node_tls) != node_tls {
+                return Err(ConfigError::Invalid {
+                    key: "eventbus.redis.cluster_nodes",
+                    value: node.clone(),
+                    problem: "mixes redis:// and rediss:// nodes: a cluster uses TLS on every node or on none",
+                });
+            }
+        }
+        within("eventbus.redis.shard_tokens", r.shard_tokens, 1, 16)?;
+        if !self.durable.consumers.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "durable.consumers",
+                value: format!("{} consumer(s)", self.durable.consumers.len()),
+                problem: "cannot be declared on Redis Cluster: durable consumers need a single Redis (for now)",
+            });
         }
         Ok(())
     }

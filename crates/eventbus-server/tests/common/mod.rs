@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod consume;
+pub mod redis_cluster;
 pub mod redis_server;
 pub mod tls;
 

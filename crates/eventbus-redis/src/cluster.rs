@@ -1,0 +1,641 @@
+//! Redis Cluster mode: fan-out on sharded Pub/Sub (`SPUBLISH`/`SSUBSCRIBE`).
+//!
+//! Classic `PUBLISH` is broadcast to every node of a cluster, so it does not scale out;
+//! sharded Pub/Sub sends a message only to the master (and replicas) owning the shard
+//! channel's slot. Sharded Pub/Sub has no patterns, so channels are grouped into
+//! [`BUCKETS`] shard channels. A channel's first `shard_tokens` tokens (its shard key)
+//! choose its bucket: the 128-slot range its hash slot falls in, `CLUSTER KEYSLOT
+//! <shard key>` / 128. Bucket `b`'s shard channel is `{prefix}:shard:<b>:{<n>}`, where
+//! `n` is the smallest decimal number whose own hash slot lies in that range (the
+//! braces are Redis's hash tag): a channel's traffic goes to the master owning its
+//! shard key's slot, as a key of that name would, and masters owning equal slot ranges
+//! carry equal shares of the buckets. A subscription whose shard tokens are
+//! literal listens on one bucket; one with a wildcard there (`*.created`, `>`) on all
+//! of them. The router re-checks every received event with token rules, as in single
+//! Redis mode, so events of other channels sharing a bucket reach nobody.
+//!
+//! Each message carries its channel in the envelope (binary or JSON); a payload without
+//! one cannot be routed and is counted as dropped. The topology (seed nodes, MOVED,
+//! ASK, failovers) is the `redis` crate's cluster client's; this module adds the
+//! buckets, re-subscribes a shard channel whose slot moved (Redis ends such
+//! subscriptions with a `SUNSUBSCRIBE` push) and counts each interruption as a gap.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use eventbus_core::name::{Token, validate_channel};
+use eventbus_core::transport::{PublishFuture, WatchedFuture};
+use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Supervisor, Transport, TransportError, TransportStatus};
+use parking_lot::{Mutex, RwLock};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{ProtocolVersion, PushInfo, PushKind, Value};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::envelope::{self, Envelope};
+use crate::transport::RedisOptions;
+
+/// Shard channels per cluster: each covers 128 consecutive hash slots.
+pub const BUCKETS: u16 = 128;
+/// Hash slots per bucket.
+const SLOTS_PER_BUCKET: u16 = (SLOTS / BUCKETS as u32) as u16;
+
+const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+/// Slots in a Redis Cluster.
+const SLOTS: u32 = 16_384;
+
+/// A seed node as the cluster client takes it: `host:port` becomes `redis://host:port`;
+/// `redis://` and `rediss://` URLs are kept. The error says what is wrong.
+pub fn node_url(node: &str) -> Result<String, &'static str> {
+    let (url, address) = match node.split_once("://") {
+        Some(("redis" | "rediss", rest)) => (node.to_owned(), rest),
+        Some(_) => return Err("must be host:port, or a redis:// or rediss:// URL"),
+        None => (format!("redis://{node}"), node),
+    };
+    let address = address.rsplit_once('@').map_or(address, |(_, a)| a).trim_end_matches('/');
+    match address.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => Ok(url),
+        _ => Err("must name a host and a port (host:port)"),
+    }
+}
+
+/// The shard key of a channel: its first `shard_tokens` tokens.
+fn shard_key(channel: &str, shard_tokens: usize) -> &str {
+    match channel.match_indices('.').nth(shard_tokens.saturating_sub(1)) {
+        Some((end, _)) => &channel[..end],
+        None => channel,
+    }
+}
+
+/// A key's hash slot, as `CLUSTER KEYSLOT` computes it (a `{tag}` hashes alone).
+fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter().position(|&b| b == b'}').map(|close| &rest[..close])
+        })
+        .filter(|tag| !tag.is_empty());
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % SLOTS as u16
+}
+
+/// The bucket of a shard key: the slot range its hash slot falls in.
+fn bucket_of(shard_key: &str) -> u16 {
+    key_slot(shard_key.as_bytes()) / SLOTS_PER_BUCKET
+}
+
+/// The shard channels of every bucket, in bucket order: bucket `b`'s hash tag is the
+/// smallest decimal number whose hash slot is in `b`'s range.
+pub fn shard_channels(prefix: &str) -> Vec<String> {
+    let mut tags: Vec<Option<u32>> = vec![None; usize::from(BUCKETS)];
+    let mut missing = tags.len();
+    let mut n = 0u32;
+    while missing > 0 {
+        let bucket = usize::from(key_slot(n.to_string().as_bytes()) / SLOTS_PER_BUCKET);
+        if tags[bucket].is_none() {
+            tags[bucket] = Some(n);
+            missing -= 1;
+        }
+        n += 1;
+    }
+    tags.iter().enumerate().map(|(b, tag)| format!("{prefix}:shard:{b}:{{{}}}", tag.unwrap_or_default())).collect()
+}
+
+/// The buckets a filter needs: one when its shard tokens are literal, all otherwise.
+fn buckets_of(filter: &Pattern, shard_tokens: usize) -> Option<u16> {
+    if filter.is_exact() {
+        return Some(bucket_of(shard_key(filter.as_str(), shard_tokens)));
+    }
+    let literal = filter.tokens().take(shard_tokens).all(|t| matches!(t, Token::Literal(_)));
+    // A trailing `>` after the shard tokens (`orders.>` with 1) keeps them literal.
+    literal.then(|| bucket_of(shard_key(filter.as_str(), shard_tokens)))
+}
+
+/// The client for a cluster's seed nodes, with the credentials and TLS of
+/// `eventbus.redis`; pushes (subscribed messages) go to `pushes`.
+fn client(
+    settings: &RedisOptions,
+    pushes: mpsc::UnboundedSender<PushInfo>,
+) -> Result<ClusterClient, redis::RedisError> {
+    let nodes: Vec<String> = settings
+        .cluster_nodes
+        .iter()
+        .map(|n| {
+            node_url(n).map_err(|problem| {
+                redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "bad cluster node",
+                    format!("{n}: {problem}"),
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let mut builder = ClusterClientBuilder::new(nodes)
+        .use_protocol(ProtocolVersion::RESP3)
+        .push_sender(pushes)
+        .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(COMMAND_TIMEOUT)
+        // Bounded (a slot without a master fails its commands within about a second),
+        // with room for a failover's stale route, MOVED and slot refresh.
+        .retries(6)
+        .min_retry_wait(20)
+        .max_retry_wait(200);
+    if let Some(username) = &settings.username {
+        builder = builder.username(username);
+    }
+    if let Some(password) = &settings.password {
+        builder = builder.password(password);
+    }
+    if let Some(path) = &settings.tls_ca_file {
+        let pem = std::fs::read(path).map_err(|e| {
+            redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "cannot read tls_ca_file",
+                format!("{}: {e}", path.display()),
+            ))
+        })?;
+        builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert: Some(pem) });
+    }
+    builder.build()
+}
+
+/// A cluster client and the channel its pushes (subscribed messages) arrive on.
+pub struct ClusterSetup {
+    client: ClusterClient,
+    pushes: mpsc::UnboundedReceiver<PushInfo>,
+}
+
+impl std::fmt::Debug for ClusterSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSetup").finish_non_exhaustive()
+    }
+}
+
+/// A subscription a push said was lost.
+enum Lost {
+    Nothing,
+    /// Redis ended this bucket's subscription (its slot moved).
+    Bucket(u16),
+    /// A node connection dropped.
+    Connection,
+}
+
+/// Bucket demand, versioned so a subscriber can wait until Redis has its buckets.
+#[derive(Debug, Default)]
+struct Wanted {
+    filters: BTreeSet<Pattern>,
+    version: u64,
+}
+
+/// Publishes to and receives from a Redis Cluster for one broker instance.
+pub struct ClusterTransport {
+    prefix: String,
+    shard_tokens: usize,
+    envelope: Envelope,
+    /// The shard channel of each bucket, built once (no formatting per event).
+    channels: Vec<String>,
+    target: String,
+    health_interval: Duration,
+    connection: RwLock<Option<ClusterConnection>>,
+    wanted: Mutex<Wanted>,
+    wanted_changed: Notify,
+    applied: watch::Sender<u64>,
+    status: watch::Sender<TransportStatus>,
+    /// Messages on shard channels that name no routable channel (a foreign payload
+    /// without an envelope), dropped.
+    unroutable: AtomicU64,
+}
+
+impl std::fmt::Debug for ClusterTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterTransport")
+            .field("nodes", &self.target)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterTransport {
+    /// The cluster client for `settings`, not connected yet: where a bad seed node or
+    /// an unreadable CA file is reported.
+    pub fn client(settings: &RedisOptions) -> Result<ClusterSetup, redis::RedisError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (tx, pushes) = mpsc::unbounded_channel();
+        Ok(ClusterSetup { client: client(settings, tx)?, pushes })
+    }
+
+    /// Creates the transport and starts its task, which runs until `shutdown`. Returns
+    /// at once: the cluster may come up later.
+    pub fn start(
+        setup: ClusterSetup,
+        settings: &RedisOptions,
+        local: LocalFanout,
+        shutdown: CancellationToken,
+        supervisor: &Supervisor,
+    ) -> Arc<Self> {
+        let ClusterSetup { client, pushes } = setup;
+        let transport = Arc::new(Self {
+            prefix: settings.prefix.clone(),
+            shard_tokens: settings.shard_tokens.max(1),
+            envelope: settings.envelope,
+            channels: shard_channels(&settings.prefix),
+            target: settings.cluster_nodes.join(","),
+            health_interval: settings.health_check_interval,
+            connection: RwLock::new(None),
+            wanted: Mutex::default(),
+            wanted_changed: Notify::new(),
+            applied: watch::Sender::new(0),
+            status: watch::Sender::new(TransportStatus::default()),
+            unroutable: AtomicU64::new(0),
+        });
+        supervisor
+            .spawn("redis cluster transport", Arc::clone(&transport).run(client, pushes, local, shutdown))
+            .detach();
+        transport
+    }
+
+    /// Messages dropped because they named no routable channel.
+    pub fn unroutable(&self) -> u64 {
+        self.unroutable.load(Ordering::Relaxed)
+    }
+
+    fn unavailable(&self, reason: impl Into<String>) -> TransportError {
+        TransportError { transport: "redis", reason: reason.into() }
+    }
+
+    fn wanted_buckets(&self) -> (BTreeSet<u16>, u64) {
+        let w = self.wanted.lock();
+        let mut buckets = BTreeSet::new();
+        for filter in &w.filters {
+            match buckets_of(filter, self.shard_tokens) {
+                Some(b) => {
+                    buckets.insert(b);
+                }
+                None => return ((0..BUCKETS).collect(), w.version),
+            }
+        }
+        (buckets, w.version)
+    }
+
+    async fn run(
+        self: Arc<Self>,
+        client: ClusterClient,
+        mut pushes: mpsc::UnboundedReceiver<PushInfo>,
+        local: LocalFanout,
+        shutdown: CancellationToken,
+    ) {
+        let mut backoff = INITIAL_BACKOFF;
+        let mut conn = loop {
+            let attempt = tokio::time::timeout(CONNECT_TIMEOUT * 2, client.get_async_connection());
+            let outcome = tokio::select! {
+                () = shutdown.cancelled() => return,
+                outcome = attempt => outcome,
+            };
+            match outcome {
+                Ok(Ok(conn)) => break conn,
+                Ok(Err(err)) => {
+                    warn!(nodes = %self.target, error = %err, retry_in = ?backoff, "cannot reach the Redis Cluster; retrying")
+                }
+                Err(_) => {
+                    warn!(nodes = %self.target, retry_in = ?backoff, "timed out reaching the Redis Cluster; retrying")
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        };
+        info!(nodes = %self.target, "connected to the Redis Cluster");
+        *self.connection.write() = Some(conn.clone());
+        let mut active: BTreeSet<u16> = BTreeSet::new();
+        let mut epoch = None;
+        let mut health = tokio::time::interval_at(Instant::now(), self.health_interval);
+        health.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                _ = health.tick() => {
+                    let now = self.check(&mut conn).await;
+                    if let (Some(before), Some(now)) = (epoch, now)
+                        && before != now
+                        && !active.is_empty()
+                    {
+                        // A failover or a slot migration: a shard channel may have moved
+                        // without a push saying so (its node just vanished). Ask again
+                        // for all of them; the unmoved ones are unaffected.
+                        self.gap("every shard channel (the cluster's topology changed)");
+                        active.clear();
+                    }
+                    epoch = now.or(epoch);
+                    // A subscription a failed command left out is retried here.
+                    self.reconcile(&mut conn, &mut active).await;
+                }
+                () = self.wanted_changed.notified() => self.reconcile(&mut conn, &mut active).await,
+                push = pushes.recv() => match push {
+                    Some(push) => match self.receive(push, &active, &local).await {
+                        Lost::Nothing => {}
+                        Lost::Bucket(bucket) => {
+                            active.remove(&bucket);
+                            self.reconcile(&mut conn, &mut active).await;
+                        }
+                        Lost::Connection => {
+                            // The client restores what it tracked; asking again is
+                            // harmless (a repeated SSUBSCRIBE changes nothing).
+                            active.clear();
+                            self.reconcile(&mut conn, &mut active).await;
+                        }
+                    },
+                    None => break,
+                },
+            }
+        }
+        *self.connection.write() = None;
+        self.status.send_modify(|s| s.connected = false);
+    }
+
+    /// Asks one node how the cluster is: the slots without a serving master, and
+    /// whether the cluster answers at all. Returns the cluster's current epoch, which
+    /// changes with every failover and slot migration.
+    async fn check(&self, conn: &mut ClusterConnection) -> Option<u64> {
+        let info = tokio::time::timeout(
+            COMMAND_TIMEOUT,
+            conn.route_command(
+                redis::cmd("CLUSTER").arg("INFO").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            ),
+        )
+        .await;
+        let text = match info {
+            Ok(Ok(Value::BulkString(bytes))) => String::from_utf8_lossy(&bytes).into_owned(),
+            Ok(Ok(Value::VerbatimString { text, .. })) => text,
+            Ok(Ok(Value::SimpleString(text))) => text,
+            Ok(Ok(other)) => format!("{other:?}"),
+            Ok(Err(err)) => {
+                self.set_health(false, SLOTS, &format!("CLUSTER INFO failed: {err}"));
+                return None;
+            }
+            Err(_) => {
+                self.set_health(false, SLOTS, "no answer to CLUSTER INFO");
+                return None;
+            }
+        };
+        let field = |name: &str| {
+            text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).map(str::trim).map(str::to_owned)
+        };
+        let ok: u32 = field("cluster_slots_ok").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let state = field("cluster_state").unwrap_or_default();
+        let degraded = SLOTS.saturating_sub(ok);
+        self.set_health(ok > 0, degraded, &format!("cluster_state {state}, {ok} slots served"));
+        field("cluster_current_epoch").and_then(|v| v.parse().ok())
+    }
+
+    fn set_health(&self, connected: bool, degraded_slots: u32, detail: &str) {
+        let before = *self.status.borrow();
+        if before.connected != connected || before.degraded_slots != degraded_slots {
+            match (connected, degraded_slots) {
+                (false, _) => {
+                    warn!(nodes = %self.target, detail, "the Redis Cluster is not serving; refusing publishes")
+                }
+                (true, 0) => info!(nodes = %self.target, detail, "the Redis Cluster serves every slot"),
+                (true, n) => {
+                    warn!(nodes = %self.target, slots_without_master = n, detail, "the Redis Cluster is degraded: publishes to the channels of those slots fail")
+                }
+            }
+        }
+        self.status.send_modify(|s| {
+            if !s.connected && connected && before.degraded_slots == SLOTS {
+                s.reconnects += 1;
+            }
+            s.connected = connected;
+            s.stalled = !connected;
+            s.degraded_slots = degraded_slots;
+        });
+    }
+
+    /// Brings the sharded subscriptions in line with local demand. A failed command is
+    /// logged and retried on the next health tick (one shard down must not stop the
+    /// others from being subscribed).
+    async fn reconcile(&self, conn: &mut ClusterConnection, active: &mut BTreeSet<u16>) {
+        let (wanted, version) = self.wanted_buckets();
+        let mut complete = true;
+        // All at once: each goes to its own shard, and a slow one (a node just lost)
+        // must not hold up the others.
+        let missing: Vec<u16> = wanted.difference(active).copied().collect();
+        let results = futures::future::join_all(missing.iter().map(|&bucket| {
+            let mut conn = conn.clone();
+            let channel = &self.channels[usize::from(bucket)];
+            async move { tokio::time::timeout(COMMAND_TIMEOUT, conn.ssubscribe(channel)).await }
+        }))
+        .await;
+        for (bucket, result) in missing.into_iter().zip(results) {
+            let channel = &self.channels[usize::from(bucket)];
+            match result {
+                Ok(Ok(())) => {
+                    active.insert(bucket);
+                    debug!(channel, "shard channel subscribed");
+                }
+                Ok(Err(err)) => {
+                    complete = false;
+                    warn!(channel, error = %err, "SSUBSCRIBE failed; retrying");
+                }
+                Err(_) => {
+                    complete = false;
+                    warn!(channel, "SSUBSCRIBE timed out; retrying");
+                }
+            }
+        }
+        for &bucket in active.clone().difference(&wanted) {
+            let channel = &self.channels[usize::from(bucket)];
+            // Removed from `active` either way: a shard that cannot be told keeps
+            // sending until its connection goes, and those events reach nobody here.
+            active.remove(&bucket);
+            if let Ok(Err(err)) = tokio::time::timeout(COMMAND_TIMEOUT, conn.sunsubscribe(channel)).await {
+                debug!(channel, error = %err, "SUNSUBSCRIBE failed");
+            }
+        }
+        if complete {
+            self.applied.send_replace(version);
+        }
+    }
+
+    /// Handles one push, and says what subscription was lost, if one was.
+    async fn receive(&self, push: PushInfo, active: &BTreeSet<u16>, local: &LocalFanout) -> Lost {
+        match push.kind {
+            PushKind::SMessage => {
+                let Some(Value::BulkString(message)) = push.data.into_iter().nth(1) else { return Lost::Nothing };
+                match envelope::decode_enveloped(Bytes::from(message)) {
+                    Some(event) if validate_channel(&event.channel).is_ok() => {
+                        local.dispatch(event).await;
+                    }
+                    _ => {
+                        if self.unroutable.fetch_add(1, Ordering::Relaxed) == 0 {
+                            warn!(
+                                "dropped a message on a shard channel that names no routable channel: in a cluster, \
+                                 producers SPUBLISH an eventbus envelope (eventbus.redis.envelope json shows its form)"
+                            );
+                        }
+                    }
+                }
+                Lost::Nothing
+            }
+            // Redis ends a shard channel's subscriptions when its slot moves (failover,
+            // migration): the subscription is made again on the slot's new owner.
+            PushKind::SUnsubscribe => {
+                let Some(Value::BulkString(channel)) = push.data.first() else { return Lost::Nothing };
+                let bucket = self
+                    .channels
+                    .iter()
+                    .position(|c| c.as_bytes() == channel.as_slice())
+                    .and_then(|b| u16::try_from(b).ok())
+                    .filter(|b| active.contains(b) && self.wanted_buckets().0.contains(b));
+                match bucket {
+                    Some(bucket) => {
+                        self.gap(&String::from_utf8_lossy(channel));
+                        Lost::Bucket(bucket)
+                    }
+                    None => Lost::Nothing,
+                }
+            }
+            PushKind::Disconnection => {
+                self.gap("a node connection");
+                Lost::Connection
+            }
+            _ => Lost::Nothing,
+        }
+    }
+
+    fn gap(&self, what: &str) {
+        self.status.send_modify(|s| s.gaps += 1);
+        warn!(
+            subscription = what,
+            "a sharded subscription was interrupted (failover, slot migration or a lost node connection); events \
+             published meanwhile were missed; subscribing again"
+        );
+    }
+}
+
+impl Transport for ClusterTransport {
+    fn mode(&self) -> &'static str {
+        "redis"
+    }
+
+    fn publish(&self, event: Arc<Event>) -> PublishFuture<'_> {
+        Box::pin(async move {
+            if !self.status.borrow().connected {
+                return Err(self.unavailable(format!("the Redis Cluster at {} is not serving", self.target)));
+            }
+            let Some(mut conn) = self.connection.read().clone() else {
+                return Err(self.unavailable(format!("not connected to the Redis Cluster at {}", self.target)));
+            };
+            let bucket = bucket_of(shard_key(&event.channel, self.shard_tokens));
+            let channel = &self.channels[usize::from(bucket)];
+            let receivers: i64 = redis::cmd("SPUBLISH")
+                .arg(channel)
+                .arg(envelope::encode_as(self.envelope, &event))
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.unavailable(format!("SPUBLISH to {channel} failed: {e}")))?;
+            Ok(Fanout { delivered: u32::try_from(receivers).unwrap_or(u32::MAX), failed: 0 })
+        })
+    }
+
+    fn watch(&self, filter: &Pattern) {
+        let mut wanted = self.wanted.lock();
+        wanted.filters.insert(filter.clone());
+        wanted.version += 1;
+        drop(wanted);
+        self.wanted_changed.notify_one();
+    }
+
+    fn unwatch(&self, filter: &Pattern) {
+        let mut wanted = self.wanted.lock();
+        wanted.filters.remove(filter);
+        wanted.version += 1;
+        drop(wanted);
+        self.wanted_changed.notify_one();
+    }
+
+    fn watched(&self) -> WatchedFuture<'_> {
+        Box::pin(async move {
+            let target = self.wanted.lock().version;
+            let mut applied = self.applied.subscribe();
+            let mut status = self.status.subscribe();
+            loop {
+                if *applied.borrow_and_update() >= target || !status.borrow_and_update().connected {
+                    return;
+                }
+                tokio::select! {
+                    changed = applied.changed() => if changed.is_err() { return },
+                    changed = status.changed() => if changed.is_err() { return },
+                }
+            }
+        })
+    }
+
+    fn status(&self) -> watch::Receiver<TransportStatus> {
+        self.status.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_nodes_parse_or_say_what_is_wrong() {
+        assert_eq!(node_url("10.0.0.1:7000"), Ok("redis://10.0.0.1:7000".to_owned()));
+        assert_eq!(node_url("rediss://u:p@cache:7000"), Ok("rediss://u:p@cache:7000".to_owned()));
+        assert!(node_url("cache").is_err());
+        assert!(node_url("cache:0").is_err());
+        assert!(node_url(":7000").is_err());
+        assert!(node_url("http://cache:7000").is_err());
+    }
+
+    #[test]
+    fn the_shard_key_is_the_leading_tokens() {
+        assert_eq!(shard_key("orders.eu.created", 1), "orders");
+        assert_eq!(shard_key("orders.eu.created", 2), "orders.eu");
+        assert_eq!(shard_key("orders", 2), "orders");
+    }
+
+    #[test]
+    fn literal_shard_tokens_need_one_bucket_and_wildcards_all() {
+        let p = |s: &str| Pattern::parse(s).unwrap();
+        let orders = bucket_of("orders");
+        assert_eq!(buckets_of(&p("orders.created"), 1), Some(orders));
+        assert_eq!(buckets_of(&p("orders.*"), 1), Some(orders));
+        assert_eq!(buckets_of(&p("orders.>"), 1), Some(orders));
+        assert_eq!(buckets_of(&p("*.created"), 1), None);
+        assert_eq!(buckets_of(&p(">"), 1), None);
+        assert_eq!(buckets_of(&p("orders.*"), 2), None);
+        assert_eq!(buckets_of(&p("orders.eu.*"), 2), Some(bucket_of("orders.eu")));
+        // The bucket is the key's hash slot / 128, as `CLUSTER KEYSLOT` gives it.
+        assert_eq!(key_slot(b"orders") / 128, orders);
+    }
+
+    #[test]
+    fn each_shard_channel_hashes_into_its_buckets_slot_range() {
+        let channels = shard_channels("socle:eventbus");
+        assert_eq!(channels.len(), 128);
+        for (b, channel) in channels.iter().enumerate() {
+            assert!(channel.starts_with(&format!("socle:eventbus:shard:{b}:{{")), "{channel}");
+            assert_eq!(usize::from(key_slot(channel.as_bytes()) / 128), b, "{channel}");
+        }
+        assert_eq!(channels[0], "socle:eventbus:shard:0:{14}", "as the README gives it");
+        // Known slots (redis-cli CLUSTER KEYSLOT): "foo" 12182, "{user1000}.following" 3443.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), 3443);
+    }
+}

@@ -1,0 +1,200 @@
+//! A private Redis Cluster per test: 3 masters and 3 replicas on free loopback ports,
+//! made with `redis-server --cluster-enabled yes` and `redis-cli --cluster create`.
+//! Skipped (with the redis_server notice) when redis-server is missing and not required.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+
+use eventbus_server::config::{Mode, Settings};
+
+use super::redis_server::which_redis;
+use super::*;
+
+pub struct Node {
+    pub port: u16,
+    child: Option<Child>,
+}
+
+pub struct RedisCluster {
+    pub nodes: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    /// Starts 6 nodes and joins them into a cluster with one replica per master.
+    pub async fn start() -> Option<Self> {
+        let binary = which_redis()?;
+        let cli = binary.with_file_name("redis-cli");
+        assert!(cli.is_file(), "redis-cli is not beside {}", binary.display());
+        let dir = tempfile::tempdir().unwrap();
+        // Free ports, held until every one is chosen so no two nodes get the same.
+        let listeners: Vec<TcpListener> = (0..6).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
+        drop(listeners);
+        let mut nodes = Vec::new();
+        for port in ports {
+            let node_dir = dir.path().join(port.to_string());
+            std::fs::create_dir(&node_dir).unwrap();
+            let child = Command::new(&binary)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
+                // Quick failover for the tests; other shards keep serving while one has no master.
+                .args(["--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no"])
+                .args(["--cluster-allow-pubsubshard-when-down", "yes"])
+                // A replica just created may promote however recent its last sync.
+                .args(["--cluster-replica-validity-factor", "0"])
+                .arg("--dir")
+                .arg(&node_dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-server");
+            nodes.push(Node { port, child: Some(child) });
+        }
+        let cluster = Self { nodes, _dir: dir };
+        for node in &cluster.nodes {
+            let url = node.url();
+            eventually("a cluster node to answer PING", || {
+                let url = url.clone();
+                async move {
+                    let Ok(client) = redis::Client::open(url) else { return false };
+                    let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return false };
+                    redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok()
+                }
+            })
+            .await;
+        }
+        let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let created = Command::new(&cli)
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(created.status.success(), "redis-cli --cluster create: {}", String::from_utf8_lossy(&created.stderr));
+        cluster.wait_ok().await;
+        Some(cluster)
+    }
+
+    /// Waits until every live node says every slot is served.
+    pub async fn wait_ok(&self) {
+        for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+            let url = node.url();
+            eventually("the cluster to serve every slot", || {
+                let url = url.clone();
+                async move {
+                    cluster_info(&url).await.is_some_and(|info| {
+                        info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+                    })
+                }
+            })
+            .await;
+        }
+    }
+
+    /// kill -9 of the master at `port`; returns once one of its replicas took over
+    /// and every slot is served again.
+    pub async fn kill_master(&mut self, port: u16) {
+        let mut replicas = Vec::new();
+        for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+            let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut node.conn().await).await.unwrap();
+            if matches!(role.get(2), Some(redis::Value::Int(p)) if *p == i64::from(port)) {
+                replicas.push(node.url());
+            }
+        }
+        assert!(!replicas.is_empty(), "the master at {port} has a replica");
+        self.nodes.iter_mut().find(|n| n.port == port).unwrap().kill();
+        eventually("a replica of the killed master to be promoted", || {
+            let replicas = replicas.clone();
+            async move {
+                for url in replicas {
+                    let Ok(client) = redis::Client::open(url) else { continue };
+                    let Ok(mut conn) = client.get_multiplexed_async_connection().await else { continue };
+                    let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap_or_default();
+                    if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
+                        return true;
+                    }
+                }
+                false
+            }
+        })
+        .await;
+        self.wait_ok().await;
+    }
+
+    /// `host:port` of every node, for `eventbus.redis.cluster_nodes`.
+    pub fn seeds(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect()
+    }
+
+    /// The live masters.
+    pub async fn masters(&self) -> Vec<&Node> {
+        let mut masters = Vec::new();
+        for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+            let mut conn = node.conn().await;
+            let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap();
+            if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
+                masters.push(node);
+            }
+        }
+        masters
+    }
+}
+
+async fn cluster_info(url: &str) -> Option<String> {
+    let client = redis::Client::open(url).ok()?;
+    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+    redis::cmd("CLUSTER").arg("INFO").query_async::<String>(&mut conn).await.ok()
+}
+
+impl Node {
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url()).unwrap().get_multiplexed_async_connection().await.unwrap()
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// Calls of `command` this node has served (`INFO commandstats`).
+    pub async fn calls(&self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut self.conn().await).await.unwrap();
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+    }
+}
+
+/// A broker in redis mode on `cluster`.
+pub async fn cluster_broker(cluster: &RedisCluster, tweak: impl FnOnce(&mut Settings)) -> TestServer {
+    let seeds = cluster.seeds();
+    let server = start_with(|s| {
+        s.eventbus.mode = Mode::Redis;
+        s.eventbus.redis.cluster_nodes = seeds;
+        s.eventbus.offer_timeout_ms = 20;
+        tweak(s);
+    })
+    .await;
+    super::redis_server::wait_ready(&server, true).await;
+    server
+}

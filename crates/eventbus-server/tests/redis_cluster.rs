@@ -1,0 +1,101 @@
+//! Redis Cluster mode (README "Redis Cluster") against a real local cluster each test
+//! starts: 3 masters and 3 replicas on free loopback ports.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::redis_cluster::*;
+use common::*;
+use eventbus_proto::pb;
+
+fn payload(e: &pb::Event) -> String {
+    String::from_utf8(e.payload.to_vec()).unwrap()
+}
+
+/// The payloads `sub` receives, `n` of them, counted.
+async fn counted(sub: &mut Subscriber, n: usize) -> BTreeMap<String, usize> {
+    let mut seen = BTreeMap::new();
+    for e in sub.take(n).await {
+        *seen.entry(format!("{}/{}", e.channel, payload(&e))).or_insert(0) += 1;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_pattern_and_full_wildcard_subscriptions_get_every_event_once_from_every_shard() {
+    let Some(cluster) = RedisCluster::start().await else { return };
+    let a = cluster_broker(&cluster, |_| {}).await;
+    let b = cluster_broker(&cluster, |_| {}).await;
+    let mut all_on_a = a.subscribe(sub(&[">"])).await;
+    let mut created_on_b = b.subscribe(sub(&["*.created"])).await;
+    let mut t3_on_b = b.subscribe(sub(&["t3.*", "t3.created"])).await;
+    let mut exact_on_a = a.subscribe(sub(&["t7.updated"])).await;
+
+    // 24 first tokens: their channels land on every shard.
+    let channels: Vec<String> =
+        (0..24).flat_map(|i| [format!("t{i}.created"), format!("t{i}.updated"), format!("t{i}.eu.created")]).collect();
+    for (server, name) in [(&a, "A"), (&b, "B")] {
+        let mut client = server.client().await;
+        for channel in &channels {
+            let answer = client.publish(event(channel, name)).await.unwrap().into_inner();
+            assert!(answer.delivered_count >= 1, "{channel}: {answer:?}");
+        }
+    }
+    let everything = counted(&mut all_on_a, 2 * channels.len()).await;
+    assert_eq!(everything.len(), 2 * channels.len(), "every event of every shard");
+    assert!(everything.values().all(|&n| n == 1), "once each: {everything:?}");
+
+    let created = counted(&mut created_on_b, 2 * 24).await;
+    assert!(created.keys().all(|k| k.split('/').next().unwrap().ends_with(".created")));
+    assert!(created.keys().all(|k| !k.contains(".eu.")), "token rules: *.created is two tokens");
+    assert!(created.values().all(|&n| n == 1), "{created:?}");
+
+    // Overlapping filters of one subscription: one copy.
+    let t3 = counted(&mut t3_on_b, 2 * 2).await;
+    assert_eq!(
+        t3.keys().cloned().collect::<Vec<_>>(),
+        ["t3.created/A", "t3.created/B", "t3.updated/A", "t3.updated/B"]
+    );
+    let t7 = counted(&mut exact_on_a, 2).await;
+    assert_eq!(t7.keys().cloned().collect::<Vec<_>>(), ["t7.updated/A", "t7.updated/B"]);
+
+    // Nothing more is on its way: a last event is the next thing each sees.
+    a.client().await.publish(event("t3.created", "last")).await.unwrap();
+    assert_eq!(payload(&created_on_b.take(1).await[0]), "last");
+    assert_eq!(payload(&t3_on_b.take(1).await[0]), "last");
+    assert_eq!(payload(&all_on_a.take(1).await[0]), "last");
+
+    let stats = a.admin().await.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(stats.mode, "redis");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_first_tokens_spread_the_publishes_over_the_masters() {
+    let Some(cluster) = RedisCluster::start().await else { return };
+    let broker = cluster_broker(&cluster, |_| {}).await;
+    let masters = cluster.masters().await;
+    assert_eq!(masters.len(), 3);
+    let mut before = Vec::new();
+    for m in &masters {
+        before.push(m.calls("spublish").await);
+    }
+    let mut client = broker.client().await;
+    let per_token = 10;
+    for i in 0..64 {
+        for j in 0..per_token {
+            client.publish(event(&format!("tenant{i}.events"), format!("{j}"))).await.unwrap();
+        }
+    }
+    let mut shares = Vec::new();
+    for (m, before) in masters.iter().zip(before) {
+        shares.push((m.calls("spublish").await - before) as f64 / f64::from(64 * per_token));
+    }
+    assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9, "every SPUBLISH went to a master: {shares:?}");
+    for share in &shares {
+        assert!((share - 1.0 / 3.0).abs() <= 0.10, "each master carries 33% ± 10%: {shares:?}");
+    }
+    eprintln!("SPUBLISH share per master with 64 first tokens: {shares:?}");
+}
