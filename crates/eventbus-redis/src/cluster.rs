@@ -182,13 +182,13 @@ impl std::fmt::Debug for ClusterSetup {
     }
 }
 
-/// A subscription a push said was lost.
-enum Lost {
-    Nothing,
-    /// Redis ended this bucket's subscription (its slot moved).
-    Bucket(u16),
-    /// A node connection dropped.
-    Connection,
+/// One connection to the cluster, its topology discovered from the seed nodes.
+async fn connect(client: &ClusterClient) -> Result<ClusterConnection, String> {
+    match tokio::time::timeout(CONNECT_TIMEOUT * 2, client.get_async_connection()).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(_) => Err("timed out".to_owned()),
+    }
 }
 
 /// Bucket demand, versioned so a subscriber can wait until Redis has its buckets.
@@ -297,18 +297,14 @@ impl ClusterTransport {
     ) {
         let mut backoff = INITIAL_BACKOFF;
         let mut conn = loop {
-            let attempt = tokio::time::timeout(CONNECT_TIMEOUT * 2, client.get_async_connection());
             let outcome = tokio::select! {
                 () = shutdown.cancelled() => return,
-                outcome = attempt => outcome,
+                outcome = connect(&client) => outcome,
             };
             match outcome {
-                Ok(Ok(conn)) => break conn,
-                Ok(Err(err)) => {
+                Ok(conn) => break conn,
+                Err(err) => {
                     warn!(nodes = %self.target, error = %err, retry_in = ?backoff, "cannot reach the Redis Cluster; retrying")
-                }
-                Err(_) => {
-                    warn!(nodes = %self.target, retry_in = ?backoff, "timed out reaching the Redis Cluster; retrying")
                 }
             }
             tokio::select! {
@@ -330,33 +326,40 @@ impl ClusterTransport {
                     let now = self.check(&mut conn).await;
                     if let (Some(before), Some(now)) = (epoch, now)
                         && before != now
-                        && !active.is_empty()
                     {
-                        // A failover or a slot migration: a shard channel may have moved
-                        // without a push saying so (its node just vanished). Ask again
-                        // for all of them; the unmoved ones are unaffected.
-                        self.gap("every shard channel (the cluster's topology changed)");
-                        active.clear();
+                        // A failover or a slot migration. A shard channel may have moved
+                        // without a push saying so (its node vanished), and the client
+                        // keeps routing to a dead master until something makes it
+                        // refresh: start over on a fresh connection, which discovers
+                        // the topology as it is now, and subscribe there again.
+                        match connect(&client).await {
+                            Ok(fresh) => {
+                                info!(nodes = %self.target, epoch = now, "the cluster's topology changed; connected afresh");
+                                if !active.is_empty() {
+                                    self.gap("every shard channel (the cluster's topology changed)");
+                                }
+                                conn = fresh;
+                                *self.connection.write() = Some(conn.clone());
+                                active.clear();
+                                epoch = Some(now);
+                            }
+                            // The old connection serves meanwhile; tried again next tick.
+                            Err(err) => warn!(nodes = %self.target, error = %err, "cannot reconnect after a topology change; retrying"),
+                        }
+                    } else {
+                        epoch = now.or(epoch);
                     }
-                    epoch = now.or(epoch);
                     // A subscription a failed command left out is retried here.
                     self.reconcile(&mut conn, &mut active).await;
                 }
                 () = self.wanted_changed.notified() => self.reconcile(&mut conn, &mut active).await,
                 push = pushes.recv() => match push {
-                    Some(push) => match self.receive(push, &active, &local).await {
-                        Lost::Nothing => {}
-                        Lost::Bucket(bucket) => {
+                    Some(push) => {
+                        if let Some(bucket) = self.receive(push, &active, &local).await {
                             active.remove(&bucket);
                             self.reconcile(&mut conn, &mut active).await;
                         }
-                        Lost::Connection => {
-                            // The client restores what it tracked; asking again is
-                            // harmless (a repeated SSUBSCRIBE changes nothing).
-                            active.clear();
-                            self.reconcile(&mut conn, &mut active).await;
-                        }
-                    },
+                    }
                     None => break,
                 },
             }
@@ -369,25 +372,28 @@ impl ClusterTransport {
     /// whether the cluster answers at all. Returns the cluster's current epoch, which
     /// changes with every failover and slot migration.
     async fn check(&self, conn: &mut ClusterConnection) -> Option<u64> {
-        let info = tokio::time::timeout(
-            COMMAND_TIMEOUT,
-            conn.route_command(
-                redis::cmd("CLUSTER").arg("INFO").clone(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-            ),
-        )
-        .await;
-        let text = match info {
-            Ok(Ok(Value::BulkString(bytes))) => String::from_utf8_lossy(&bytes).into_owned(),
-            Ok(Ok(Value::VerbatimString { text, .. })) => text,
-            Ok(Ok(Value::SimpleString(text))) => text,
-            Ok(Ok(other)) => format!("{other:?}"),
-            Ok(Err(err)) => {
-                self.set_health(false, SLOTS, &format!("CLUSTER INFO failed: {err}"));
-                return None;
+        // A random node each time: one that just died must not make the cluster look
+        // down, so a failed ask is tried on other nodes first.
+        let mut info = Err("no node asked".to_owned());
+        for _ in 0..3 {
+            let cmd = redis::cmd("CLUSTER").arg("INFO").clone();
+            let ask = conn.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random));
+            info = match tokio::time::timeout(COMMAND_TIMEOUT, ask).await {
+                Ok(Ok(value)) => Ok(value),
+                Ok(Err(err)) => Err(format!("CLUSTER INFO failed: {err}")),
+                Err(_) => Err("no answer to CLUSTER INFO".to_owned()),
+            };
+            if info.is_ok() {
+                break;
             }
-            Err(_) => {
-                self.set_health(false, SLOTS, "no answer to CLUSTER INFO");
+        }
+        let text = match info {
+            Ok(Value::BulkString(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+            Ok(Value::VerbatimString { text, .. }) => text,
+            Ok(Value::SimpleString(text)) => text,
+            Ok(other) => format!("{other:?}"),
+            Err(reason) => {
+                self.set_health(false, SLOTS, &reason);
                 return None;
             }
         };
@@ -470,11 +476,13 @@ impl ClusterTransport {
         }
     }
 
-    /// Handles one push, and says what subscription was lost, if one was.
-    async fn receive(&self, push: PushInfo, active: &BTreeSet<u16>, local: &LocalFanout) -> Lost {
+    /// Handles one push; returns the bucket whose subscription Redis ended, if it did.
+    /// (A node connection that drops is restored by the client, which subscribes again
+    /// to what it tracked; a failover behind it shows as a topology change.)
+    async fn receive(&self, push: PushInfo, active: &BTreeSet<u16>, local: &LocalFanout) -> Option<u16> {
         match push.kind {
             PushKind::SMessage => {
-                let Some(Value::BulkString(message)) = push.data.into_iter().nth(1) else { return Lost::Nothing };
+                let Some(Value::BulkString(message)) = push.data.into_iter().nth(1) else { return None };
                 match envelope::decode_enveloped(Bytes::from(message)) {
                     Some(event) if validate_channel(&event.channel).is_ok() => {
                         local.dispatch(event).await;
@@ -488,31 +496,28 @@ impl ClusterTransport {
                         }
                     }
                 }
-                Lost::Nothing
+                None
             }
             // Redis ends a shard channel's subscriptions when its slot moves (failover,
             // migration): the subscription is made again on the slot's new owner.
             PushKind::SUnsubscribe => {
-                let Some(Value::BulkString(channel)) = push.data.first() else { return Lost::Nothing };
+                let Some(Value::BulkString(channel)) = push.data.first() else { return None };
                 let bucket = self
                     .channels
                     .iter()
                     .position(|c| c.as_bytes() == channel.as_slice())
                     .and_then(|b| u16::try_from(b).ok())
                     .filter(|b| active.contains(b) && self.wanted_buckets().0.contains(b));
-                match bucket {
-                    Some(bucket) => {
-                        self.gap(&String::from_utf8_lossy(channel));
-                        Lost::Bucket(bucket)
-                    }
-                    None => Lost::Nothing,
+                if bucket.is_some() {
+                    self.gap(&String::from_utf8_lossy(channel));
                 }
+                bucket
             }
             PushKind::Disconnection => {
-                self.gap("a node connection");
-                Lost::Connection
+                debug!("a cluster node connection dropped; the client restores it");
+                None
             }
-            _ => Lost::Nothing,
+            _ => None,
         }
     }
 

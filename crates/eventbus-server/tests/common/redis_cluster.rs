@@ -4,6 +4,7 @@
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use eventbus_server::config::{Mode, Settings};
 
@@ -197,4 +198,20 @@ pub async fn cluster_broker(cluster: &RedisCluster, tweak: impl FnOnce(&mut Sett
     .await;
     super::redis_server::wait_ready(&server, true).await;
     server
+}
+
+/// Publishes until one publish is accepted (a slot just failed over takes a moment).
+pub async fn publish_eventually(server: &TestServer, channel: &str, payload: &str) {
+    let mut client = server.client().await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match client.publish(event(channel, payload.to_owned())).await {
+            Ok(_) => return,
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                assert!(tokio::time::Instant::now() < deadline, "publishing to {channel} never succeeded: {status:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
