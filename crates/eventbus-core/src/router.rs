@@ -116,6 +116,11 @@ impl Router {
         Some((sub, unwatch))
     }
 
+    /// This instance's members of the group keyed `group`.
+    pub(crate) fn group_members(&self, group: &str) -> usize {
+        self.groups.get(group).map_or(0, |g| g.members)
+    }
+
     /// Every subscription matching `channel`, once each, split into solo and groups.
     pub(crate) fn targets(&self, channel: &str, generation: u64) -> Targets {
         let mut matched = Vec::new();

@@ -83,6 +83,20 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
 
     /// Follows the connection state (readiness, health and metrics use it).
     fn status(&self) -> tokio::sync::watch::Receiver<TransportStatus>;
+
+    /// This instance now has `members` subscriptions in the group keyed `group` (0: it
+    /// left). A transport that makes groups span its instances tells the others.
+    fn group_members(&self, group: &str, members: usize) {
+        let _ = (group, members);
+    }
+
+    /// Whether this instance is the one that hands `event_id` to a member of `group`
+    /// (every instance receives the event; one of those with members delivers it).
+    /// By default every instance does: the group spans one instance.
+    fn delivers_to_group(&self, group: &str, event_id: &str) -> bool {
+        let _ = (group, event_id);
+        true
+    }
 }
 
 /// Handle a transport uses to hand received events to this instance's subscriptions.

@@ -40,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::envelope::{self, Envelope};
+use crate::groups::FleetGroups;
 use crate::transport::RedisOptions;
 
 /// Shard channels per cluster: each covers 128 consecutive hash slots.
@@ -215,6 +216,7 @@ pub struct ClusterTransport {
     /// Messages on shard channels that name no routable channel (a foreign payload
     /// without an envelope), dropped.
     unroutable: AtomicU64,
+    groups: Arc<FleetGroups>,
 }
 
 impl std::fmt::Debug for ClusterTransport {
@@ -258,7 +260,11 @@ impl ClusterTransport {
             applied: watch::Sender::new(0),
             status: watch::Sender::new(TransportStatus::default()),
             unroutable: AtomicU64::new(0),
+            groups: FleetGroups::new(&settings.prefix),
         });
+        let connection = Arc::clone(&transport);
+        let groups = Arc::clone(&transport.groups).run(move || connection.connection.read().clone(), shutdown.clone());
+        supervisor.spawn("redis group membership", groups).detach();
         supervisor
             .spawn("redis cluster transport", Arc::clone(&transport).run(client, pushes, local, shutdown))
             .detach();
@@ -591,6 +597,14 @@ impl Transport for ClusterTransport {
 
     fn status(&self) -> watch::Receiver<TransportStatus> {
         self.status.subscribe()
+    }
+
+    fn group_members(&self, group: &str, members: usize) {
+        self.groups.set_members(group, members);
+    }
+
+    fn delivers_to_group(&self, group: &str, event_id: &str) -> bool {
+        self.groups.delivers(group, event_id)
     }
 }
 

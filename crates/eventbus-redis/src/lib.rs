@@ -10,6 +10,7 @@
 //! - `envelope`: the versioned wire envelope (magic prefix + protobuf `Event`), and the
 //!   raw form a foreign producer's plain `PUBLISH` takes.
 //! - `glob`: filters mapped to Redis channels and globs.
+//! - `groups`: groups that span the instances (one member across the fleet per event).
 //! - `dedup`: one copy per instance when an exact channel and patterns both match.
 //! - [`cluster`]: [`ClusterTransport`], the same on a Redis Cluster with sharded
 //!   Pub/Sub (`SPUBLISH`/`SSUBSCRIBE`) over a fixed set of shard channels.
@@ -21,6 +22,7 @@ mod dedup;
 pub mod durable;
 mod envelope;
 mod glob;
+mod groups;
 pub mod transport;
 
 pub use cluster::ClusterTransport;

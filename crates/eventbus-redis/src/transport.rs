@@ -27,6 +27,7 @@ use tracing::{debug, info, warn};
 use crate::dedup::Dedup;
 use crate::envelope::{self, Envelope};
 use crate::glob::{RedisFilter, event_channel, redis_channel, redis_filter};
+use crate::groups::FleetGroups;
 
 /// First reconnection delay; doubles up to [`MAX_BACKOFF`].
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -170,6 +171,7 @@ pub struct RedisTransport {
     /// Version of `wanted` last applied to Redis (for [`Transport::watched`]).
     applied: watch::Sender<u64>,
     status: watch::Sender<TransportStatus>,
+    groups: Arc<FleetGroups>,
 }
 
 impl RedisTransport {
@@ -196,7 +198,11 @@ impl RedisTransport {
             wanted_changed: Notify::new(),
             applied: watch::Sender::new(0),
             status: watch::Sender::new(TransportStatus::default()),
+            groups: FleetGroups::new(&settings.prefix),
         });
+        let publisher = Arc::clone(&transport);
+        let groups = Arc::clone(&transport.groups).run(move || publisher.publisher.read().clone(), shutdown.clone());
+        supervisor.spawn("redis group membership", groups).detach();
         // Runs until `shutdown` (it holds the transport, so no owner's drop retires it).
         supervisor.spawn("redis transport", Arc::clone(&transport).run(client, local, shutdown)).detach();
         transport
@@ -437,6 +443,14 @@ impl Transport for RedisTransport {
 
     fn status(&self) -> watch::Receiver<TransportStatus> {
         self.status.subscribe()
+    }
+
+    fn group_members(&self, group: &str, members: usize) {
+        self.groups.set_members(group, members);
+    }
+
+    fn delivers_to_group(&self, group: &str, event_id: &str) -> bool {
+        self.groups.delivers(group, event_id)
     }
 }
 

@@ -393,3 +393,10 @@ async fn an_acl_user_logs_in_and_a_refused_password_stops_start_up() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("eventbus.redis.username") && stderr.contains("needs eventbus.redis.password"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_with_members_on_two_instances_gets_each_event_once() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let (a, b) = (broker(&redis).await, broker(&redis).await);
+    a_group_spans_the_instances(&a, &b).await;
+}

@@ -146,3 +146,11 @@ async fn after_a_master_is_killed_the_instances_follow_its_replica_without_resta
         .unwrap();
     assert!(gaps >= 1.0, "the interrupted subscription is counted: {gaps}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_with_members_on_two_instances_gets_each_event_once() {
+    let Some(cluster) = RedisCluster::start().await else { return };
+    let a = cluster_broker(&cluster, |_| {}).await;
+    let b = cluster_broker(&cluster, |_| {}).await;
+    common::redis_server::a_group_spans_the_instances(&a, &b).await;
+}

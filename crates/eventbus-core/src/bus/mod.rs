@@ -226,6 +226,9 @@ impl Bus {
             self.inner.generation.fetch_add(1, Ordering::Release);
             if let Some(transport) = &self.inner.transport {
                 watch.iter().for_each(|f| transport.watch(f));
+                if let Some(group) = &sub.spec.group_key {
+                    transport.group_members(group, router.group_members(group));
+                }
             }
         }
         // Built before waiting: if the caller gives up, dropping it unsubscribes.
@@ -567,7 +570,15 @@ impl Inner {
 
         let mut fanout = Fanout::default();
         let mut full: Vec<&Arc<Subscription>> = Vec::new();
-        let chosen = targets.groups.iter().map(pick_member);
+        // With a transport, a group spans the instances: one of them delivers each event.
+        let chosen = targets
+            .groups
+            .iter()
+            .filter(|g| match (&self.transport, g.members.first().and_then(|m| m.spec.group_key.as_deref())) {
+                (Some(transport), Some(group)) => transport.delivers_to_group(group, &event.id),
+                _ => true,
+            })
+            .map(pick_member);
         for sub in targets.solo.iter().chain(chosen) {
             match sub.try_offer(&event) {
                 Offer::Accepted => fanout.delivered += 1,
@@ -648,10 +659,13 @@ impl Inner {
         let removed = {
             let mut router = self.router.write();
             let removed = router.remove(id);
-            if let Some((_, unwatch)) = &removed {
+            if let Some((sub, unwatch)) = &removed {
                 self.generation.fetch_add(1, Ordering::Release);
                 if let Some(transport) = &self.transport {
                     unwatch.iter().for_each(|f| transport.unwatch(f));
+                    if let Some(group) = &sub.spec.group_key {
+                        transport.group_members(group, router.group_members(group));
+                    }
                 }
             }
             removed
