@@ -237,6 +237,33 @@ impl ClusterTransport {
         Ok(ClusterSetup { client: client(settings, tx)?, pushes })
     }
 
+    /// Connects once to learn whether the cluster accepts eventbusd. Wrong credentials,
+    /// or nodes that are not a cluster (`cluster support disabled`), are settings to fix,
+    /// so start-up reports them; unreachable nodes are an outage the transport rides
+    /// out, so that passes here.
+    pub async fn check_access(settings: &RedisOptions) -> Result<(), redis::RedisError> {
+        let (tx, _pushes) = mpsc::unbounded_channel();
+        let client = client(settings, tx)?;
+        let refused = |err: &redis::RedisError| {
+            err.kind() == redis::ErrorKind::AuthenticationFailed
+                || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+                || err.to_string().contains("cluster support disabled")
+        };
+        match connect(&client).await {
+            Ok(mut conn) => {
+                let cmd = redis::cmd("CLUSTER").arg("INFO").clone();
+                match conn.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random)).await {
+                    Err(err) if refused(&err) => Err(err),
+                    _ => Ok(()),
+                }
+            }
+            Err(_) => match client.get_async_connection().await {
+                Err(err) if refused(&err) => Err(err),
+                _ => Ok(()),
+            },
+        }
+    }
+
     /// Creates the transport and starts its task, which runs until `shutdown`. Returns
     /// at once: the cluster may come up later.
     pub fn start(

@@ -60,6 +60,16 @@ pub enum ServerError {
         #[source]
         source: redis::RedisError,
     },
+    /// The cluster's nodes answer but refuse: wrong credentials, or not a cluster.
+    #[error(
+        "the Redis Cluster at {nodes} refused eventbusd (eventbus.redis.cluster_nodes, eventbus.redis.username, \
+         eventbus.redis.password)"
+    )]
+    RedisCluster {
+        nodes: String,
+        #[source]
+        source: redis::RedisError,
+    },
     #[error("HTTP server failed: {0}")]
     Http(#[source] std::io::Error),
     #[error("cannot set up TLS")]
@@ -103,6 +113,12 @@ impl Server {
             let redis = settings.redis_settings();
             if let Err(source) = redis.check_credentials().await {
                 return Err(ServerError::RedisCredentials { target: redis.display_target(), source });
+            }
+        }
+        if cluster {
+            let redis = settings.redis_settings();
+            if let Err(source) = ClusterTransport::check_access(&redis).await {
+                return Err(ServerError::RedisCluster { nodes: redis.cluster_nodes.join(","), source });
             }
         }
         let (grpc, grpc_addr) = listen("gRPC", settings.server.grpc_addr).await?;

@@ -154,3 +154,70 @@ async fn a_group_with_members_on_two_instances_gets_each_event_once() {
     let b = cluster_broker(&cluster, |_| {}).await;
     common::redis_server::a_group_spans_the_instances(&a, &b).await;
 }
+
+/// Waits for the daemon's `started` line; returns its gRPC and HTTP addresses and keeps
+/// reading its output (a full pipe would stall it).
+async fn started(child: &mut tokio::process::Child) -> (String, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let field = |line: &str, key: &str| {
+        let start = line.find(&format!("{key}=")).unwrap() + key.len() + 1;
+        line[start..].split_whitespace().next().unwrap().trim_matches('"').to_owned()
+    };
+    let addresses = within(async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("eventbusd started") {
+                return (field(&line, "grpc_addr"), field(&line, "http_addr"));
+            }
+        }
+        panic!("eventbusd exited before starting");
+    })
+    .await;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    addresses
+}
+
+/// The real binary, configured by environment as a container is: the seed nodes as one
+/// comma-separated variable.
+fn daemon(nodes: &str, dir: &std::path::Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_eventbusd"));
+    cmd.args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--mode", "redis"])
+        .env("REDIS_CLUSTER_NODES", nodes)
+        .env_remove("RUST_LOG")
+        .current_dir(dir)
+        .kill_on_drop(true);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_is_not_a_cluster_stops_start_up_naming_the_setting() {
+    let Some(redis) = common::redis_server::RedisProc::start().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = within(daemon(&format!("127.0.0.1:{}", redis.port), dir.path()).output()).await.unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("eventbus.redis.cluster_nodes") && stderr.contains("refused"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_runs_on_a_cluster_configured_by_environment() {
+    let Some(cluster) = RedisCluster::start().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = daemon(&cluster.seeds().join(","), dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (grpc, http) = started(&mut child).await;
+    let connect = || async {
+        within(eventbus_proto::pb::event_bus_client::EventBusClient::connect(format!("http://{grpc}"))).await.unwrap()
+    };
+    let mut all = subscribe_on(&mut connect().await, sub(&[">"])).await;
+    let mut client = connect().await;
+    for i in 0..24 {
+        client.publish(event(&format!("t{i}.created"), "x")).await.unwrap();
+    }
+    assert_eq!(counted(&mut all, 24).await.len(), 24);
+    let ready = reqwest::get(format!("http://{http}/readyz")).await.unwrap();
+    assert_eq!(ready.status(), reqwest::StatusCode::OK);
+}
