@@ -46,6 +46,10 @@ struct Remote {
     changed: Instant,
 }
 
+/// Other live instances with members in one group, sorted by instance id: (instance,
+/// members).
+type Others = Vec<(String, u32)>;
+
 /// This instance's share of the fleet's groups.
 #[derive(Debug)]
 pub(crate) struct FleetGroups {
@@ -54,7 +58,7 @@ pub(crate) struct FleetGroups {
     /// Members here, per group key; 0 = left (the entry is deleted, then dropped).
     local: Mutex<HashMap<Arc<str>, usize>>,
     /// Other live instances with members, per group key, sorted by instance id.
-    others: RwLock<HashMap<Arc<str>, Vec<(String, u32)>>>,
+    others: RwLock<HashMap<Arc<str>, Others>>,
     changed: Notify,
 }
 
@@ -162,7 +166,7 @@ impl FleetGroups {
             let () = conn.hset(&key, &self.instance, format!("{members}:{beat}")).await?;
             let () = conn.pexpire(&key, KEY_TTL_MS as i64).await?;
             let entries: HashMap<String, String> = conn.hgetall(&key).await?;
-            let mut others: Vec<(String, u32)> = Vec::new();
+            let mut others: Others = Vec::new();
             for (instance, value) in entries {
                 if instance == self.instance {
                     continue;
