@@ -221,3 +221,76 @@ async fn the_binary_runs_on_a_cluster_configured_by_environment() {
     let ready = reqwest::get(format!("http://{http}/readyz")).await.unwrap();
     assert_eq!(ready.status(), reqwest::StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_follow_a_live_slot_migration() {
+    let Some(cluster) = RedisCluster::start().await else { return };
+    let a = cluster_broker(&cluster, |_| {}).await;
+    let b = cluster_broker(&cluster, |_| {}).await;
+    // A first token in slots 0..127 (bucket 0): its shard channel lives there too.
+    let mut conn = cluster.nodes[0].conn().await;
+    let mut token = String::new();
+    for i in 0.. {
+        let candidate = format!("k{i}");
+        let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(&candidate).query_async(&mut conn).await.unwrap();
+        if slot < 128 {
+            token = candidate;
+            break;
+        }
+    }
+    let channel = format!("{token}.moved");
+    let mut on_b = b.subscribe(sub(&[&channel])).await;
+    let mut client = a.client().await;
+    client.publish(event(&channel, "before")).await.unwrap();
+    assert_eq!(payload(&on_b.take(1).await[0]), "before");
+
+    // Slots 0..127 move from the master that owns them to another one.
+    let masters = cluster.masters().await;
+    let mut ids = Vec::new();
+    for m in &masters {
+        let id: String = redis::cmd("CLUSTER").arg("MYID").query_async(&mut m.conn().await).await.unwrap();
+        let slots: Vec<Vec<redis::Value>> =
+            redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut m.conn().await).await.unwrap();
+        let owns_zero = slots.iter().any(|r| {
+            matches!((&r[0], &r[2]), (redis::Value::Int(0), redis::Value::Array(node)) if matches!(&node[1], redis::Value::Int(p) if *p == i64::from(m.port)))
+        });
+        ids.push((id, owns_zero, m.port));
+    }
+    let from = ids.iter().find(|(_, owns, _)| *owns).unwrap().clone();
+    let to = ids.iter().find(|(_, owns, _)| !*owns).unwrap().clone();
+    let cli = common::redis_server::which_redis().unwrap().with_file_name("redis-cli");
+    let out = tokio::process::Command::new(cli)
+        .args(["--cluster", "reshard", &format!("127.0.0.1:{}", from.2)])
+        .args(["--cluster-from", &from.0, "--cluster-to", &to.0, "--cluster-slots", "128", "--cluster-yes"])
+        .output();
+    let out = within(out).await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    cluster.wait_ok().await;
+    let owner_of_zero = || async {
+        let slots: Vec<Vec<redis::Value>> =
+            redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut cluster.nodes[0].conn().await).await.unwrap();
+        slots.iter().find_map(|r| match (&r[0], &r[2]) {
+            (redis::Value::Int(0), redis::Value::Array(node)) => match &node[1] {
+                redis::Value::Int(port) => Some(*port),
+                _ => None,
+            },
+            _ => None,
+        })
+    };
+    assert_eq!(owner_of_zero().await, Some(i64::from(to.2)), "slot 0 moved");
+
+    // The subscriber follows the slot to its new master: publish until it hears.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        assert!(tokio::time::Instant::now() < deadline, "the subscription never followed the migration");
+        client.publish(event(&channel, "after")).await.unwrap();
+        match tokio::time::timeout(std::time::Duration::from_millis(200), on_b.stream.message()).await {
+            Ok(Ok(Some(pb::SubscribeResponse { kind: Some(pb::subscribe_response::Kind::Events(batch)) }))) => {
+                assert!(batch.events.iter().all(|e| payload(e) == "after"));
+                break;
+            }
+            Ok(other) => panic!("expected events, got {other:?}"),
+            Err(_) => {}
+        }
+    }
+}
