@@ -102,6 +102,8 @@ impl Harness {
             instance_id: "conformance-1".into(),
             retention: RETENTION,
             envelope: eventbus_redis::Envelope::Binary,
+            min_replicas_acked: 0,
+            replica_ack_timeout: std::time::Duration::from_secs(1),
         };
         let (options, sink, letters) = options();
         let stop = CancellationToken::new();

@@ -948,3 +948,23 @@ async fn a_rolling_upgrade_keeps_the_log_readable_by_the_previous_release() {
         redis::cmd("GET").arg("socle:eventbus:durable:log_format").query_async(&mut fresh.conn().await).await.unwrap();
     assert_eq!(format.as_deref(), Some("2"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_min_replicas_acked_an_ok_means_the_replica_has_the_capture() {
+    let Some(master) = RedisProc::start().await else { return };
+    let Some(mut replica) = RedisProc::start_replica_of(&master).await else { return };
+    let server = broker_with(&master, |s| s.eventbus.redis.min_replicas_acked = 1).await;
+    create(&server, consumer("replicated", &["pay.>"])).await;
+    let stream = "socle:eventbus:durable:replicated:s";
+    let mut on_replica = replica.conn().await;
+    for i in 1..=20 {
+        publish(&server, event("pay.in", format!("p{i}"))).await;
+        // Answered OK: the replica has it already, nothing to wait for.
+        let len: u64 = redis::cmd("XLEN").arg(stream).query_async(&mut on_replica).await.unwrap();
+        assert_eq!(len, i, "publish {i} was answered before the replica had it");
+    }
+    replica.kill();
+    let err = server.client().await.publish(event("pay.in", "alone")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("min_replicas_acked"), "{err:?}");
+}

@@ -114,6 +114,39 @@ impl Shared {
         out
     }
 
+    /// Runs the capture script; with `min_replicas_acked`, `WAIT`s for that many
+    /// replicas in the same round trip, on the captures' own connection, and fails
+    /// when fewer confirm in time. (The capture then stands on the master: a retry
+    /// with the same idempotency key is answered as a duplicate, not stored twice.)
+    async fn run_capture(&self, call: &redis::ScriptInvocation<'_>) -> Result<Vec<Value>, String> {
+        if self.min_replicas_acked == 0 {
+            return call.invoke_async(&mut self.conn()).await.map_err(|err| format!("Redis: {err}"));
+        }
+        let timeout_ms = self.replica_ack_timeout.as_millis().max(1) as u64;
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(call).cmd("WAIT").arg(self.min_replicas_acked).arg(timeout_ms);
+        let mut conn = self.capture_conn.clone();
+        let mut result = pipe.query_async::<(Vec<Value>, u32)>(&mut conn).await;
+        if let Err(err) = &result
+            && err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+        {
+            // Redis lost its script cache (restarted, SCRIPT FLUSH): load it, once.
+            result = match call.load_async(&mut conn).await {
+                Ok(_) => pipe.query_async(&mut conn).await,
+                Err(err) => Err(err),
+            };
+        }
+        match result {
+            Ok((reply, acked)) if acked >= self.min_replicas_acked => Ok(reply),
+            Ok((_, acked)) => Err(format!(
+                "{acked} of the {} replicas eventbus.redis.min_replicas_acked asks for confirmed the capture within \
+                 {timeout_ms} ms (it stands on the master: retry with the same idempotency key)",
+                self.min_replicas_acked
+            )),
+            Err(err) => Err(format!("Redis: {err}")),
+        }
+    }
+
     /// Runs one capture script for `batch`, in order, and answers each publish. A
     /// batch that finds the consumer set changed reloads it and runs again, before
     /// any later batch, so publish order holds.
@@ -147,10 +180,10 @@ impl Shared {
                     consumers.push(names.len());
                 }
             }
-            let reply: Vec<Value> = match call.invoke_async(&mut self.conn()).await {
+            let reply: Vec<Value> = match self.run_capture(&call).await {
                 Ok(reply) => reply,
                 Err(err) => {
-                    failure = format!("Redis: {err}");
+                    failure = err;
                     break;
                 }
             };

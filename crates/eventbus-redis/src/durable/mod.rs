@@ -104,6 +104,11 @@ pub struct RedisDurableSettings {
     /// How captured events are published to subscribers (`eventbus.redis.envelope`);
     /// consumers' streams always keep the binary envelope.
     pub envelope: Envelope,
+    /// Replicas that must have a capture before its publish is answered OK
+    /// (`eventbus.redis.min_replicas_acked`; 0 = the master's word is enough).
+    pub min_replicas_acked: u32,
+    /// How long a capture waits for them (`eventbus.redis.replica_ack_timeout_ms`).
+    pub replica_ack_timeout: Duration,
 }
 
 /// Durable consumers on Redis Streams. A cheap handle.
@@ -140,6 +145,11 @@ pub(crate) struct Shared {
     tasks: OnceLock<[TaskHandle; 2]>,
     client: Client,
     conn: ConnectionManager,
+    /// Captures only, when they wait for replicas: `WAIT` holds its connection, so it
+    /// must not hold the one acks and reads share.
+    capture_conn: ConnectionManager,
+    min_replicas_acked: u32,
+    replica_ack_timeout: Duration,
     prefix: String,
     instance: String,
     retention: Retention,
@@ -195,7 +205,8 @@ impl RedisDurable {
             .set_response_timeout(Some(COMMAND_TIMEOUT))
             .set_number_of_retries(1)
             .set_max_delay(MAX_BACKOFF);
-        let conn = client.get_connection_manager_lazy(config).map_err(unavailable)?;
+        let conn = client.get_connection_manager_lazy(config.clone()).map_err(unavailable)?;
+        let capture_conn = client.get_connection_manager_lazy(config).map_err(unavailable)?;
         let p = &settings.prefix;
         let keys = GlobalKeys {
             consumers: format!("{p}:durable:consumers"),
@@ -211,6 +222,9 @@ impl RedisDurable {
             tasks: OnceLock::new(),
             client,
             conn,
+            capture_conn,
+            min_replicas_acked: settings.min_replicas_acked,
+            replica_ack_timeout: settings.replica_ack_timeout,
             prefix: settings.prefix,
             instance: settings.instance_id,
             retention: settings.retention,

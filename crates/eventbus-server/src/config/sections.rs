@@ -249,6 +249,10 @@ pub struct RedisSettings {
     pub cluster_nodes: Vec<String>,
     /// Cluster mode: how many leading tokens of a channel choose its shard.
     pub shard_tokens: u32,
+    /// Replicas that must confirm a durable capture before its publish is answered OK.
+    pub min_replicas_acked: u32,
+    /// How long a capture waits for them.
+    pub replica_ack_timeout_ms: u64,
     /// How often the pub/sub and publishing connections are PINGed.
     pub health_check_interval_ms: u64,
     /// How long a PING may take before Redis counts as not answering.

@@ -35,6 +35,8 @@ impl Settings {
         }
         within("eventbus.redis.health_check_interval_ms", e.redis.health_check_interval_ms, 100, 60_000)?;
         within("eventbus.redis.health_check_timeout_ms", e.redis.health_check_timeout_ms, 10, 60_000)?;
+        within("eventbus.redis.min_replicas_acked", e.redis.min_replicas_acked, 0, 16)?;
+        within("eventbus.redis.replica_ack_timeout_ms", e.redis.replica_ack_timeout_ms, 1, 60_000)?;
         at_least("eventbus.max_tracked_channels", e.max_tracked_channels, 1)?;
         within("eventbus.offer_timeout_ms", e.offer_timeout_ms, 0, 60_000)?;
         let url = &e.redis.url;

@@ -43,6 +43,22 @@ impl RedisProc {
         Self::start_with(false, extra, Some((username.to_owned(), password.to_owned()))).await
     }
 
+    /// A replica of `master` (`--replicaof`), which it has caught up with on return.
+    pub async fn start_replica_of(master: &RedisProc) -> Option<Self> {
+        let extra = ["--replicaof", "127.0.0.1", &master.port.to_string()].map(str::to_owned).to_vec();
+        let replica = Self::start_with(false, extra, None).await?;
+        let conn = replica.conn().await;
+        eventually("the replica to be in sync", || {
+            let mut conn = conn.clone();
+            async move {
+                let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap();
+                info.contains("master_link_status:up")
+            }
+        })
+        .await;
+        Some(replica)
+    }
+
     /// [`RedisProc::start`] with persistence (AOF, `appendfsync always`): a restart
     /// keeps everything it acknowledged.
     pub async fn start_persistent() -> Option<Self> {
