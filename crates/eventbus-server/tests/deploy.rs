@@ -39,6 +39,36 @@ fn shipped_key(path: &str) -> bool {
     !node.is_badvalue()
 }
 
+/// A compose service's environment, every `EVENTBUS__` variable in it checked to name a
+/// shipped key.
+fn service_env(name: &str, svc: &Yaml) -> HashMap<String, String> {
+    let env: HashMap<String, String> = svc["environment"]
+        .as_hash()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (str_of(k, "key").to_owned(), str_of(v, "value").to_owned()))
+        .collect();
+    for key in env.keys().filter_map(|k| k.strip_prefix("EVENTBUS__")) {
+        assert!(shipped_key(key), "{name}: EVENTBUS__{key} is no key of config/default.yaml");
+    }
+    env
+}
+
+/// A compose service publishes the daemon's default gRPC and HTTP ports.
+fn assert_default_ports(name: &str, svc: &Yaml, defaults: &Settings) {
+    let container_ports: Vec<String> = svc["ports"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .map(|p| str_of(p, "port").rsplit(':').next().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        container_ports,
+        [defaults.server.grpc_addr.port().to_string(), defaults.server.http_addr.port().to_string()],
+        "{name}"
+    );
+}
+
 /// Loads a configuration the way eventbusd does, from a file and an environment.
 fn load(file_text: Option<&str>, env: HashMap<String, String>) -> Settings {
     let dir = tempfile::tempdir().unwrap();
@@ -146,16 +176,7 @@ fn compose_runs_two_redis_instances_the_daemon_accepts() {
     let defaults = Settings::default();
     for name in ["eventbusd-1", "eventbusd-2"] {
         let svc = &services[name];
-        let env: HashMap<String, String> = svc["environment"]
-            .as_hash()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (str_of(k, "key").to_owned(), str_of(v, "value").to_owned()))
-            .collect();
-        for key in env.keys().filter_map(|k| k.strip_prefix("EVENTBUS__")) {
-            assert!(shipped_key(key), "{name}: EVENTBUS__{key} is no key of config/default.yaml");
-        }
-        let settings = load(None, env);
+        let settings = load(None, service_env(name, svc));
         assert_eq!(settings.eventbus.mode, Mode::Redis, "{name}");
         // TLS and authentication, from the files deploy/make-dev-certs.sh writes into the
         // directory mounted read-only; the healthcheck checks HTTPS against the dev CA.
@@ -178,17 +199,7 @@ fn compose_runs_two_redis_instances_the_daemon_accepts() {
         let http_port = defaults.server.http_addr.port();
         assert!(healthcheck.contains(&format!("https://localhost:{http_port}/healthz").as_str()), "{name}");
         assert_eq!(settings.eventbus.redis.host, "redis", "{name} points at the redis service");
-        let container_ports: Vec<String> = svc["ports"]
-            .as_vec()
-            .unwrap()
-            .iter()
-            .map(|p| str_of(p, "port").rsplit(':').next().unwrap().to_owned())
-            .collect();
-        assert_eq!(
-            container_ports,
-            [defaults.server.grpc_addr.port().to_string(), defaults.server.http_addr.port().to_string()],
-            "{name}"
-        );
+        assert_default_ports(name, svc, &defaults);
     }
     let mount = str_of(&services["prometheus"]["volumes"][0], "volume");
     assert!(mount.starts_with("./deploy/prometheus.yml:"), "{mount}");
@@ -231,4 +242,31 @@ fn dockerfile_exposes_the_ports_and_runs_unprivileged() {
     // The image's config is the shipped defaults, at the path EVENTBUS_CONFIG names.
     assert!(dockerfile.contains("COPY config/default.yaml /etc/eventbus/config.yaml"));
     assert!(dockerfile.contains("ENV EVENTBUS_CONFIG=/etc/eventbus/config.yaml"));
+}
+
+#[test]
+fn compose_cluster_runs_two_instances_on_a_six_node_redis_cluster() {
+    let compose = yaml("docker-compose.cluster.yml");
+    let services = &compose["services"];
+    let mut nodes = Vec::new();
+    for i in 1..=6 {
+        let node = &services[format!("redis-{i}").as_str()];
+        let command: Vec<&str> = node["command"].as_vec().unwrap().iter().map(|c| str_of(c, "arg")).collect();
+        assert!(command.windows(2).any(|w| w == ["--cluster-enabled", "yes"]), "redis-{i}: {command:?}");
+        assert!(command.windows(2).any(|w| w == ["--appendonly", "yes"]), "redis-{i} persists");
+        let ip = str_of(&node["networks"]["cluster"]["ipv4_address"], "ipv4_address");
+        nodes.push(format!("{ip}:6379"));
+    }
+    let init = str_of(&services["redis-cluster-init"]["command"][2], "init script");
+    assert!(init.contains(&format!("--cluster create {} --cluster-replicas 1", nodes.join(" "))), "{init}");
+    let defaults = Settings::default();
+    for name in ["eventbusd-1", "eventbusd-2"] {
+        let svc = &services[name];
+        let settings = load(None, service_env(name, svc));
+        assert_eq!(settings.eventbus.mode, Mode::Redis, "{name}");
+        assert_eq!(settings.eventbus.redis.cluster_nodes, nodes, "{name}: every node as a seed");
+        assert_default_ports(name, svc, &defaults);
+        let init_done = str_of(&svc["depends_on"]["redis-cluster-init"]["condition"], "condition");
+        assert_eq!(init_done, "service_completed_successfully", "{name} starts once the cluster exists");
+    }
 }
