@@ -209,6 +209,11 @@ async fn the_binary_runs_on_a_cluster_configured_by_environment() {
         .spawn()
         .unwrap();
     let (grpc, http) = started(&mut child).await;
+    // Ready once connected to the cluster (publishes are refused before).
+    eventually("readiness", || async {
+        reqwest::get(format!("http://{http}/readyz")).await.is_ok_and(|r| r.status() == reqwest::StatusCode::OK)
+    })
+    .await;
     let connect = || async {
         within(eventbus_proto::pb::event_bus_client::EventBusClient::connect(format!("http://{grpc}"))).await.unwrap()
     };
@@ -218,8 +223,6 @@ async fn the_binary_runs_on_a_cluster_configured_by_environment() {
         client.publish(event(&format!("t{i}.created"), "x")).await.unwrap();
     }
     assert_eq!(counted(&mut all, 24).await.len(), 24);
-    let ready = reqwest::get(format!("http://{http}/readyz")).await.unwrap();
-    assert_eq!(ready.status(), reqwest::StatusCode::OK);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,17 +28,20 @@ impl RedisCluster {
         let cli = binary.with_file_name("redis-cli");
         assert!(cli.is_file(), "redis-cli is not beside {}", binary.display());
         let dir = tempfile::tempdir().unwrap();
-        // Free ports, held until every one is chosen so no two nodes get the same.
-        let listeners: Vec<TcpListener> = (0..6).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        // Free ports, held until every one is chosen so no two are the same: one for
+        // each node's clients and one for its cluster bus (by default the client port
+        // + 10,000, which may be taken or past 65,535).
+        let listeners: Vec<TcpListener> = (0..12).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
         let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
         drop(listeners);
         let mut nodes = Vec::new();
-        for port in ports {
+        for (port, bus) in ports[..6].iter().copied().zip(ports[6..].iter().copied()) {
             let node_dir = dir.path().join(port.to_string());
             std::fs::create_dir(&node_dir).unwrap();
             let child = Command::new(&binary)
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                 .args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
+                .args(["--cluster-port", &bus.to_string()])
                 // Quick failover for the tests; other shards keep serving while one has no master.
                 .args(["--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no"])
                 .args(["--cluster-allow-pubsubshard-when-down", "yes"])

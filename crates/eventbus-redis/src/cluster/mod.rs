@@ -20,6 +20,8 @@
 //! buckets, re-subscribes a shard channel whose slot moved (Redis ends such
 //! subscriptions with a `SUNSUBSCRIBE` push) and counts each interruption as a gap.
 
+mod routes;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,6 +44,7 @@ use tracing::{debug, info, warn};
 use crate::envelope::{self, Envelope};
 use crate::groups::FleetGroups;
 use crate::transport::RedisOptions;
+use routes::{NodeAccess, Routes};
 
 /// Shard channels per cluster: each covers 128 consecutive hash slots.
 pub const BUCKETS: u16 = 128;
@@ -128,7 +131,7 @@ fn buckets_of(filter: &Pattern, shard_tokens: usize) -> Option<u16> {
 fn client(
     settings: &RedisOptions,
     pushes: mpsc::UnboundedSender<PushInfo>,
-) -> Result<ClusterClient, redis::RedisError> {
+) -> Result<(ClusterClient, NodeAccess), redis::RedisError> {
     let nodes: Vec<String> = settings
         .cluster_nodes
         .iter()
@@ -158,6 +161,7 @@ fn client(
     if let Some(password) = &settings.password {
         builder = builder.password(password);
     }
+    let mut ca_pem = None;
     if let Some(path) = &settings.tls_ca_file {
         let pem = std::fs::read(path).map_err(|e| {
             redis::RedisError::from((
@@ -166,14 +170,16 @@ fn client(
                 format!("{}: {e}", path.display()),
             ))
         })?;
-        builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert: Some(pem) });
+        builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert: Some(pem.clone()) });
+        ca_pem = Some(pem);
     }
-    builder.build()
+    Ok((builder.build()?, NodeAccess::new(settings, ca_pem)))
 }
 
 /// A cluster client and the channel its pushes (subscribed messages) arrive on.
 pub struct ClusterSetup {
     client: ClusterClient,
+    access: NodeAccess,
     pushes: mpsc::UnboundedReceiver<PushInfo>,
 }
 
@@ -217,6 +223,10 @@ pub struct ClusterTransport {
     /// without an envelope), dropped.
     unroutable: AtomicU64,
     groups: Arc<FleetGroups>,
+    /// Each bucket's master, for publishing straight to it.
+    routes: RwLock<Routes>,
+    /// A publish found `routes` out of date (a redirection, a failed node).
+    routes_stale: Notify,
 }
 
 impl std::fmt::Debug for ClusterTransport {
@@ -234,7 +244,8 @@ impl ClusterTransport {
     pub fn client(settings: &RedisOptions) -> Result<ClusterSetup, redis::RedisError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let (tx, pushes) = mpsc::unbounded_channel();
-        Ok(ClusterSetup { client: client(settings, tx)?, pushes })
+        let (client, access) = client(settings, tx)?;
+        Ok(ClusterSetup { client, access, pushes })
     }
 
     /// Connects once to learn whether the cluster accepts eventbusd. Wrong credentials,
@@ -243,7 +254,7 @@ impl ClusterTransport {
     /// out, so that passes here.
     pub async fn check_access(settings: &RedisOptions) -> Result<(), redis::RedisError> {
         let (tx, _pushes) = mpsc::unbounded_channel();
-        let client = client(settings, tx)?;
+        let (client, _) = client(settings, tx)?;
         let refused = |err: &redis::RedisError| {
             err.kind() == redis::ErrorKind::AuthenticationFailed
                 || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
@@ -273,7 +284,7 @@ impl ClusterTransport {
         shutdown: CancellationToken,
         supervisor: &Supervisor,
     ) -> Arc<Self> {
-        let ClusterSetup { client, pushes } = setup;
+        let ClusterSetup { client, access, pushes } = setup;
         let transport = Arc::new(Self {
             prefix: settings.prefix.clone(),
             shard_tokens: settings.shard_tokens.max(1),
@@ -288,13 +299,14 @@ impl ClusterTransport {
             status: watch::Sender::new(TransportStatus::default()),
             unroutable: AtomicU64::new(0),
             groups: FleetGroups::new(&settings.prefix),
+            routes: RwLock::default(),
+            routes_stale: Notify::new(),
         });
         let connection = Arc::clone(&transport);
         let groups = Arc::clone(&transport.groups).run(move || connection.connection.read().clone(), shutdown.clone());
         supervisor.spawn("redis group membership", groups).detach();
-        supervisor
-            .spawn("redis cluster transport", Arc::clone(&transport).run(client, pushes, local, shutdown))
-            .detach();
+        let task = Arc::clone(&transport).run(client, access, pushes, local, shutdown);
+        supervisor.spawn("redis cluster transport", task).detach();
         transport
     }
 
@@ -324,6 +336,7 @@ impl ClusterTransport {
     async fn run(
         self: Arc<Self>,
         client: ClusterClient,
+        access: NodeAccess,
         mut pushes: mpsc::UnboundedReceiver<PushInfo>,
         local: LocalFanout,
         shutdown: CancellationToken,
@@ -348,6 +361,7 @@ impl ClusterTransport {
         };
         info!(nodes = %self.target, "connected to the Redis Cluster");
         *self.connection.write() = Some(conn.clone());
+        self.refresh_routes(&mut conn, &access).await;
         let mut active: BTreeSet<u16> = BTreeSet::new();
         let mut epoch = None;
         let mut health = tokio::time::interval_at(Instant::now(), self.health_interval);
@@ -373,6 +387,7 @@ impl ClusterTransport {
                                 }
                                 conn = fresh;
                                 *self.connection.write() = Some(conn.clone());
+                                self.refresh_routes(&mut conn, &access).await;
                                 active.clear();
                                 epoch = Some(now);
                             }
@@ -386,6 +401,7 @@ impl ClusterTransport {
                     self.reconcile(&mut conn, &mut active).await;
                 }
                 () = self.wanted_changed.notified() => self.reconcile(&mut conn, &mut active).await,
+                () = self.routes_stale.notified() => self.refresh_routes(&mut conn, &access).await,
                 push = pushes.recv() => match push {
                     Some(push) => {
                         if let Some(bucket) = self.receive(push, &active, &local).await {
@@ -399,6 +415,28 @@ impl ClusterTransport {
         }
         *self.connection.write() = None;
         self.status.send_modify(|s| s.connected = false);
+    }
+
+    /// Maps each bucket to its master again (`CLUSTER SLOTS`), keeping the connections
+    /// to nodes that are still masters. On failure the old map stays; publishes it
+    /// cannot route go through the cluster client.
+    async fn refresh_routes(&self, conn: &mut ClusterConnection, access: &NodeAccess) {
+        let cmd = redis::cmd("CLUSTER").arg("SLOTS").clone();
+        let ask = conn.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random));
+        let previous = self.routes.read().clone();
+        let built = match tokio::time::timeout(COMMAND_TIMEOUT, ask).await {
+            Ok(Ok(slots)) => Routes::build(slots, &self.channels, access, &previous).await,
+            Ok(Err(err)) => Err(format!("CLUSTER SLOTS failed: {err}")),
+            Err(_) => Err("no answer to CLUSTER SLOTS".to_owned()),
+        };
+        match built {
+            Ok(routes) => *self.routes.write() = routes,
+            Err(reason) => warn!(
+                nodes = %self.target,
+                %reason,
+                "cannot map the shard channels to their masters; publishing through the cluster client meanwhile"
+            ),
+        }
     }
 
     /// Asks one node how the cluster is: the slots without a serving master, and
@@ -574,14 +612,29 @@ impl Transport for ClusterTransport {
             if !self.status.borrow().connected {
                 return Err(self.unavailable(format!("the Redis Cluster at {} is not serving", self.target)));
             }
+            let bucket = usize::from(bucket_of(shard_key(&event.channel, self.shard_tokens)));
+            let channel = &self.channels[bucket];
+            let mut cmd = redis::cmd("SPUBLISH");
+            cmd.arg(channel).arg(envelope::encode_as(self.envelope, &event));
+            let direct = self.routes.read().by_bucket.get(bucket).cloned().flatten();
+            if let Some(mut node) = direct {
+                match cmd.query_async::<i64>(&mut node).await {
+                    Ok(receivers) => {
+                        return Ok(Fanout { delivered: u32::try_from(receivers).unwrap_or(u32::MAX), failed: 0 });
+                    }
+                    // Redirected: not run there, so the cluster client may run it.
+                    Err(err) if err.redirect_node().is_some() => self.routes_stale.notify_one(),
+                    // Perhaps run, perhaps not: not sent again (at most once).
+                    Err(err) => {
+                        self.routes_stale.notify_one();
+                        return Err(self.unavailable(format!("SPUBLISH to {channel} failed: {err}")));
+                    }
+                }
+            }
             let Some(mut conn) = self.connection.read().clone() else {
                 return Err(self.unavailable(format!("not connected to the Redis Cluster at {}", self.target)));
             };
-            let bucket = bucket_of(shard_key(&event.channel, self.shard_tokens));
-            let channel = &self.channels[usize::from(bucket)];
-            let receivers: i64 = redis::cmd("SPUBLISH")
-                .arg(channel)
-                .arg(envelope::encode_as(self.envelope, &event))
+            let receivers: i64 = cmd
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.unavailable(format!("SPUBLISH to {channel} failed: {e}")))?;
