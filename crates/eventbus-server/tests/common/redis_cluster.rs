@@ -101,6 +101,13 @@ impl RedisCluster {
     /// kill -9 of the master at `port`; returns once one of its replicas took over
     /// and every slot is served again.
     pub async fn kill_master(&mut self, port: u16) {
+        let replicas = self.kill_master_now(port).await;
+        self.wait_promoted(replicas).await;
+    }
+
+    /// kill -9 of the master at `port`; returns its replicas' URLs, for
+    /// [`RedisCluster::wait_promoted`].
+    pub async fn kill_master_now(&mut self, port: u16) -> Vec<String> {
         let mut replicas = Vec::new();
         for node in self.nodes.iter().filter(|n| n.child.is_some()) {
             let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut node.conn().await).await.unwrap();
@@ -110,6 +117,11 @@ impl RedisCluster {
         }
         assert!(!replicas.is_empty(), "the master at {port} has a replica");
         self.nodes.iter_mut().find(|n| n.port == port).unwrap().kill();
+        replicas
+    }
+
+    /// Returns once one of `replicas` took over and every slot is served again.
+    pub async fn wait_promoted(&self, replicas: Vec<String>) {
         eventually("a replica of the killed master to be promoted", || {
             let replicas = replicas.clone();
             async move {
