@@ -90,11 +90,11 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
         let _ = (group, members);
     }
 
-    /// Whether this instance is the one that hands `event_id` to a member of `group`
+    /// Whether this instance is the one that hands `event` to a member of `group`
     /// (every instance receives the event; one of those with members delivers it).
     /// By default every instance does: the group spans one instance.
-    fn delivers_to_group(&self, group: &str, event_id: &str) -> bool {
-        let _ = (group, event_id);
+    fn delivers_to_group(&self, group: &str, event: &Event) -> bool {
+        let _ = (group, event);
         true
     }
 }

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use eventbus_core::Event;
 use eventbus_core::event::new_id;
 use parking_lot::{Mutex, RwLock};
 use redis::aio::ConnectionLike;
@@ -30,6 +31,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
+
+use crate::envelope::FOREIGN_SOURCE;
 
 /// How often an instance rewrites its membership and reads the others'.
 pub(crate) const REFRESH: Duration = Duration::from_secs(1);
@@ -49,6 +52,20 @@ struct Remote {
 /// Other live instances with members in one group, sorted by instance id: (instance,
 /// members).
 type Others = Vec<(String, u32)>;
+
+/// What every instance hashes the same way for `event`: its id, except for a foreign
+/// producer's message, whose id each instance makes up on receipt; its channel and
+/// payload stand in for it.
+fn pick_key(event: &Event) -> u16 {
+    let mut crc = crc16::State::<crc16::XMODEM>::new();
+    if event.source == FOREIGN_SOURCE {
+        crc.update(event.channel.as_bytes());
+        crc.update(&event.payload);
+    } else {
+        crc.update(event.id.as_bytes());
+    }
+    crc.get()
+}
 
 /// This instance's share of the fleet's groups.
 #[derive(Debug)]
@@ -82,8 +99,8 @@ impl FleetGroups {
         self.changed.notify_one();
     }
 
-    /// Whether this instance delivers `event_id` to its members of `group`.
-    pub(crate) fn delivers(&self, group: &str, event_id: &str) -> bool {
+    /// Whether this instance delivers `event` to its members of `group`.
+    pub(crate) fn delivers(&self, group: &str, event: &Event) -> bool {
         let others = self.others.read();
         let Some(others) = others.get(group).filter(|o| !o.is_empty()) else { return true };
         let mine = self.local.lock().get(group).copied().unwrap_or(0);
@@ -92,7 +109,7 @@ impl FleetGroups {
         if total == 0 {
             return true;
         }
-        let mut pick = u64::from(crc16::State::<crc16::XMODEM>::calculate(event_id.as_bytes())) % total;
+        let mut pick = u64::from(pick_key(event)) % total;
         // Instances in id order, this one at its place among them.
         let mut placed = false;
         for (instance, n) in others {
@@ -223,7 +240,8 @@ mod tests {
         let mut counts = [0usize; 3];
         for i in 0..4000 {
             let id = format!("evt-{i}");
-            let who: Vec<bool> = [&a, &b, &c].iter().map(|g| g.delivers("g", &id)).collect();
+            let e = event(&id, "orders.created", "own", b"x");
+            let who: Vec<bool> = [&a, &b, &c].iter().map(|g| g.delivers("g", &e)).collect();
             assert_eq!(who.iter().filter(|d| **d).count(), 1, "{id}: {who:?}");
             counts[who.iter().position(|d| *d).unwrap_or(0)] += 1;
         }
@@ -237,7 +255,32 @@ mod tests {
     #[test]
     fn alone_or_without_a_view_an_instance_delivers_everything() {
         let alone = fleet("a", 2, &[]);
-        assert!((0..100).all(|i| alone.delivers("g", &format!("e{i}"))));
-        assert!(alone.delivers("unknown", "e1"));
+        assert!((0..100).all(|i| alone.delivers("g", &event(&format!("e{i}"), "c", "own", b"x"))));
+        assert!(alone.delivers("unknown", &event("e1", "c", "own", b"x")));
+    }
+
+    #[test]
+    fn a_foreign_message_is_picked_by_its_content_since_each_instance_names_it_anew() {
+        let a = fleet("a", 1, &[("b", 1)]);
+        let b = fleet("b", 1, &[("a", 1)]);
+        for i in 0..200 {
+            let payload = format!("{{\"n\":{i}}}");
+            // The same message, received by each instance under an id of its own.
+            let on_a = event(&format!("a-{i}"), "orders.created", FOREIGN_SOURCE, payload.as_bytes());
+            let on_b = event(&format!("b-{i}"), "orders.created", FOREIGN_SOURCE, payload.as_bytes());
+            assert_ne!(a.delivers("g", &on_a), b.delivers("g", &on_b), "exactly one delivers message {i}");
+        }
+    }
+
+    fn event(id: &str, channel: &str, source: &str, payload: &[u8]) -> Event {
+        Event::from_parts(
+            id.to_owned(),
+            channel.to_owned(),
+            std::time::SystemTime::now(),
+            source.to_owned(),
+            bytes::Bytes::copy_from_slice(payload),
+            HashMap::new(),
+            String::new(),
+        )
     }
 }

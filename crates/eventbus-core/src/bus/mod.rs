@@ -575,7 +575,7 @@ impl Inner {
             .groups
             .iter()
             .filter(|g| match (&self.transport, g.members.first().and_then(|m| m.spec.group_key.as_deref())) {
-                (Some(transport), Some(group)) => transport.delivers_to_group(group, &event.id),
+                (Some(transport), Some(group)) => transport.delivers_to_group(group, &event),
                 _ => true,
             })
             .map(pick_member);

@@ -683,8 +683,8 @@ impl Transport for ClusterTransport {
         self.groups.set_members(group, members);
     }
 
-    fn delivers_to_group(&self, group: &str, event_id: &str) -> bool {
-        self.groups.delivers(group, event_id)
+    fn delivers_to_group(&self, group: &str, event: &Event) -> bool {
+        self.groups.delivers(group, event)
     }
 }
 
