@@ -310,3 +310,39 @@ async fn subscriptions_follow_a_live_slot_migration() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_producer_spublishes_the_json_envelope_on_the_documented_shard_channel() {
+    let Some(cluster) = RedisCluster::start().await else { return };
+    let broker = cluster_broker(&cluster, |_| {}).await;
+    let mut sub_t1 = broker.subscribe(sub(&["t1.*"])).await;
+    // The documented rule: bucket = CLUSTER KEYSLOT <first token> / 128.
+    let mut any = cluster.nodes[0].conn().await;
+    let slot: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg("t1").query_async(&mut any).await.unwrap();
+    let channel = eventbus_redis::cluster::shard_channels("socle:eventbus")[usize::from(slot / 128)].clone();
+    let spublish = |message: String| {
+        let channel = channel.clone();
+        let nodes: Vec<String> = cluster.nodes.iter().map(|n| n.url()).collect();
+        async move {
+            // Like `redis-cli -c`: the node that does not answer MOVED owns the channel.
+            for url in nodes {
+                let mut conn = redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
+                match redis::cmd("SPUBLISH").arg(&channel).arg(&message).query_async::<i64>(&mut conn).await {
+                    Ok(receivers) => return receivers,
+                    Err(err) if err.redirect_node().is_some() => continue,
+                    Err(err) => panic!("{err}"),
+                }
+            }
+            panic!("no node owns {channel}")
+        }
+    };
+    // A payload without an envelope names no channel: dropped, not delivered.
+    assert_eq!(spublish("raw bytes".into()).await, 1, "the instance subscribes to the shard channel");
+    let json = r#"{"eventbus":1,"id":"ext-1","channel":"t1.created","timestamp":"2026-11-26T00:00:00Z","payload":"from redis-cli"}"#;
+    assert_eq!(spublish(json.into()).await, 1);
+    let got = sub_t1.take(1).await;
+    assert_eq!(
+        (got[0].id.as_str(), got[0].channel.as_str(), payload(&got[0]).as_str()),
+        ("ext-1", "t1.created", "from redis-cli")
+    );
+}
