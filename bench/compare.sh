@@ -9,7 +9,10 @@
 #
 # The durable workloads (unary and stream publishers) also run against a second
 # eventbusd in redis mode, backed by its own redis-server with AOF (appendfsync
-# everysec, the recommended setting).
+# everysec, the recommended setting). The core workloads also run against a third one
+# on a Redis Cluster of 3 masters + 3 replicas (column "eventbus-cluster"; its server
+# CPU counts the daemon and all six nodes; bench/cluster.sh compares it with one Redis
+# per node).
 #
 #   bash bench/compare.sh            # results in target/bench/results.jsonl
 #   ROUNDS=5 bash bench/compare.sh
@@ -23,7 +26,7 @@ mkdir -p "$OUT"
 RESULTS="$OUT/results.jsonl"
 : > "$RESULTS"
 
-for tool in nats-server redis-server python3; do
+for tool in nats-server redis-server redis-cli python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install nats-server redis-server python3)" >&2; exit 1; }
 done
 
@@ -38,7 +41,7 @@ PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-rm -rf "$OUT/jetstream" "$OUT/eventbus-data" "$OUT/redis-aof"
+rm -rf "$OUT/jetstream" "$OUT/eventbus-data" "$OUT/redis-aof" "$OUT/cluster"
 mkdir -p "$OUT/redis-aof"
 nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$OUT/jetstream" >"$OUT/nats.log" 2>&1 & NATS_PID=$!
 redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no >"$OUT/redis.log" 2>&1 & REDIS_PID=$!
@@ -51,6 +54,27 @@ EVENTBUS__EVENTBUS__MODE=redis EVENTBUS__EVENTBUS__REDIS__HOST=127.0.0.1 EVENTBU
   target/release/eventbusd --grpc-addr "127.0.0.1:$RGRPC_PORT" --http-addr "127.0.0.1:$RHTTP_PORT" --log-level warn \
   >"$OUT/eventbusd-redis.log" 2>&1 & REDIS_EVENTBUSD_PID=$!
 PIDS+=("$NATS_PID" "$REDIS_PID" "$EVENTBUSD_PID" "$AOF_PID" "$REDIS_EVENTBUSD_PID")
+# eventbus on a Redis Cluster (core pub/sub): 6 nodes, each with its own bus port.
+CLUSTER_NODES=(); CLUSTER_PIDS=()
+for _ in 1 2 3 4 5 6; do
+  port=$(free_port); bus=$(free_port); mkdir -p "$OUT/cluster/$port"
+  redis-server --bind 127.0.0.1 --port "$port" --cluster-port "$bus" --cluster-enabled yes --cluster-config-file nodes.conf \
+    --save '' --appendonly no --dir "$OUT/cluster/$port" >"$OUT/cluster/$port.log" 2>&1 & CLUSTER_PIDS+=($!)
+  CLUSTER_NODES+=("127.0.0.1:$port")
+done
+PIDS+=("${CLUSTER_PIDS[@]}")
+for node in "${CLUSTER_NODES[@]}"; do wait_port "${node#*:}"; done
+redis-cli --cluster create "${CLUSTER_NODES[@]}" --cluster-replicas 1 --cluster-yes >"$OUT/cluster/create.log"
+for _ in $(seq 100); do
+  redis-cli -p "${CLUSTER_NODES[0]#*:}" cluster info | grep -q 'cluster_slots_ok:16384' && break
+  sleep 0.1
+done
+CGRPC_PORT=$(free_port)
+REDIS_CLUSTER_NODES=$(IFS=,; echo "${CLUSTER_NODES[*]}") target/release/eventbusd --mode redis \
+  --grpc-addr "127.0.0.1:$CGRPC_PORT" --http-addr "127.0.0.1:$(free_port)" --log-level warn \
+  >"$OUT/eventbusd-cluster.log" 2>&1 & CLUSTER_EVENTBUSD_PID=$!
+PIDS+=("$CLUSTER_EVENTBUSD_PID")
+wait_port "$CGRPC_PORT"
 wait_port "$NATS_PORT"; wait_port "$REDIS_PORT"; wait_port "$GRPC_PORT"; wait_port "$AOF_PORT"; wait_port "$RGRPC_PORT"
 
 WORKLOADS=(
@@ -71,6 +95,8 @@ run() { # system workload...
     eventbus) cpu --server "$EVENTBUSD_PID" -- target/release/eventbus --server "http://127.0.0.1:$GRPC_PORT" --json bench "$@" ;;
     eventbus-redis) cpu --server "$REDIS_EVENTBUSD_PID" --server "$AOF_PID" -- \
       target/release/eventbus --server "http://127.0.0.1:$RGRPC_PORT" --json bench "$@" ;;
+    eventbus-cluster) cluster_servers=(); for pid in "$CLUSTER_EVENTBUSD_PID" "${CLUSTER_PIDS[@]}"; do cluster_servers+=(--server "$pid"); done
+      cpu "${cluster_servers[@]}" -- target/release/eventbus --server "http://127.0.0.1:$CGRPC_PORT" --json bench "$@" ;;
     nats) cpu --server "$NATS_PID" -- target/release/peers --system nats --url "nats://127.0.0.1:$NATS_PORT" --json "$@" ;;
     redis) cpu --server "$REDIS_PID" -- target/release/peers --system redis --url "redis://127.0.0.1:$REDIS_PORT" --json "$@" ;;
   esac
@@ -84,10 +110,10 @@ DURABLES=("durable --publishers 16 --count 20000 --payload 128 --mode unary"
 
 for round in $(seq "$ROUNDS"); do
   for workload in "${WORKLOADS[@]}"; do
-    for system in eventbus nats redis; do
+    for system in eventbus nats redis eventbus-cluster; do
       echo "round $round/$ROUNDS: $system $workload" >&2
       # shellcheck disable=SC2086
-      run "$system" $workload | tag "$round" >>"$RESULTS"
+      run "$system" $workload | tag "$round" "$system" >>"$RESULTS"
     done
   done
   # Durable: eventbus (embedded store, fsync always), eventbus in redis mode (Redis

@@ -50,7 +50,7 @@ def events_of(r):
 
 def cpu(runs):
     """CPU per event on each side (bench/cpu.py): the servers and the load generator."""
-    systems = [s for s in ["eventbus", "eventbus-redis", "nats", "redis"]
+    systems = [s for s in ["eventbus", "eventbus-redis", "eventbus-cluster", "nats", "redis"]
                if any(s in by and all("cpu" in r for r in by[s]) for by in runs.values())]
     if not systems:
         return
@@ -74,9 +74,9 @@ def main(path):
         r = json.loads(line)
         system = "nats" if r["system"] == "jetstream" else r["system"]
         runs[key(r)][system].append(r)
-    systems = ["eventbus", "nats", "redis"]
-    print("| workload | metric | eventbus | nats | redis | eventbus/nats | eventbus/redis |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    systems = ["eventbus", "nats", "redis", "eventbus-cluster"]
+    print("| workload | metric | eventbus | nats | redis | eventbus on a Redis Cluster | eventbus/nats | eventbus/redis |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for workload, by_system in runs.items():
         if workload.startswith("durable"):
             continue

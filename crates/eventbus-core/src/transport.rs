@@ -61,6 +61,9 @@ pub type WatchedFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 /// Future returned by [`Transport::publish`].
 pub type PublishFuture<'a> = Pin<Box<dyn Future<Output = Result<Fanout, TransportError>> + Send + 'a>>;
 
+/// Future returned by [`Transport::publish_all`]: one answer per event, in order.
+pub type PublishAllFuture<'a> = Pin<Box<dyn Future<Output = Vec<Result<Fanout, TransportError>>> + Send + 'a>>;
+
 /// A fan-out medium shared by several broker instances.
 pub trait Transport: Send + Sync + fmt::Debug + 'static {
     /// Short name reported as the bus mode, e.g. `redis`.
@@ -69,6 +72,19 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
     /// Sends an accepted event to every instance. Must fail rather than report
     /// success for an event that went nowhere.
     fn publish(&self, event: Arc<Event>) -> PublishFuture<'_>;
+
+    /// Sends several events of one publisher, each channel's in the order given, and
+    /// answers each, in that order. By default one after another; a transport that can
+    /// send them together (a pipeline per destination) saves a round trip per event.
+    fn publish_all(&self, events: Vec<Arc<Event>>) -> PublishAllFuture<'_> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(events.len());
+            for event in events {
+                out.push(self.publish(event).await);
+            }
+            out
+        })
+    }
 
     /// A local subscription now needs events matching `filter`.
     fn watch(&self, filter: &Pattern);

@@ -346,3 +346,28 @@ async fn a_foreign_producer_spublishes_the_json_envelope_on_the_documented_shard
         ("ext-1", "t1.created", "from redis-cli")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_stream_keeps_each_channels_order_on_a_cluster() {
+    let Some(cluster) = RedisCluster::start().await else { return };
+    let a = cluster_broker(&cluster, |_| {}).await;
+    let b = cluster_broker(&cluster, |_| {}).await;
+    let mut on_b = b.subscribe(sub(&["ord.*", "t5.*"])).await;
+    // Two channels on different shards, interleaved, sent as one stream: the
+    // publishes of a chunk go out together, each channel's still in order.
+    let reqs: Vec<pb::PublishRequest> =
+        (0..1000).map(|i| event(if i % 2 == 0 { "ord.x" } else { "t5.x" }, format!("{i}"))).collect();
+    let mut answers = a.client().await.publish_stream(tokio_stream::iter(reqs)).await.unwrap().into_inner();
+    let mut answered = 0;
+    while let Some(answer) = within(answers.message()).await.unwrap() {
+        assert!(answer.delivered_count >= 1, "{answer:?}");
+        answered += 1;
+    }
+    assert_eq!(answered, 1000);
+    let got = on_b.take(1000).await;
+    for channel in ["ord.x", "t5.x"] {
+        let seq: Vec<u32> = got.iter().filter(|e| e.channel == channel).map(|e| payload(e).parse().unwrap()).collect();
+        assert_eq!(seq.len(), 500, "{channel}");
+        assert!(seq.windows(2).all(|w| w[0] < w[1]), "{channel} in publish order: {seq:?}");
+    }
+}

@@ -51,6 +51,18 @@ impl Bus {
         let start = Instant::now();
         let mut out = Vec::with_capacity(inputs.len());
         let Some(durable) = self.inner.durable.get().filter(|_| inputs.len() > 1) else {
+            if self.inner.transport.is_some() && self.inner.durable.get().is_none() {
+                // Sent together (see `publish_together`); the answers still stop at the
+                // first error, the events after it unanswered.
+                for published in self.publish_together(inputs).await {
+                    let failed = published.is_err();
+                    out.push(published);
+                    if failed {
+                        break;
+                    }
+                }
+                return out;
+            }
             for input in inputs {
                 let published = self.publish(input).await;
                 let failed = published.is_err();
@@ -101,6 +113,48 @@ impl Bus {
         out
     }
 
+    /// Publishes through the transport without waiting for one answer before sending the
+    /// next ([`Transport::publish_all`]): one at a time would bound a publisher to one
+    /// event per round trip.
+    async fn publish_together(&self, inputs: Vec<PublishInput>) -> Vec<Result<Published, Error>> {
+        let start = Instant::now();
+        let max_payload_bytes = self.inner.config.max_payload_bytes;
+        let mut prepared: Vec<Result<Arc<Event>, Error>> = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            let check = channel_check(prepared.last().and_then(|p| p.as_ref().ok()), &input);
+            prepared.push(self.prepare(input, max_payload_bytes, check).map(|(event, _)| Arc::new(event)));
+        }
+        let Some(transport) = &self.inner.transport else { return Vec::new() };
+        let events: Vec<Arc<Event>> = prepared.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
+        let mut fanouts = transport.publish_all(events).await.into_iter();
+        prepared
+            .into_iter()
+            .map(|prepared| {
+                let event = prepared?;
+                match fanouts.next() {
+                    Some(fanout) => Ok(self.sent(&event, fanout?, start)),
+                    None => Err(Error::Transport(TransportError {
+                        transport: transport.mode(),
+                        reason: "the transport answered fewer events than it was given".to_owned(),
+                    })),
+                }
+            })
+            .collect()
+    }
+
+    /// Counts an event the transport sent, and answers its publisher.
+    fn sent(&self, event: &Event, fanout: Fanout, start: Instant) -> Published {
+        self.inner.channel(&event.channel).counters.mark_published(event.timestamp);
+        self.inner.counters.published.fetch_add(1, Ordering::Relaxed);
+        Published {
+            event_id: event.id.clone(),
+            delivered: fanout.delivered,
+            failed: fanout.failed,
+            duration: start.elapsed(),
+            duplicate: false,
+        }
+    }
+
     /// Publishes the events of one batch (`PublishBatch`) in order, and answers every
     /// one of them, in the same order: unlike [`Bus::publish_many`], a refused event
     /// does not stop the ones after it. The durable captures of the accepted events
@@ -110,6 +164,9 @@ impl Bus {
     pub async fn publish_each(&self, inputs: Vec<PublishInput>) -> Vec<Result<Published, Error>> {
         let mut out = Vec::with_capacity(inputs.len());
         let Some(durable) = self.inner.durable.get() else {
+            if self.inner.transport.is_some() {
+                return self.publish_together(inputs).await;
+            }
             for input in inputs {
                 out.push(self.publish(input).await);
             }
@@ -204,17 +261,7 @@ impl Bus {
                 duration: start.elapsed(),
                 duplicate: true,
             }),
-            Captured::Forwarded { fanout, .. } => {
-                self.inner.channel(&event.channel).counters.mark_published(event.timestamp);
-                self.inner.counters.published.fetch_add(1, Ordering::Relaxed);
-                Ok(Published {
-                    event_id: event.id.clone(),
-                    delivered: fanout.delivered,
-                    failed: fanout.failed,
-                    duration: start.elapsed(),
-                    duplicate: false,
-                })
-            }
+            Captured::Forwarded { fanout, .. } => Ok(self.sent(&event, fanout, start)),
             Captured::Stored(_) => self.deliver(event, start).await,
         }
     }
@@ -225,12 +272,8 @@ impl Bus {
         let fanout = match &self.inner.transport {
             None => self.inner.dispatch_local(event, true).await,
             Some(transport) => {
-                let channel = self.inner.channel(&event.channel);
-                let at = event.timestamp;
-                let fanout = transport.publish(event).await?;
-                channel.counters.mark_published(at);
-                self.inner.counters.published.fetch_add(1, Ordering::Relaxed);
-                fanout
+                let fanout = transport.publish(Arc::clone(&event)).await?;
+                return Ok(self.sent(&event, fanout, start));
             }
         };
         Ok(Published {

@@ -22,14 +22,14 @@
 
 mod routes;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use eventbus_core::name::{Token, validate_channel};
-use eventbus_core::transport::{PublishFuture, WatchedFuture};
+use eventbus_core::transport::{PublishAllFuture, PublishFuture, WatchedFuture};
 use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Supervisor, Transport, TransportError, TransportStatus};
 use parking_lot::{Mutex, RwLock};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
@@ -187,6 +187,13 @@ impl std::fmt::Debug for ClusterSetup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterSetup").finish_non_exhaustive()
     }
+}
+
+/// MOVED or ASK: the node did not run the command (a pipeline of one bucket's
+/// commands, all in one slot, is redirected as a whole).
+fn is_redirect(err: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(err.kind(), ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask))
 }
 
 /// One connection to the cluster, its topology discovered from the seed nodes.
@@ -602,6 +609,30 @@ impl ClusterTransport {
     }
 }
 
+impl ClusterTransport {
+    /// Sends one bucket's pipeline to its master, or through the cluster client when
+    /// the map has no master for it or the master redirects (then nothing ran there).
+    async fn send_pipeline(&self, bucket: usize, pipe: redis::Pipeline) -> Result<Vec<i64>, String> {
+        let channel = &self.channels[bucket];
+        let direct = self.routes.read().by_bucket.get(bucket).cloned().flatten();
+        if let Some(mut node) = direct {
+            match pipe.query_async::<Vec<i64>>(&mut node).await {
+                Ok(receivers) => return Ok(receivers),
+                Err(err) if is_redirect(&err) => self.routes_stale.notify_one(),
+                // Perhaps run, perhaps not: not sent again (at most once).
+                Err(err) => {
+                    self.routes_stale.notify_one();
+                    return Err(format!("SPUBLISH to {channel} failed: {err}"));
+                }
+            }
+        }
+        let Some(mut conn) = self.connection.read().clone() else {
+            return Err(format!("not connected to the Redis Cluster at {}", self.target));
+        };
+        pipe.query_async::<Vec<i64>>(&mut conn).await.map_err(|e| format!("SPUBLISH to {channel} failed: {e}"))
+    }
+}
+
 impl Transport for ClusterTransport {
     fn mode(&self) -> &'static str {
         "redis"
@@ -613,32 +644,56 @@ impl Transport for ClusterTransport {
                 return Err(self.unavailable(format!("the Redis Cluster at {} is not serving", self.target)));
             }
             let bucket = usize::from(bucket_of(shard_key(&event.channel, self.shard_tokens)));
-            let channel = &self.channels[bucket];
-            let mut cmd = redis::cmd("SPUBLISH");
-            cmd.arg(channel).arg(envelope::encode_as(self.envelope, &event));
-            let direct = self.routes.read().by_bucket.get(bucket).cloned().flatten();
-            if let Some(mut node) = direct {
-                match cmd.query_async::<i64>(&mut node).await {
-                    Ok(receivers) => {
-                        return Ok(Fanout { delivered: u32::try_from(receivers).unwrap_or(u32::MAX), failed: 0 });
+            let mut pipe = redis::pipe();
+            pipe.cmd("SPUBLISH").arg(&self.channels[bucket]).arg(envelope::encode_as(self.envelope, &event));
+            let receivers = self.send_pipeline(bucket, pipe).await.map_err(|reason| self.unavailable(reason))?;
+            let receivers = receivers.first().copied().unwrap_or(0);
+            Ok(Fanout { delivered: u32::try_from(receivers).unwrap_or(u32::MAX), failed: 0 })
+        })
+    }
+
+    /// One pipeline per bucket, all sent at once: a bucket's events keep their order
+    /// on its master's connection, and a chunk costs one round trip.
+    fn publish_all(&self, events: Vec<Arc<Event>>) -> PublishAllFuture<'_> {
+        Box::pin(async move {
+            if !self.status.borrow().connected {
+                let refused = || Err(self.unavailable(format!("the Redis Cluster at {} is not serving", self.target)));
+                return events.iter().map(|_| refused()).collect();
+            }
+            let mut by_bucket: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+            for (i, event) in events.iter().enumerate() {
+                by_bucket
+                    .entry(usize::from(bucket_of(shard_key(&event.channel, self.shard_tokens))))
+                    .or_default()
+                    .push(i);
+            }
+            let sends = by_bucket.into_iter().map(|(bucket, members)| {
+                let mut pipe = redis::pipe();
+                for &i in &members {
+                    pipe.cmd("SPUBLISH")
+                        .arg(&self.channels[bucket])
+                        .arg(envelope::encode_as(self.envelope, &events[i]));
+                }
+                async move { (members, self.send_pipeline(bucket, pipe).await) }
+            });
+            let mut out: Vec<Option<Result<Fanout, TransportError>>> = events.iter().map(|_| None).collect();
+            for (members, answer) in futures::future::join_all(sends).await {
+                match answer {
+                    Ok(receivers) if receivers.len() == members.len() => {
+                        for (i, n) in members.into_iter().zip(receivers) {
+                            out[i] = Some(Ok(Fanout { delivered: u32::try_from(n).unwrap_or(u32::MAX), failed: 0 }));
+                        }
                     }
-                    // Redirected: not run there, so the cluster client may run it.
-                    Err(err) if err.redirect_node().is_some() => self.routes_stale.notify_one(),
-                    // Perhaps run, perhaps not: not sent again (at most once).
-                    Err(err) => {
-                        self.routes_stale.notify_one();
-                        return Err(self.unavailable(format!("SPUBLISH to {channel} failed: {err}")));
+                    Ok(_) => {
+                        let reason = "the SPUBLISH pipeline was answered for fewer events than it held";
+                        members.into_iter().for_each(|i| out[i] = Some(Err(self.unavailable(reason))));
+                    }
+                    Err(reason) => {
+                        members.into_iter().for_each(|i| out[i] = Some(Err(self.unavailable(reason.clone()))))
                     }
                 }
             }
-            let Some(mut conn) = self.connection.read().clone() else {
-                return Err(self.unavailable(format!("not connected to the Redis Cluster at {}", self.target)));
-            };
-            let receivers: i64 = cmd
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.unavailable(format!("SPUBLISH to {channel} failed: {e}")))?;
-            Ok(Fanout { delivered: u32::try_from(receivers).unwrap_or(u32::MAX), failed: 0 })
+            out.into_iter().flatten().collect()
         })
     }
 
