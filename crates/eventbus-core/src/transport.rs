@@ -50,6 +50,9 @@ pub struct TransportStatus {
     /// slot migration moved a shard channel), since start. Events published meanwhile
     /// were missed; the subscription was restored.
     pub gaps: u64,
+    /// Messages received without a channel to route them to (Redis Cluster: a shard
+    /// channel's payload without an envelope), dropped, since start.
+    pub unroutable: u64,
     /// Redis Cluster: hash slots without a serving master now. Publishes to their
     /// channels fail; the other shards keep serving.
     pub degraded_slots: u32,

@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use eventbus_core::{Bus, Event, OTHER_LABEL, QueueLevel};
+use eventbus_core::{Bus, Event, OTHER_LABEL, QueueLevel, TransportStatus};
 use parking_lot::Mutex;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
@@ -236,7 +236,7 @@ struct BusCollector {
     limits: LabelLimits,
     /// Redis mode only.
     /// redis mode: connected, reconnects, subscription gaps, slots without a master.
-    redis: Option<(IntGauge, IntCounter, IntCounter, IntGauge)>,
+    redis: Option<RedisMetrics>,
     /// Durable consumers: acked, redelivered, dead-lettered, redriven, dropped; pending, in
     /// flight, paused.
     consumers: [IntCounterVec; 5],
@@ -298,22 +298,7 @@ impl BusCollector {
             limits,
             redis: match bus.transport_status() {
                 None => None,
-                Some(_) => Some((
-                    IntGauge::new(format!("{prefix}_redis_connected"), "1 while connected to Redis, else 0.")?,
-                    IntCounter::new(
-                        format!("{prefix}_redis_reconnects_total"),
-                        "Reconnections to Redis after a lost connection.",
-                    )?,
-                    IntCounter::new(
-                        format!("{prefix}_redis_subscription_gaps_total"),
-                        "Redis Cluster: sharded subscriptions interrupted by a failover, a slot migration or a lost \
-                         node connection, then restored (events published meanwhile were missed).",
-                    )?,
-                    IntGauge::new(
-                        format!("{prefix}_redis_cluster_degraded_slots"),
-                        "Redis Cluster: hash slots without a serving master now (their channels' publishes fail).",
-                    )?,
-                )),
+                Some(_) => Some(RedisMetrics::new(prefix)?),
             },
             consumers: [
                 IntCounterVec::new(
@@ -458,22 +443,9 @@ impl BusCollector {
             families.extend(in_flight.collect());
             families.extend(paused.collect());
         }
-        if let (Some((connected, reconnects, gaps, degraded)), Some(status)) =
-            (&self.redis, self.bus.transport_status())
-        {
+        if let (Some(redis), Some(status)) = (&self.redis, self.bus.transport_status()) {
             let status = *status.borrow();
-            let connected = IntGauge::with_opts(opts_of(connected.desc()[0]))?;
-            connected.set(i64::from(status.connected));
-            let reconnects = IntCounter::with_opts(opts_of(reconnects.desc()[0]))?;
-            reconnects.inc_by(status.reconnects);
-            let gaps = IntCounter::with_opts(opts_of(gaps.desc()[0]))?;
-            gaps.inc_by(status.gaps);
-            let degraded = IntGauge::with_opts(opts_of(degraded.desc()[0]))?;
-            degraded.set(i64::from(status.degraded_slots));
-            families.extend(connected.collect());
-            families.extend(reconnects.collect());
-            families.extend(gaps.collect());
-            families.extend(degraded.collect());
+            families.extend(redis.fill(&status)?);
         }
         Ok(families)
     }
@@ -530,11 +502,8 @@ impl Collector for BusCollector {
         for g in &self.consumer_gauges {
             descs.extend(g.desc());
         }
-        if let Some((connected, reconnects, gaps, degraded)) = &self.redis {
-            descs.extend(connected.desc());
-            descs.extend(reconnects.desc());
-            descs.extend(gaps.desc());
-            descs.extend(degraded.desc());
+        if let Some(redis) = &self.redis {
+            descs.extend(redis.descs());
         }
         descs
     }
@@ -544,5 +513,68 @@ impl Collector for BusCollector {
             tracing::error!(%err, "cannot collect bus metrics");
             Vec::new()
         })
+    }
+}
+
+/// The transport's connection state (redis mode), filled from its status at each scrape.
+#[derive(Debug)]
+struct RedisMetrics {
+    connected: IntGauge,
+    degraded_slots: IntGauge,
+    reconnects: IntCounter,
+    gaps: IntCounter,
+    unroutable: IntCounter,
+}
+
+impl RedisMetrics {
+    fn new(prefix: &str) -> prometheus::Result<Self> {
+        Ok(Self {
+            connected: IntGauge::new(format!("{prefix}_redis_connected"), "1 while connected to Redis, else 0.")?,
+            degraded_slots: IntGauge::new(
+                format!("{prefix}_redis_cluster_degraded_slots"),
+                "Redis Cluster: hash slots without a serving master now (their channels' publishes fail).",
+            )?,
+            reconnects: IntCounter::new(
+                format!("{prefix}_redis_reconnects_total"),
+                "Reconnections to Redis after a lost connection.",
+            )?,
+            gaps: IntCounter::new(
+                format!("{prefix}_redis_subscription_gaps_total"),
+                "Redis Cluster: sharded subscriptions interrupted by a failover, a slot migration or a lost node \
+                 connection, then restored (events published meanwhile were missed).",
+            )?,
+            unroutable: IntCounter::new(
+                format!("{prefix}_redis_unroutable_total"),
+                "Redis Cluster: messages on a shard channel without an eventbus envelope naming their channel, \
+                 dropped.",
+            )?,
+        })
+    }
+
+    fn descs(&self) -> Vec<&Desc> {
+        [&self.connected, &self.degraded_slots]
+            .into_iter()
+            .flat_map(|g| g.desc())
+            .chain([&self.reconnects, &self.gaps, &self.unroutable].into_iter().flat_map(|c| c.desc()))
+            .collect()
+    }
+
+    fn fill(&self, status: &TransportStatus) -> prometheus::Result<Vec<MetricFamily>> {
+        let mut families = Vec::new();
+        for (gauge, value) in
+            [(&self.connected, i64::from(status.connected)), (&self.degraded_slots, i64::from(status.degraded_slots))]
+        {
+            let fresh = IntGauge::with_opts(opts_of(gauge.desc()[0]))?;
+            fresh.set(value);
+            families.extend(fresh.collect());
+        }
+        for (counter, value) in
+            [(&self.reconnects, status.reconnects), (&self.gaps, status.gaps), (&self.unroutable, status.unroutable)]
+        {
+            let fresh = IntCounter::with_opts(opts_of(counter.desc()[0]))?;
+            fresh.inc_by(value);
+            families.extend(fresh.collect());
+        }
+        Ok(families)
     }
 }

@@ -341,6 +341,8 @@ async fn a_foreign_producer_spublishes_the_json_envelope_on_the_documented_shard
     let json = r#"{"eventbus":1,"id":"ext-1","channel":"t1.created","timestamp":"2026-11-26T00:00:00Z","payload":"from redis-cli"}"#;
     assert_eq!(spublish(json.into()).await, 1);
     let got = sub_t1.take(1).await;
+    let metrics = reqwest::get(broker.url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l == "socle_eventbus_redis_unroutable_total 1"), "the bare payload is counted");
     assert_eq!(
         (got[0].id.as_str(), got[0].channel.as_str(), payload(&got[0]).as_str()),
         ("ext-1", "t1.created", "from redis-cli")

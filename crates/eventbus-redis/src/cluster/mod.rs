@@ -24,7 +24,6 @@ mod routes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -226,9 +225,6 @@ pub struct ClusterTransport {
     wanted_changed: Notify,
     applied: watch::Sender<u64>,
     status: watch::Sender<TransportStatus>,
-    /// Messages on shard channels that name no routable channel (a foreign payload
-    /// without an envelope), dropped.
-    unroutable: AtomicU64,
     groups: Arc<FleetGroups>,
     /// Each bucket's master, for publishing straight to it.
     routes: RwLock<Routes>,
@@ -304,7 +300,6 @@ impl ClusterTransport {
             wanted_changed: Notify::new(),
             applied: watch::Sender::new(0),
             status: watch::Sender::new(TransportStatus::default()),
-            unroutable: AtomicU64::new(0),
             groups: FleetGroups::new(&settings.prefix),
             routes: RwLock::default(),
             routes_stale: Notify::new(),
@@ -315,11 +310,6 @@ impl ClusterTransport {
         let task = Arc::clone(&transport).run(client, access, pushes, local, shutdown);
         supervisor.spawn("redis cluster transport", task).detach();
         transport
-    }
-
-    /// Messages dropped because they named no routable channel.
-    pub fn unroutable(&self) -> u64 {
-        self.unroutable.load(Ordering::Relaxed)
     }
 
     fn unavailable(&self, reason: impl Into<String>) -> TransportError {
@@ -566,10 +556,16 @@ impl ClusterTransport {
                         local.dispatch(event).await;
                     }
                     _ => {
-                        if self.unroutable.fetch_add(1, Ordering::Relaxed) == 0 {
+                        let mut first = false;
+                        self.status.send_modify(|s| {
+                            first = s.unroutable == 0;
+                            s.unroutable += 1;
+                        });
+                        if first {
                             warn!(
-                                "dropped a message on a shard channel that names no routable channel: in a cluster, \
-                                 producers SPUBLISH an eventbus envelope (eventbus.redis.envelope json shows its form)"
+                                "dropped a message on a shard channel that names no routable channel (counted in \
+                                 _redis_unroutable_total): in a cluster, producers SPUBLISH an eventbus envelope \
+                                 (eventbus.redis.envelope json shows its form)"
                             );
                         }
                     }
