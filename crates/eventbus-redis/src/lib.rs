@@ -19,6 +19,7 @@
 
 pub mod cluster;
 mod dedup;
+mod demand;
 pub mod durable;
 mod envelope;
 mod glob;

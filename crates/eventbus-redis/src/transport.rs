@@ -16,15 +16,16 @@ use eventbus_core::name::validate_channel;
 use eventbus_core::transport::{PublishFuture, WatchedFuture};
 use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Supervisor, Transport, TransportError, TransportStatus};
 use futures::StreamExt;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::dedup::Dedup;
+use crate::demand::Demand;
 use crate::envelope::{self, Envelope};
 use crate::glob::{RedisFilter, event_channel, redis_channel, redis_filter};
 use crate::groups::FleetGroups;
@@ -130,17 +131,9 @@ impl RedisOptions {
 }
 
 /// Wrong or missing credentials, or a user without the right to connect.
-fn refuses_credentials(err: &redis::RedisError) -> bool {
+pub(crate) fn refuses_credentials(err: &redis::RedisError) -> bool {
     err.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
-}
-
-/// Filters local subscriptions need, versioned so a subscriber can wait until Redis
-/// has the version that includes its own filters.
-#[derive(Debug, Default)]
-struct Wanted {
-    filters: BTreeSet<Pattern>,
-    version: u64,
 }
 
 /// A live connection pair, subscribed to what was wanted when it opened.
@@ -166,10 +159,7 @@ pub struct RedisTransport {
     /// Set while connected; cloned per publish (a cheap handle).
     publisher: RwLock<Option<MultiplexedConnection>>,
     /// Filters local subscriptions need.
-    wanted: Mutex<Wanted>,
-    wanted_changed: Notify,
-    /// Version of `wanted` last applied to Redis (for [`Transport::watched`]).
-    applied: watch::Sender<u64>,
+    demand: Demand,
     status: watch::Sender<TransportStatus>,
     groups: Arc<FleetGroups>,
 }
@@ -194,9 +184,7 @@ impl RedisTransport {
             health_interval: settings.health_check_interval,
             health_timeout: settings.health_check_timeout,
             publisher: RwLock::new(None),
-            wanted: Mutex::default(),
-            wanted_changed: Notify::new(),
-            applied: watch::Sender::new(0),
+            demand: Demand::new(),
             status: watch::Sender::new(TransportStatus::default()),
             groups: FleetGroups::new(&settings.prefix),
         });
@@ -314,7 +302,7 @@ impl RedisTransport {
                         }
                     }
                 },
-                () = self.wanted_changed.notified() => {
+                () = self.demand.changed.notified() => {
                     // Bounded: a hung Redis must not stop this loop (and its health checks).
                     match tokio::time::timeout(COMMAND_TIMEOUT, self.reconcile(&mut sink, &mut active)).await {
                         Ok(Ok(())) => {}
@@ -347,10 +335,7 @@ impl RedisTransport {
 
     /// Brings the Redis subscriptions in line with what local subscriptions want.
     async fn reconcile(&self, sink: &mut PubSubSink, active: &mut BTreeSet<Pattern>) -> redis::RedisResult<()> {
-        let (wanted, version) = {
-            let w = self.wanted.lock();
-            (w.filters.clone(), w.version)
-        };
+        let (wanted, version) = self.demand.read(Clone::clone);
         for filter in wanted.difference(active) {
             match redis_filter(&self.prefix, filter) {
                 RedisFilter::Channel(c) => sink.subscribe(&c).await?,
@@ -366,7 +351,7 @@ impl RedisTransport {
             debug!(%filter, "redis subscription removed");
         }
         *active = wanted;
-        self.applied.send_replace(version);
+        self.demand.applied(version);
         Ok(())
     }
 
@@ -409,36 +394,15 @@ impl Transport for RedisTransport {
     }
 
     fn watch(&self, filter: &Pattern) {
-        let mut wanted = self.wanted.lock();
-        wanted.filters.insert(filter.clone());
-        wanted.version += 1;
-        drop(wanted);
-        self.wanted_changed.notify_one();
+        self.demand.watch(filter);
     }
 
     fn unwatch(&self, filter: &Pattern) {
-        let mut wanted = self.wanted.lock();
-        wanted.filters.remove(filter);
-        wanted.version += 1;
-        drop(wanted);
-        self.wanted_changed.notify_one();
+        self.demand.unwatch(filter);
     }
 
     fn watched(&self) -> WatchedFuture<'_> {
-        Box::pin(async move {
-            let target = self.wanted.lock().version;
-            let mut applied = self.applied.subscribe();
-            let mut status = self.status.subscribe();
-            loop {
-                if *applied.borrow_and_update() >= target || !status.borrow_and_update().connected {
-                    return;
-                }
-                tokio::select! {
-                    changed = applied.changed() => if changed.is_err() { return },
-                    changed = status.changed() => if changed.is_err() { return },
-                }
-            }
-        })
+        self.demand.watched(&self.status)
     }
 
     fn status(&self) -> watch::Receiver<TransportStatus> {

@@ -30,7 +30,7 @@ use bytes::Bytes;
 use eventbus_core::name::{Token, validate_channel};
 use eventbus_core::transport::{PublishAllFuture, PublishFuture, WatchedFuture};
 use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Supervisor, Transport, TransportError, TransportStatus};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -40,9 +40,10 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::demand::Demand;
 use crate::envelope::{self, Envelope};
 use crate::groups::FleetGroups;
-use crate::transport::RedisOptions;
+use crate::transport::{RedisOptions, refuses_credentials};
 use routes::{NodeAccess, Routes};
 
 /// Shard channels per cluster: each covers 128 consecutive hash slots.
@@ -204,13 +205,6 @@ async fn connect(client: &ClusterClient) -> Result<ClusterConnection, String> {
     }
 }
 
-/// Bucket demand, versioned so a subscriber can wait until Redis has its buckets.
-#[derive(Debug, Default)]
-struct Wanted {
-    filters: BTreeSet<Pattern>,
-    version: u64,
-}
-
 /// Publishes to and receives from a Redis Cluster for one broker instance.
 pub struct ClusterTransport {
     prefix: String,
@@ -221,9 +215,8 @@ pub struct ClusterTransport {
     target: String,
     health_interval: Duration,
     connection: RwLock<Option<ClusterConnection>>,
-    wanted: Mutex<Wanted>,
-    wanted_changed: Notify,
-    applied: watch::Sender<u64>,
+    /// Filters local subscriptions need; their buckets are subscribed.
+    demand: Demand,
     status: watch::Sender<TransportStatus>,
     groups: Arc<FleetGroups>,
     /// Each bucket's master, for publishing straight to it.
@@ -258,11 +251,8 @@ impl ClusterTransport {
     pub async fn check_access(settings: &RedisOptions) -> Result<(), redis::RedisError> {
         let (tx, _pushes) = mpsc::unbounded_channel();
         let (client, _) = client(settings, tx)?;
-        let refused = |err: &redis::RedisError| {
-            err.kind() == redis::ErrorKind::AuthenticationFailed
-                || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
-                || err.to_string().contains("cluster support disabled")
-        };
+        let refused =
+            |err: &redis::RedisError| refuses_credentials(err) || err.to_string().contains("cluster support disabled");
         match connect(&client).await {
             Ok(mut conn) => {
                 let cmd = redis::cmd("CLUSTER").arg("INFO").clone();
@@ -296,9 +286,7 @@ impl ClusterTransport {
             target: settings.cluster_nodes.join(","),
             health_interval: settings.health_check_interval,
             connection: RwLock::new(None),
-            wanted: Mutex::default(),
-            wanted_changed: Notify::new(),
-            applied: watch::Sender::new(0),
+            demand: Demand::new(),
             status: watch::Sender::new(TransportStatus::default()),
             groups: FleetGroups::new(&settings.prefix),
             routes: RwLock::default(),
@@ -317,17 +305,11 @@ impl ClusterTransport {
     }
 
     fn wanted_buckets(&self) -> (BTreeSet<u16>, u64) {
-        let w = self.wanted.lock();
-        let mut buckets = BTreeSet::new();
-        for filter in &w.filters {
-            match buckets_of(filter, self.shard_tokens) {
-                Some(b) => {
-                    buckets.insert(b);
-                }
-                None => return ((0..BUCKETS).collect(), w.version),
-            }
-        }
-        (buckets, w.version)
+        self.demand.read(|filters| {
+            let buckets: Option<BTreeSet<u16>> = filters.iter().map(|f| buckets_of(f, self.shard_tokens)).collect();
+            // A filter with a wildcard shard token needs every bucket.
+            buckets.unwrap_or_else(|| (0..BUCKETS).collect())
+        })
     }
 
     async fn run(
@@ -397,7 +379,7 @@ impl ClusterTransport {
                     // A subscription a failed command left out is retried here.
                     self.reconcile(&mut conn, &mut active).await;
                 }
-                () = self.wanted_changed.notified() => self.reconcile(&mut conn, &mut active).await,
+                () = self.demand.changed.notified() => self.reconcile(&mut conn, &mut active).await,
                 () = self.routes_stale.notified() => self.refresh_routes(&mut conn, &access).await,
                 push = pushes.recv() => match push {
                     Some(push) => {
@@ -540,7 +522,7 @@ impl ClusterTransport {
             }
         }
         if complete {
-            self.applied.send_replace(version);
+            self.demand.applied(version);
         }
     }
 
@@ -694,36 +676,15 @@ impl Transport for ClusterTransport {
     }
 
     fn watch(&self, filter: &Pattern) {
-        let mut wanted = self.wanted.lock();
-        wanted.filters.insert(filter.clone());
-        wanted.version += 1;
-        drop(wanted);
-        self.wanted_changed.notify_one();
+        self.demand.watch(filter);
     }
 
     fn unwatch(&self, filter: &Pattern) {
-        let mut wanted = self.wanted.lock();
-        wanted.filters.remove(filter);
-        wanted.version += 1;
-        drop(wanted);
-        self.wanted_changed.notify_one();
+        self.demand.unwatch(filter);
     }
 
     fn watched(&self) -> WatchedFuture<'_> {
-        Box::pin(async move {
-            let target = self.wanted.lock().version;
-            let mut applied = self.applied.subscribe();
-            let mut status = self.status.subscribe();
-            loop {
-                if *applied.borrow_and_update() >= target || !status.borrow_and_update().connected {
-                    return;
-                }
-                tokio::select! {
-                    changed = applied.changed() => if changed.is_err() { return },
-                    changed = status.changed() => if changed.is_err() { return },
-                }
-            }
-        })
+        self.demand.watched(&self.status)
     }
 
     fn status(&self) -> watch::Receiver<TransportStatus> {

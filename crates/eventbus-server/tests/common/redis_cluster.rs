@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use eventbus_server::config::{Mode, Settings};
 
-use super::redis_server::which_redis;
+use super::redis_server::{wait_for_ping, which_redis};
 use super::*;
 
 pub struct Node {
@@ -57,16 +57,7 @@ impl RedisCluster {
         }
         let cluster = Self { nodes, _dir: dir };
         for node in &cluster.nodes {
-            let url = node.url();
-            eventually("a cluster node to answer PING", || {
-                let url = url.clone();
-                async move {
-                    let Ok(client) = redis::Client::open(url) else { return false };
-                    let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return false };
-                    redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok()
-                }
-            })
-            .await;
+            wait_for_ping(&node.url()).await;
         }
         let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let created = Command::new(&cli)

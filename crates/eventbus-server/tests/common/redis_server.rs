@@ -128,16 +128,7 @@ impl RedisProc {
         if self.port == 0 {
             return true; // TLS only: the test waits for the broker to connect instead of PINGing.
         }
-        let url = self.url();
-        eventually("redis-server to answer PING", || {
-            let url = url.clone();
-            async move {
-                let Ok(client) = redis::Client::open(url) else { return false };
-                let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return false };
-                redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok()
-            }
-        })
-        .await;
+        wait_for_ping(&self.url()).await;
         let info: String = redis::cmd("INFO").arg("server").query_async(&mut self.conn().await).await.unwrap();
         info.lines().any(|l| l.trim() == format!("process_id:{pid}"))
     }
@@ -177,6 +168,16 @@ impl RedisProc {
         let numpat: i64 = redis::cmd("PUBSUB").arg("NUMPAT").query_async(&mut conn).await.unwrap();
         (channels, numpat)
     }
+}
+
+/// Waits until the Redis at `url` answers PING.
+pub async fn wait_for_ping(url: &str) {
+    eventually(&format!("{url} to answer PING"), || async move {
+        let Ok(client) = redis::Client::open(url) else { return false };
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return false };
+        redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok()
+    })
+    .await;
 }
 
 pub fn which_redis() -> Option<PathBuf> {
