@@ -183,10 +183,6 @@ impl Server {
         };
         match settings.eventbus.mode {
             Mode::InMemory => start_durable(&settings, &bus, metrics.clone(), &supervisor).await?,
-            Mode::Redis if cluster => warn!(
-                "durable consumers are not available on Redis Cluster yet: their calls answer FAILED_PRECONDITION \
-                 (core pub/sub is served)"
-            ),
             Mode::Redis => start_redis_durable(&settings, &bus, metrics.clone(), transport_stop.clone(), &supervisor)?,
         }
         Ok(Self {
@@ -458,7 +454,6 @@ fn start_redis_durable(
     supervisor: &Supervisor,
 ) -> Result<(), ServerError> {
     let redis = settings.redis_settings();
-    let client = redis.client().map_err(ServerError::Redis)?;
     let durable_settings = RedisDurableSettings {
         prefix: redis.prefix.clone(),
         instance_id: bus.instance_id().to_owned(),
@@ -467,8 +462,14 @@ fn start_redis_durable(
         min_replicas_acked: settings.eventbus.redis.min_replicas_acked,
         replica_ack_timeout: Duration::from_millis(settings.eventbus.redis.replica_ack_timeout_ms),
     };
-    let durable =
-        RedisDurable::start(client, durable_settings, durable_options(settings, metrics, supervisor), stop.clone())?;
+    let options = durable_options(settings, metrics, supervisor);
+    let durable = match redis.cluster_nodes.is_empty() {
+        true => {
+            let client = redis.client().map_err(ServerError::Redis)?;
+            RedisDurable::start(client, durable_settings, options, stop.clone())?
+        }
+        false => RedisDurable::start_cluster(&redis, durable_settings, options, stop.clone())?,
+    };
     bus.enable_durable(durable.clone());
     let declared: Vec<_> = settings.durable.consumers.iter().map(|c| c.to_config()).collect();
     if declared.is_empty() {

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use common::redis_cluster::RedisCluster;
 use common::redis_server::RedisProc;
 use common::{DEADLINE, within};
 use eventbus_core::Event;
@@ -42,6 +43,8 @@ struct Harness {
     letters: mpsc::Receiver<Letter>,
     /// Stops the Redis engine's background tasks; keeps its `redis-server` alive.
     _redis: Option<(RedisProc, tokio_util::sync::DropGuard)>,
+    /// Stops the engine's background tasks on a cluster.
+    _stop: Option<tokio_util::sync::DropGuard>,
 }
 
 /// Engine settings shared by both modes: a readable dead-letter encoding
@@ -79,7 +82,7 @@ impl Harness {
         let (options, sink, letters) = options();
         let engine = Durable::start(Arc::new(store), options).expect("embedded engine");
         engine.set_dead_letter_sink(sink);
-        Self { engine: Box::new(engine), letters, _redis: None }
+        Self { engine: Box::new(engine), letters, _redis: None, _stop: None }
     }
 
     /// The embedded engine on a redb file (commits go through the writer thread, unlike
@@ -89,7 +92,7 @@ impl Harness {
         let (options, sink, letters) = options();
         let engine = Durable::start(Arc::new(store), options).expect("embedded engine");
         engine.set_dead_letter_sink(sink);
-        Self { engine: Box::new(engine), letters, _redis: None }
+        Self { engine: Box::new(engine), letters, _redis: None, _stop: None }
     }
 
     /// The Redis engine on a private redis-server; None when there is none to start
@@ -109,7 +112,28 @@ impl Harness {
         let stop = CancellationToken::new();
         let engine = RedisDurable::start(client, settings, options, stop.clone()).expect("redis engine");
         engine.set_dead_letter_sink(sink);
-        Some(Self { engine: Box::new(engine), letters, _redis: Some((redis, stop.drop_guard())) })
+        Some(Self { engine: Box::new(engine), letters, _redis: Some((redis, stop.drop_guard())), _stop: None })
+    }
+
+    /// The Redis engine on a shared Redis Cluster, its keys under a prefix of its own.
+    fn redis_cluster(cluster: &RedisCluster, prefix: &str) -> Self {
+        let mut config = eventbus_server::config::Settings::default();
+        config.eventbus.redis.cluster_nodes = cluster.seeds();
+        config.eventbus.redis.prefix = format!("conformance-{prefix}");
+        let redis = config.redis_settings();
+        let settings = RedisDurableSettings {
+            prefix: redis.prefix.clone(),
+            instance_id: "conformance-1".into(),
+            retention: RETENTION,
+            envelope: eventbus_redis::Envelope::Binary,
+            min_replicas_acked: 0,
+            replica_ack_timeout: std::time::Duration::from_secs(1),
+        };
+        let (options, sink, letters) = options();
+        let stop = CancellationToken::new();
+        let engine = RedisDurable::start_cluster(&redis, settings, options, stop.clone()).expect("redis cluster engine");
+        engine.set_dead_letter_sink(sink);
+        Self { engine: Box::new(engine), letters, _redis: None, _stop: Some(stop.drop_guard()) }
     }
 
     async fn create(&self, config: ConsumerConfig) -> ConsumerInfo {
@@ -1134,9 +1158,19 @@ async fn embedded_on_disk_dropped_capture_callers() {
     dropped_capture_callers(&mut Harness::embedded_on_disk(dir.path())).await;
 }
 
-/// `embedded_<check>` and `redis_<check>` for each check.
+/// `embedded_<check>` and `redis_<check>` for each check, and every check in turn on
+/// one Redis Cluster (3 masters, 3 replicas; a cluster per check would cost minutes).
 macro_rules! conformance {
-    ($($check:ident: $embedded:ident, $redis:ident;)*) => {$(
+    ($($check:ident: $embedded:ident, $redis:ident;)*) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn redis_cluster_passes_every_check() {
+            let Some(cluster) = RedisCluster::start().await else { return };
+            $(
+                eprintln!("conformance on a Redis Cluster: {}", stringify!($check));
+                $check(&mut Harness::redis_cluster(&cluster, stringify!($check))).await;
+            )*
+        }
+        $(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $embedded() {
             $check(&mut Harness::embedded()).await;

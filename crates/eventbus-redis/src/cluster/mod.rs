@@ -34,7 +34,7 @@ use parking_lot::RwLock;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{ProtocolVersion, PushInfo, PushKind, Value};
+use redis::{Client, ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
@@ -127,10 +127,10 @@ fn buckets_of(filter: &Pattern, shard_tokens: usize) -> Option<u16> {
 }
 
 /// The client for a cluster's seed nodes, with the credentials and TLS of
-/// `eventbus.redis`; pushes (subscribed messages) go to `pushes`.
+/// `eventbus.redis`; pushes (subscribed messages) go to `pushes`, if any.
 fn client(
     settings: &RedisOptions,
-    pushes: mpsc::UnboundedSender<PushInfo>,
+    pushes: Option<mpsc::UnboundedSender<PushInfo>>,
 ) -> Result<(ClusterClient, NodeAccess), redis::RedisError> {
     let nodes: Vec<String> = settings
         .cluster_nodes
@@ -146,8 +146,6 @@ fn client(
         })
         .collect::<Result<_, _>>()?;
     let mut builder = ClusterClientBuilder::new(nodes)
-        .use_protocol(ProtocolVersion::RESP3)
-        .push_sender(pushes)
         .connection_timeout(CONNECT_TIMEOUT)
         .response_timeout(COMMAND_TIMEOUT)
         // Bounded (a slot without a master fails its commands within about a second),
@@ -155,6 +153,9 @@ fn client(
         .retries(6)
         .min_retry_wait(20)
         .max_retry_wait(200);
+    if let Some(pushes) = pushes {
+        builder = builder.use_protocol(ProtocolVersion::RESP3).push_sender(pushes);
+    }
     if let Some(username) = &settings.username {
         builder = builder.username(username);
     }
@@ -174,6 +175,26 @@ fn client(
         ca_pem = Some(pem);
     }
     Ok((builder.build()?, NodeAccess::new(settings, ca_pem)))
+}
+
+/// What the durable engine reaches a cluster through: a cluster client (no pushes),
+/// and a client for each seed node, with the same credentials and TLS.
+pub(crate) fn durable_clients(settings: &RedisOptions) -> Result<(ClusterClient, Vec<Client>), redis::RedisError> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (cluster, access) = client(settings, None)?;
+    let mut seeds = Vec::with_capacity(settings.cluster_nodes.len());
+    for node in &settings.cluster_nodes {
+        let url = node_url(node).map_err(|problem| {
+            redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad cluster node", format!("{node}: {problem}")))
+        })?;
+        let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
+        let (host, port) = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) | redis::ConnectionAddr::TcpTls { host, port, .. } => (host, *port),
+            _ => continue,
+        };
+        seeds.push(access.client(host, port)?);
+    }
+    Ok((cluster, seeds))
 }
 
 /// A cluster client and the channel its pushes (subscribed messages) arrive on.
@@ -240,7 +261,7 @@ impl ClusterTransport {
     pub fn client(settings: &RedisOptions) -> Result<ClusterSetup, redis::RedisError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let (tx, pushes) = mpsc::unbounded_channel();
-        let (client, access) = client(settings, tx)?;
+        let (client, access) = client(settings, Some(tx))?;
         Ok(ClusterSetup { client, access, pushes })
     }
 
@@ -249,8 +270,7 @@ impl ClusterTransport {
     /// so start-up reports them; unreachable nodes are an outage the transport rides
     /// out, so that passes here.
     pub async fn check_access(settings: &RedisOptions) -> Result<(), redis::RedisError> {
-        let (tx, _pushes) = mpsc::unbounded_channel();
-        let (client, _) = client(settings, tx)?;
+        let (client, _) = client(settings, None)?;
         let refused =
             |err: &redis::RedisError| refuses_credentials(err) || err.to_string().contains("cluster support disabled");
         match connect(&client).await {

@@ -16,7 +16,7 @@ use crate::transport::RedisOptions;
 
 /// How to reach a node the cluster names (`CLUSTER SLOTS` gives host and port).
 #[derive(Debug, Clone)]
-pub(super) struct NodeAccess {
+pub(crate) struct NodeAccess {
     tls: bool,
     username: Option<String>,
     password: Option<String>,
@@ -24,7 +24,7 @@ pub(super) struct NodeAccess {
 }
 
 impl NodeAccess {
-    pub(super) fn new(settings: &RedisOptions, ca_pem: Option<Vec<u8>>) -> Self {
+    pub(crate) fn new(settings: &RedisOptions, ca_pem: Option<Vec<u8>>) -> Self {
         Self {
             tls: settings.cluster_nodes.iter().any(|n| n.starts_with("rediss://")),
             username: settings.username.clone(),
@@ -33,7 +33,8 @@ impl NodeAccess {
         }
     }
 
-    async fn connect(&self, host: &str, port: u16) -> RedisResult<ConnectionManager> {
+    /// A client for the node at `host:port`, with the credentials and TLS of the seeds.
+    pub(crate) fn client(&self, host: &str, port: u16) -> RedisResult<Client> {
         let addr = match self.tls {
             true => ConnectionAddr::TcpTls { host: host.to_owned(), port, insecure: false, tls_params: None },
             false => ConnectionAddr::Tcp(host.to_owned(), port),
@@ -46,12 +47,14 @@ impl NodeAccess {
             redis = redis.set_password(password);
         }
         let info: ConnectionInfo = addr.into_connection_info()?.set_redis_settings(redis);
-        let client = match &self.ca_pem {
-            Some(pem) => {
-                Client::build_with_tls(info, redis::TlsCertificates { client_tls: None, root_cert: Some(pem.clone()) })?
-            }
-            None => Client::open(info)?,
-        };
+        match &self.ca_pem {
+            Some(pem) => Client::build_with_tls(info, redis::TlsCertificates { client_tls: None, root_cert: Some(pem.clone()) }),
+            None => Client::open(info),
+        }
+    }
+
+    async fn connect(&self, host: &str, port: u16) -> RedisResult<ConnectionManager> {
+        let client = self.client(host, port)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(COMMAND_TIMEOUT))

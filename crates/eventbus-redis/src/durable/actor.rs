@@ -24,8 +24,7 @@ use eventbus_core::durable::{
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use parking_lot::Mutex;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
+use redis::{RedisResult, Script, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -33,7 +32,8 @@ use tracing::{debug, warn};
 use super::reply::{entries_of, is_missing_stream, outcome_of};
 use super::runtime::{Command, Runtime, StopReason};
 use super::scripts::Scripts;
-use super::{CONNECT_TIMEOUT, GROUP, Shared, now_ms};
+use super::conn::{CLUSTER_READ_BLOCK, Conn};
+use super::{GROUP, Shared, now_ms};
 use crate::envelope;
 use write::{AckItem, Args, FailItem};
 
@@ -145,7 +145,14 @@ pub(crate) struct Outcome {
 
 /// A blocking read and, right after it on the same connection, whether the consumer is
 /// paused now.
-type ReadFuture = BoxFuture<'static, (Option<MultiplexedConnection>, RedisResult<(Value, bool)>)>;
+type ReadFuture = BoxFuture<'static, (Option<Conn>, RedisResult<(Value, bool)>)>;
+
+/// How soon a read on a cluster asks again after a failure.
+const CLUSTER_READ_RETRY: Duration = Duration::from_millis(100);
+/// Failed reads in a row on a cluster before the clients are told Redis is lost: a
+/// failover, or a slot moving, passes within them; a deleted consumer's actor is
+/// stopped by the change notice first.
+const CLUSTER_READ_RETRIES: u32 = 100;
 pub(crate) struct Actor {
     rt: Arc<Runtime>,
     shared: Arc<Shared>,
@@ -160,7 +167,12 @@ pub(crate) struct Actor {
     timer_seq: u64,
     janitor_at: BTreeSet<Instant>,
     read: Option<ReadFuture>,
-    idle_conn: Option<MultiplexedConnection>,
+    idle_conn: Option<Conn>,
+    /// The last read failed on a cluster (no stream: deleted, or moved away meanwhile;
+    /// or its node failed): the next one waits a moment.
+    read_failed: bool,
+    /// Reads failed in a row on a cluster.
+    read_retries: u32,
     ops: FuturesUnordered<BoxFuture<'static, Outcome>>,
     acks: Vec<AckItem>,
     /// The log lines of the held ones among `acks`, joined by '\n'.
@@ -199,6 +211,8 @@ impl Actor {
             janitor_at: BTreeSet::new(),
             read: None,
             idle_conn: None,
+            read_failed: false,
+            read_retries: 0,
             ops: FuturesUnordered::new(),
             acks: Vec::new(),
             ack_lines: Vec::new(),
@@ -264,6 +278,7 @@ impl Actor {
                     match result {
                         Ok((value, paused)) => {
                             self.idle_conn = conn;
+                            self.read_retries = 0;
                             // Paused through another instance whose notice has not
                             // arrived yet: what was just read goes back (loop top).
                             if paused {
@@ -272,6 +287,17 @@ impl Actor {
                             if let Err(err) = self.take_read(value) {
                                 break StopReason::Lost(format!("unreadable stream entry: {err}"));
                             }
+                        }
+                        // On a cluster the stream may have moved to another node (a
+                        // slot migration deletes it on the old one): read again; a real
+                        // deletion stops the actor when its notice is followed.
+                        // A failover takes a moment too: the clients stay attached while it
+                        // lasts (reads retried for up to about CLUSTER_READ_RETRIES / 10 s).
+                        Err(err) if self.shared.is_cluster() && self.read_retries < CLUSTER_READ_RETRIES => {
+                            debug!(consumer = %self.rt.name, %err, "a read on the cluster failed; reading again");
+                            self.idle_conn = None;
+                            self.read_retries += 1;
+                            self.read_failed = true;
                         }
                         // The stream went away under the read: the consumer was deleted
                         // (the change notice follows); client streams end normally.
@@ -540,44 +566,49 @@ impl Actor {
             return;
         }
         let conn = self.idle_conn.take();
-        let client = self.shared.client.clone();
+        let backend = self.shared.backend.clone();
+        let shared_conn = self.shared.conn();
         let consumer = self.shared.instance.clone();
         let stream = self.stream.clone();
         let paused_key = self.shared.keys.paused.clone();
         let name = Arc::clone(&self.rt.name);
+        let after_failure = std::mem::take(&mut self.read_failed);
         self.read = Some(Box::pin(async move {
+            if after_failure {
+                // On a cluster the stream may have moved to another node under the
+                // read: ask again shortly (MOVED then routes the read to it).
+                tokio::time::sleep(CLUSTER_READ_RETRY).await;
+            }
             let mut conn = match conn {
                 Some(c) => c,
-                None => {
-                    // Its own connection: a blocked read must not hold up other commands.
-                    let config = AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                        .set_response_timeout(None);
-                    match client.get_multiplexed_async_connection_with_config(&config).await {
-                        Ok(c) => c,
-                        Err(err) => return (None, Err(err)),
-                    }
-                }
+                // Its own connection: a blocked read must not hold up other commands.
+                None => match backend.reader().await {
+                    Ok(c) => c,
+                    Err(err) => return (None, Err(err)),
+                },
             };
+            let mut read = redis::cmd("XREADGROUP");
+            read.arg("GROUP").arg(GROUP).arg(&consumer).arg("COUNT").arg(count).arg("BLOCK");
+            if backend.is_cluster() {
+                read.arg(CLUSTER_READ_BLOCK.as_millis() as u64);
+            } else {
+                read.arg(0);
+            }
+            read.arg("STREAMS").arg(&stream).arg(">");
+            let mut paused = redis::cmd("HEXISTS");
+            paused.arg(&paused_key).arg(&*name);
             // The pause check runs after the read returns, so it sees a pause made
-            // before the events read were published (README "Consumer operations").
-            let result = redis::pipe()
-                .cmd("XREADGROUP")
-                .arg("GROUP")
-                .arg(GROUP)
-                .arg(&consumer)
-                .arg("COUNT")
-                .arg(count)
-                .arg("BLOCK")
-                .arg(0)
-                .arg("STREAMS")
-                .arg(&stream)
-                .arg(">")
-                .cmd("HEXISTS")
-                .arg(&paused_key)
-                .arg(&*name)
-                .query_async(&mut conn)
-                .await;
+            // before the events read were published (README "Consumer operations"):
+            // in the same pipeline on one Redis, right after it on a cluster (the
+            // definitions are in another slot).
+            let result = if backend.is_cluster() {
+                match read.query_async::<Value>(&mut conn).await {
+                    Ok(events) => paused.query_async::<bool>(&mut shared_conn.clone()).await.map(|p| (events, p)),
+                    Err(err) => Err(err),
+                }
+            } else {
+                redis::pipe().add_command(read).add_command(paused).query_async(&mut conn).await
+            };
             (Some(conn), result)
         }));
     }

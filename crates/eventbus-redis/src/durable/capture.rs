@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use eventbus_core::durable::{CaptureRequest, Captured, DurableError};
 use eventbus_core::{Event, Fanout};
-use redis::Value;
+use std::collections::{HashMap, HashSet};
+
+use futures::future::join_all;
+use redis::{FromRedisValue, Value};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
@@ -118,7 +121,7 @@ impl Shared {
     /// replicas in the same round trip, on the captures' own connection, and fails
     /// when fewer confirm in time. (The capture then stands on the master: a retry
     /// with the same idempotency key is answered as a duplicate, not stored twice.)
-    async fn run_capture(&self, call: &redis::ScriptInvocation<'_>) -> Result<Vec<Value>, String> {
+    async fn run_capture<T: FromRedisValue>(&self, call: &redis::ScriptInvocation<'_>) -> Result<T, String> {
         if self.min_replicas_acked == 0 {
             return call.invoke_async(&mut self.conn()).await.map_err(|err| format!("Redis: {err}"));
         }
@@ -126,7 +129,7 @@ impl Shared {
         let mut pipe = redis::pipe();
         pipe.invoke_script(call).cmd("WAIT").arg(self.min_replicas_acked).arg(timeout_ms);
         let mut conn = self.capture_conn.clone();
-        let mut result = pipe.query_async::<(Vec<Value>, u32)>(&mut conn).await;
+        let mut result = pipe.query_async::<(T, u32)>(&mut conn).await;
         if let Err(err) = &result
             && err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
         {
@@ -151,6 +154,9 @@ impl Shared {
     /// batch that finds the consumer set changed reloads it and runs again, before
     /// any later batch, so publish order holds.
     pub(super) async fn capture_batch(self: &Arc<Self>, batch: &mut Vec<PendingCapture>) {
+        if self.is_cluster() {
+            return self.capture_batch_cluster(batch).await;
+        }
         let window_ms = self.options.dedup_window.as_millis().max(1) as u64;
         let mut names = Vec::new();
         let mut consumers = Vec::with_capacity(batch.len());
@@ -220,6 +226,148 @@ impl Shared {
         warn!(events = batch.len(), reason = %failure, "durable capture failed; publishes answered UNAVAILABLE");
         for p in batch.drain(..) {
             let _ = p.reply.send(Err(DurableError::unavailable(failure.clone())));
+        }
+    }
+}
+
+impl Shared {
+    /// [`Shared::capture_batch`] on a cluster, where each consumer's keys are in a slot
+    /// of their own: each idempotency key is claimed first (`SET NX GET`, in its own
+    /// slot), then one script per matching consumer stores its events of the batch, in
+    /// order, all at once, with the consumer-set version read beside them. A version
+    /// that moved meanwhile reloads the set and stores the batch for the consumers it
+    /// did not know (each consumer is written once per batch: nothing twice). A publish
+    /// is answered OK when every consumer it matches has it; otherwise UNAVAILABLE, its
+    /// idempotency key released so that a retry stores it again. Subscribers get the
+    /// events from the bus afterwards ([`Captured::Stored`]).
+    async fn capture_batch_cluster(self: &Arc<Self>, batch: &mut Vec<PendingCapture>) {
+        let n = batch.len();
+        let window_ms = self.options.dedup_window.as_millis().max(1) as u64;
+        let mut failed: Vec<Option<String>> = vec![None; n];
+        let mut duplicate: Vec<Option<String>> = vec![None; n];
+        let mut claimed = vec![false; n];
+        let claims = batch.iter().enumerate().filter(|(_, p)| !p.idem.is_empty()).map(|(i, p)| {
+            let mut conn = self.conn();
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(&p.idem).arg(&p.event.id).arg("NX").arg("GET").arg("PX").arg(window_ms);
+            async move { (i, cmd.query_async::<Option<String>>(&mut conn).await) }
+        });
+        for (i, claim) in join_all(claims).await {
+            match claim {
+                Ok(None) => claimed[i] = true,
+                Ok(Some(first)) => duplicate[i] = Some(first),
+                Err(err) => failed[i] = Some(format!("Redis: {err}")),
+            }
+        }
+
+        let mut stored = vec![0usize; n];
+        let mut written: HashSet<Arc<str>> = HashSet::new();
+        let mut failure = None;
+        let mut names = Vec::new();
+        for round in 1..=STALE_RETRIES {
+            let (version, work) = {
+                let registry = self.registry.read();
+                let mut work: Vec<(Arc<Runtime>, Vec<usize>)> = Vec::new();
+                let mut slot_of: HashMap<Arc<str>, usize> = HashMap::new();
+                for (i, p) in batch.iter().enumerate() {
+                    if failed[i].is_some() || duplicate[i].is_some() {
+                        continue;
+                    }
+                    names.clear();
+                    registry.trie.collect(&p.event.channel, &mut names);
+                    names.sort_unstable();
+                    names.dedup();
+                    for name in &names {
+                        let Some(rt) = registry.by_name.get(name) else { continue };
+                        if written.contains(name) {
+                            continue;
+                        }
+                        let slot = *slot_of.entry(Arc::clone(name)).or_insert_with(|| {
+                            work.push((Arc::clone(rt), Vec::new()));
+                            work.len() - 1
+                        });
+                        work[slot].1.push(i);
+                    }
+                }
+                (Arc::clone(&registry.version), work)
+            };
+            let stores = work.iter().map(|(rt, events)| {
+                let mut call = self.scripts.capture.key(&rt.stream);
+                call.arg(&rt.base).arg(rt.config().max_pending);
+                for &i in events {
+                    let p = &batch[i];
+                    call.arg(&p.event.id).arg(&p.envelope).arg(&p.event.channel).arg(&p.ordering_key);
+                }
+                async move { self.run_capture::<i64>(&call).await }
+            });
+            let mut conn = self.conn();
+            let mut read_version = redis::cmd("GET");
+            read_version.arg(&self.keys.version);
+            let (results, version_now) =
+                tokio::join!(join_all(stores), read_version.query_async::<Option<String>>(&mut conn));
+            for ((rt, events), result) in work.iter().zip(results) {
+                written.insert(Arc::clone(&rt.name));
+                match result {
+                    Ok(1) => events.iter().for_each(|&i| stored[i] += 1),
+                    // Deleted while these were published: nothing to store.
+                    Ok(_) => {}
+                    Err(err) => {
+                        for &i in events {
+                            failed[i].get_or_insert_with(|| err.clone());
+                        }
+                    }
+                }
+            }
+            match version_now {
+                Ok(now) if now.as_deref().unwrap_or("0") == &*version => break,
+                Ok(_) if round == STALE_RETRIES => {
+                    failure = Some("durable consumer definitions keep changing; try again".to_owned());
+                }
+                Ok(_) => {
+                    if let Err(err) = self.reload().await {
+                        failure = Some(err.to_string());
+                        break;
+                    }
+                }
+                Err(err) => {
+                    failure = Some(format!("Redis: {err}"));
+                    break;
+                }
+            }
+        }
+
+        let mut releases = Vec::new();
+        let mut lost = 0usize;
+        let mut reason = None;
+        let mut answers = Vec::with_capacity(n);
+        for (i, p) in batch.drain(..).enumerate() {
+            let answer = match (duplicate[i].take(), failed[i].take().or_else(|| failure.clone())) {
+                (Some(first), _) => Ok(Captured::Duplicate(first)),
+                (None, Some(err)) => {
+                    if claimed[i] {
+                        let mut conn = self.conn();
+                        let idem = p.idem.clone();
+                        releases.push(async move { redis::cmd("DEL").arg(idem).query_async::<i64>(&mut conn).await });
+                    }
+                    lost += 1;
+                    reason.get_or_insert_with(|| err.clone());
+                    Err(DurableError::unavailable(err))
+                }
+                (None, None) => Ok(Captured::Stored(stored[i])),
+            };
+            answers.push((p.reply, answer));
+        }
+        if let Some(reason) = reason {
+            warn!(events = lost, %reason, "durable capture failed on the cluster; publishes answered UNAVAILABLE");
+        }
+        // Released before the failures are answered, so that a retry finds them free.
+        for released in join_all(releases).await {
+            if let Err(err) = released {
+                warn!(%err, "an idempotency key of a failed publish stays claimed: a retry within the window is taken for a duplicate");
+            }
+        }
+        for (reply, answer) in answers {
+            let _ = reply.send(answer);
         }
     }
 }

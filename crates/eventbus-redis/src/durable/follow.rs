@@ -15,12 +15,12 @@ use super::*;
 /// (a notice may have been missed while away).
 pub(super) async fn follow_changes(shared: std::sync::Weak<Shared>) {
     let mut backoff = INITIAL_BACKOFF;
-    loop {
+    for attempt in 0.. {
         let Some(s) = shared.upgrade() else { return owner_gone().await };
-        let (client, channel, stop) = (s.client.clone(), s.keys.notify.clone(), s.shutdown.clone());
+        let (backend, channel, stop) = (s.backend.clone(), s.keys.notify.clone(), s.shutdown.clone());
         drop(s);
         let subscribed = async {
-            let mut pubsub = client.get_async_pubsub().await?;
+            let mut pubsub = backend.pubsub(attempt).await?;
             pubsub.subscribe(&channel).await?;
             Ok::<_, redis::RedisError>(pubsub)
         };
@@ -129,7 +129,7 @@ impl Shared {
                         rt.set_config(config);
                         Arc::clone(rt)
                     }
-                    None => Arc::new(Runtime::new(Arc::clone(&name), self.base(&name), config)),
+                    None => Arc::new(self.new_runtime(Arc::clone(&name), self.base(&name), config)),
                 };
                 runtime.set_paused(paused.contains_key(&*name));
                 for f in &filters {

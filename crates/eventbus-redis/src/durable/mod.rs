@@ -48,6 +48,7 @@
 
 mod actor;
 mod capture;
+mod conn;
 mod follow;
 mod reply;
 mod runtime;
@@ -66,7 +67,6 @@ use eventbus_core::durable::{
 };
 use eventbus_core::trie::Trie;
 use parking_lot::{Mutex, RwLock};
-use redis::aio::ConnectionManager;
 use redis::{Client, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -74,6 +74,7 @@ use tokio_util::sync::CancellationToken;
 use crate::envelope::{self, Envelope};
 use crate::glob::redis_channel;
 use capture::{PendingCapture, run_captures};
+use conn::{Backend, Conn};
 use follow::follow_changes;
 use runtime::Runtime;
 use scripts::Scripts;
@@ -143,11 +144,11 @@ struct GlobalKeys {
 pub(crate) struct Shared {
     /// First, so they are retired before the queues they read close.
     tasks: OnceLock<[TaskHandle; 2]>,
-    client: Client,
-    conn: ConnectionManager,
+    backend: Backend,
+    conn: Conn,
     /// Captures only, when they wait for replicas: `WAIT` holds its connection, so it
     /// must not hold the one acks and reads share.
-    capture_conn: ConnectionManager,
+    capture_conn: Conn,
     min_replicas_acked: u32,
     replica_ack_timeout: Duration,
     prefix: String,
@@ -200,27 +201,37 @@ impl RedisDurable {
         options: DurableOptions,
         shutdown: CancellationToken,
     ) -> Result<Self, DurableError> {
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(COMMAND_TIMEOUT))
-            .set_number_of_retries(1)
-            .set_max_delay(MAX_BACKOFF);
-        let conn = client.get_connection_manager_lazy(config.clone()).map_err(unavailable)?;
-        let capture_conn = client.get_connection_manager_lazy(config).map_err(unavailable)?;
-        let p = &settings.prefix;
-        let keys = GlobalKeys {
-            consumers: format!("{p}:durable:consumers"),
-            paused: format!("{p}:durable:paused"),
-            version: format!("{p}:durable:version"),
-            notify: format!("{p}/durable/changes"),
-            idem: format!("{p}:durable:idem:"),
-            log_format: format!("{p}:durable:log_format"),
-            pubsub: redis_channel(p, ""),
-        };
+        Self::start_on(Backend::Single(client), settings, options, shutdown)
+    }
+
+    /// [`RedisDurable::start`] on a Redis Cluster (`redis.cluster_nodes`): each
+    /// consumer's keys carry its name as hash tag (`{prefix}:durable:{<name>}:…`), so
+    /// every script about one consumer runs in that consumer's slot, and consumers
+    /// spread over the masters; the definitions are in one slot of their own
+    /// (`{prefix}:{durable}:…`).
+    pub fn start_cluster(
+        redis: &crate::RedisOptions,
+        settings: RedisDurableSettings,
+        options: DurableOptions,
+        shutdown: CancellationToken,
+    ) -> Result<Self, DurableError> {
+        let (client, seeds) = crate::cluster::durable_clients(redis).map_err(unavailable)?;
+        Self::start_on(Backend::Cluster { client, seeds }, settings, options, shutdown)
+    }
+
+    fn start_on(
+        backend: Backend,
+        settings: RedisDurableSettings,
+        options: DurableOptions,
+        shutdown: CancellationToken,
+    ) -> Result<Self, DurableError> {
+        let conn = backend.shared_conn().map_err(unavailable)?;
+        let capture_conn = backend.shared_conn().map_err(unavailable)?;
+        let keys = GlobalKeys::new(&settings.prefix, backend.is_cluster());
         let (captures, capture_queue) = mpsc::channel(CAPTURE_QUEUE);
         let shared = Arc::new(Shared {
             tasks: OnceLock::new(),
-            client,
+            backend,
             conn,
             capture_conn,
             min_replicas_acked: settings.min_replicas_acked,
@@ -256,13 +267,50 @@ async fn owner_gone() {
     std::future::pending().await
 }
 
+impl GlobalKeys {
+    /// On a cluster, the keys every instance shares are in one slot (hash tag
+    /// `{durable}`), so that the scripts changing them run there.
+    fn new(p: &str, cluster: bool) -> Self {
+        let shared = if cluster { format!("{p}:{{durable}}") } else { format!("{p}:durable") };
+        Self {
+            consumers: format!("{shared}:consumers"),
+            paused: format!("{shared}:paused"),
+            version: format!("{shared}:version"),
+            notify: format!("{p}/durable/changes"),
+            idem: format!("{p}:durable:idem:"),
+            log_format: format!("{shared}:log_format"),
+            pubsub: redis_channel(p, ""),
+        }
+    }
+}
+
 impl Shared {
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> Conn {
         self.conn.clone()
     }
 
+    fn is_cluster(&self) -> bool {
+        self.backend.is_cluster()
+    }
+
+    /// What every key of consumer `name` starts with: on a cluster its name is the
+    /// hash tag, so all of them are in one slot.
     fn base(&self, name: &str) -> String {
-        format!("{}:durable:{name}", self.prefix)
+        match self.is_cluster() {
+            true => format!("{}:durable:{{{name}}}", self.prefix),
+            false => format!("{}:durable:{name}", self.prefix),
+        }
+    }
+
+    /// A consumer at `base`, as this instance knows it.
+    fn new_runtime(&self, name: Arc<str>, base: String, config: ConsumerConfig) -> Runtime {
+        // The terminal log's format: the fleet's on one Redis, the consumer's own on a
+        // cluster (a key in its slot, which also routes the scripts that log).
+        let log_key = match self.is_cluster() {
+            true => format!("{base}:f"),
+            false => self.keys.log_format.clone(),
+        };
+        Runtime::new(name, base, log_key, config)
     }
 
     fn runtime(&self, name: &str) -> Option<Arc<Runtime>> {
@@ -299,8 +347,11 @@ impl Shared {
         let stream = format!("{}:s", rt.base);
         type Counters = (Option<u64>, Option<u64>, Option<u64>, Option<u64>, Option<u64>);
         type Presence = HashMap<String, String>;
-        type Row = (u64, Value, u64, Counters, Presence, u64, bool);
-        let (len, pel, waiting, counters, presence, redrivable, paused): Row = redis::pipe()
+        type Row = (u64, Value, u64, Counters, Presence, u64);
+        // The consumer's keys in one pipeline (one slot on a cluster); whether it is
+        // paused beside it (the definitions' slot).
+        let mut pipe = redis::pipe();
+        pipe
             .cmd("XLEN")
             .arg(&stream)
             .cmd("XPENDING")
@@ -318,12 +369,13 @@ impl Shared {
             .cmd("HGETALL")
             .arg(format!("{}:c", rt.base))
             .cmd("ZCARD")
-            .arg(format!("{}:w", rt.base))
-            .cmd("HEXISTS")
-            .arg(&self.keys.paused)
-            .arg(&*rt.name)
-            .query_async(&mut self.conn())
-            .await?;
+            .arg(format!("{}:w", rt.base));
+        let mut paused = redis::cmd("HEXISTS");
+        paused.arg(&self.keys.paused).arg(&*rt.name);
+        let (mut conn, mut paused_conn) = (self.conn(), self.conn());
+        let keys = pipe.query_async::<Row>(&mut conn);
+        let paused = paused.query_async::<bool>(&mut paused_conn);
+        let ((len, pel, waiting, counters, presence, redrivable), paused) = tokio::try_join!(keys, paused)?;
         let in_flight = match pel {
             Value::Array(items) => match items.first() {
                 Some(Value::Int(n)) => *n as u64,
@@ -350,7 +402,8 @@ impl Shared {
     async fn define(self: &Arc<Self>, config: &ConsumerConfig, replace: bool) -> Result<Option<String>, DurableError> {
         let json =
             serde_json::to_string(config).map_err(|e| DurableError::internal("encoding a consumer definition", e))?;
-        let (kind, value): (String, String) = self
+        let base = self.base(&config.name);
+        let reply: Vec<String> = self
             .scripts
             .define
             .key(&self.keys.consumers)
@@ -358,15 +411,53 @@ impl Shared {
             .key(&self.keys.log_format)
             .arg(&config.name)
             .arg(&json)
-            .arg(self.base(&config.name))
+            .arg(&base)
             .arg(GROUP)
             .arg(&self.keys.notify)
             .arg(u8::from(replace))
+            .arg(u8::from(!self.is_cluster()))
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
+        let exists = match reply.as_slice() {
+            [kind, json] if kind == "exists" => Some(json.clone()),
+            [_, _, new] if self.is_cluster() => {
+                // The consumer's own keys are in its slot: made now (a new consumer
+                // first loses whatever an earlier one of its name may have left
+                // behind), before the creation is answered.
+                if new == "1" {
+                    self.purge(&base).await?;
+                }
+                let stream = format!("{base}:s");
+                let _: i64 = self
+                    .scripts
+                    .init
+                    .key(&stream)
+                    .key(format!("{base}:f"))
+                    .arg(GROUP)
+                    .invoke_async(&mut self.conn())
+                    .await
+                    .map_err(unavailable)?;
+                None
+            }
+            _ => None,
+        };
         self.reload().await?;
-        Ok((kind == "exists").then_some(value))
+        Ok(exists)
+    }
+
+    /// Deletes every key of the consumer at `base` (on a cluster, where they are in a
+    /// slot of their own).
+    async fn purge(&self, base: &str) -> Result<(), DurableError> {
+        let _: i64 = self
+            .scripts
+            .purge
+            .key(format!("{base}:s"))
+            .arg(base)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 
     async fn log(
@@ -436,7 +527,7 @@ impl Shared {
         let reply: Vec<Value> = self
             .scripts
             .pending
-            .prepare_invoke()
+            .key(&rt.stream)
             .arg(&rt.base)
             .arg(GROUP)
             .arg(now_ms())
@@ -605,6 +696,7 @@ impl DurableBackend for RedisDurable {
 
     fn delete_consumer<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), DurableError>> {
         Box::pin(async move {
+            let base = self.shared.base(name);
             let deleted: i64 = self
                 .shared
                 .scripts
@@ -613,11 +705,16 @@ impl DurableBackend for RedisDurable {
                 .key(&self.shared.keys.version)
                 .key(&self.shared.keys.paused)
                 .arg(name)
-                .arg(self.shared.base(name))
+                .arg(&base)
                 .arg(&self.shared.keys.notify)
+                .arg(u8::from(!self.shared.is_cluster()))
                 .invoke_async(&mut self.shared.conn())
                 .await
                 .map_err(unavailable)?;
+            if deleted != 0 && self.shared.is_cluster() {
+                // Gone from the definitions (every instance stops using it); its keys next.
+                self.shared.purge(&base).await?;
+            }
             self.shared.reload().await?;
             match deleted {
                 0 => Err(DurableError::UnknownConsumer(name.to_owned())),
@@ -661,7 +758,7 @@ impl DurableBackend for RedisDurable {
             let rt = self.shared.find_known(name).await?;
             let limit = if limit == 0 { MAX_REDRIVE } else { limit.min(MAX_REDRIVE) };
             let mut call = self.shared.scripts.redrive.prepare_invoke();
-            call.key(&self.shared.keys.log_format)
+            call.key(&rt.log_key)
                 .arg(&rt.base)
                 .arg(now_ms())
                 .arg(self.shared.retention.max_entries.max(1))

@@ -46,8 +46,13 @@ pub(crate) enum Command {
 #[derive(Debug)]
 pub(crate) struct Runtime {
     pub(crate) name: Arc<str>,
-    /// `{prefix}:durable:{name}`.
+    /// What its keys start with: `{prefix}:durable:{name}` (on a cluster the name is
+    /// the hash tag: `{prefix}:durable:{{name}}`).
     pub(crate) base: String,
+    /// Its stream (`{base}:s`): the key that routes its scripts on a cluster.
+    pub(crate) stream: String,
+    /// The key holding its terminal log's format: KEYS[1] of the scripts that log.
+    pub(crate) log_key: String,
     pub(crate) config: RwLock<Arc<ConsumerConfig>>,
     pub(crate) actor: Mutex<Option<ActorSlot>>,
     pub(crate) clients: std::sync::atomic::AtomicU32,
@@ -56,9 +61,11 @@ pub(crate) struct Runtime {
 }
 
 impl Runtime {
-    pub(crate) fn new(name: Arc<str>, base: String, config: ConsumerConfig) -> Self {
+    pub(crate) fn new(name: Arc<str>, base: String, log_key: String, config: ConsumerConfig) -> Self {
         Self {
             name,
+            stream: format!("{base}:s"),
+            log_key,
             base,
             config: RwLock::new(Arc::new(config)),
             actor: Mutex::new(None),

@@ -272,6 +272,26 @@ local function next_due(b)
 end
 "#;
 
+/// Stores one published event for consumer `b` (`max`: its max_pending, 0 = no
+/// limit). A consumer holding max_pending unfinished events takes no more: the capture
+/// is dropped for it and counted (`:n` dropped). An event whose ordering key has a live
+/// event waits behind it.
+const CAPTURE_ONE: &str = r#"
+local function capture(b, max, id, env, channel, key)
+  if max > 0 and redis.call('XLEN', b .. ':s') + redis.call('HLEN', b .. ':r') >= max then
+    redis.call('HINCRBY', b .. ':n', 'dropped', 1)
+  elseif key ~= '' and redis.call('HSETNX', b .. ':k', key, id) == 0 then
+    redis.call('HSET', b .. ':r', id, cmsgpack.pack({env, channel, key, id, 0, '', ''}))
+    redis.call('ZADD', b .. ':y', 0, id)
+    redis.call('RPUSH', b .. ':q:' .. key, id)
+  elseif key ~= '' then
+    redis.call('XADD', b .. ':s', '*', 'e', env, 'k', key)
+  else
+    redis.call('XADD', b .. ':s', '*', 'e', env)
+  end
+end
+"#;
+
 /// Publish a batch (group commit: the publishes that arrived while the previous batch
 /// ran): check the consumer-set version, then for each event in order check its
 /// idempotency key, store it for every matching consumer and PUBLISH it for
@@ -280,9 +300,7 @@ end
 /// KEYS: version. ARGV: known version, window ms, pub/sub channel prefix, then per
 /// event: event id, envelope (stored), pub/sub message ('' = the envelope), channel,
 /// ordering key ('' = none), idempotency key ('' = none), number of consumers n, then n
-/// (consumer key base, max_pending) pairs. A
-/// consumer holding max_pending unfinished events (0 = no limit) takes no more: the
-/// capture is dropped for it and counted (`:n` dropped).
+/// (consumer key base, max_pending) pairs.
 /// Returns `{'stale', version}` (nothing done), or `{'ok', r1, r2, ...}` with one `r`
 /// per event: the receivers of its PUBLISH (integer), or for a repeated idempotency
 /// key the original event id (string).
@@ -305,24 +323,22 @@ while j <= #ARGV do
   if prev then
     out[#out + 1] = prev
   else
-    for i = first, j - 1, 2 do
-      local b, max = ARGV[i], tonumber(ARGV[i + 1])
-      if max > 0 and redis.call('XLEN', b .. ':s') + redis.call('HLEN', b .. ':r') >= max then
-        redis.call('HINCRBY', b .. ':n', 'dropped', 1)
-      elseif key ~= '' and redis.call('HSETNX', b .. ':k', key, id) == 0 then
-        redis.call('HSET', b .. ':r', id, cmsgpack.pack({env, channel, key, id, 0, '', ''}))
-        redis.call('ZADD', b .. ':y', 0, id)
-        redis.call('RPUSH', b .. ':q:' .. key, id)
-      elseif key ~= '' then
-        redis.call('XADD', b .. ':s', '*', 'e', env, 'k', key)
-      else
-        redis.call('XADD', b .. ':s', '*', 'e', env)
-      end
-    end
+    for i = first, j - 1, 2 do capture(ARGV[i], tonumber(ARGV[i + 1]), id, env, channel, key) end
     out[#out + 1] = redis.call('PUBLISH', pubsub .. channel, msg)
   end
 end
 return out
+"#;
+
+/// A batch for one consumer on a Redis Cluster, where each consumer's keys are in a
+/// slot of their own: KEYS its stream (which routes the script to that slot); ARGV
+/// key base, max_pending, then (event id, envelope, channel, ordering key) per event,
+/// in publish order. Returns 0 (nothing stored) when the consumer is gone, else 1.
+const CAPTURE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local b, max = ARGV[1], tonumber(ARGV[2])
+for j = 3, #ARGV, 4 do capture(b, max, ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3]) end
+return 1
 "#;
 
 /// Ack: ARGV base, group, log maxlen, now, the terminal-log lines of the acks with a
@@ -528,34 +544,57 @@ return reply
 "#;
 
 /// Create or replace a definition: KEYS consumers hash, version, log format; ARGV
-/// name, config JSON, key base, group, notify channel, replace (1/0). Returns
+/// name, config JSON, key base, group, notify channel, replace (1/0), make the stream
+/// here (1; 0 on a cluster, where it is in another slot: see `INIT`). Returns
 /// `{'exists', json}` when a definition exists and `replace` is 0, else `{'ok',
-/// version}`. The first definition ever made (no version yet: a fresh Redis, no
-/// instance of an earlier release around it) sets the log format to packed.
+/// version, new}` (`new` 1 when there was no definition). The first definition ever
+/// made (no version yet: a fresh Redis, no instance of an earlier release around it)
+/// sets the log format to packed.
 const DEFINE: &str = r#"
 if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('SET', KEYS[3], '2', 'NX') end
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur and ARGV[6] ~= '1' then return {'exists', cur} end
-if cur == ARGV[2] then return {'ok', redis.call('GET', KEYS[2]) or '0'} end
+if cur == ARGV[2] then return {'ok', redis.call('GET', KEYS[2]) or '0', '0'} end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 -- BUSYGROUP (the stream and group survive a replaced definition) is fine.
-redis.pcall('XGROUP', 'CREATE', ARGV[3] .. ':s', ARGV[4], '0', 'MKSTREAM')
+if ARGV[7] == '1' then redis.pcall('XGROUP', 'CREATE', ARGV[3] .. ':s', ARGV[4], '0', 'MKSTREAM') end
 local v = redis.call('INCR', KEYS[2])
 redis.call('PUBLISH', ARGV[5], v)
-return {'ok', tostring(v)}
+return {'ok', tostring(v), cur and '0' or '1'}
 "#;
 
-/// Delete a consumer and everything it holds: KEYS consumers hash, version, paused
-/// hash; ARGV name, key base, notify channel. Returns 0 when there was no such consumer.
+/// Deletes every key of consumer `b`.
+const PURGE_ONE: &str = r#"
+local function purge(b)
+  for _, key in ipairs(redis.call('HKEYS', b .. ':k')) do redis.call('DEL', b .. ':q:' .. key) end
+  redis.call('DEL', b .. ':s', b .. ':d', b .. ':r', b .. ':k', b .. ':l', b .. ':n', b .. ':lock', b .. ':c', b .. ':o')
+  redis.call('DEL', b .. ':y', b .. ':v', b .. ':w', b .. ':x', b .. ':f')
+end
+"#;
+
+/// Delete a consumer: KEYS consumers hash, version, paused hash; ARGV name, key base,
+/// notify channel, delete its keys here (1; 0 on a cluster, where they are in another
+/// slot: see `PURGE`). Returns 0 when there was no such consumer.
 const DELETE: &str = r#"
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('HDEL', KEYS[3], ARGV[1])
-local b = ARGV[2]
-for _, key in ipairs(redis.call('HKEYS', b .. ':k')) do redis.call('DEL', b .. ':q:' .. key) end
-redis.call('DEL', b .. ':s', b .. ':d', b .. ':r', b .. ':k', b .. ':l', b .. ':n', b .. ':lock', b .. ':c', b .. ':o')
-redis.call('DEL', b .. ':y', b .. ':v', b .. ':w', b .. ':x')
+if ARGV[4] == '1' then purge(ARGV[2]) end
 local v = redis.call('INCR', KEYS[2])
 redis.call('PUBLISH', ARGV[3], v)
+return 1
+"#;
+
+/// A consumer's keys on a cluster, in its own slot. `INIT` (KEYS stream, log format;
+/// ARGV group) makes its stream and group and says its log may be packed (a cluster
+/// has no instance of a release that reads one line per entry only); `PURGE` (KEYS
+/// stream; ARGV key base) deletes them all.
+const INIT: &str = r#"
+redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+redis.call('SET', KEYS[2], '2')
+return 1
+"#;
+const PURGE: &str = r#"
+purge(ARGV[1])
 return 1
 "#;
 
@@ -722,12 +761,15 @@ return 1
 #[derive(Debug)]
 pub(crate) struct Scripts {
     pub(crate) publish: Script,
+    pub(crate) capture: Script,
     pub(crate) ack: Script,
     pub(crate) fail: Script,
     pub(crate) requeue: Script,
     pub(crate) tick: Script,
     pub(crate) define: Script,
     pub(crate) delete: Script,
+    pub(crate) init: Script,
+    pub(crate) purge: Script,
     pub(crate) presence: Script,
     pub(crate) redrive: Script,
     pub(crate) pending: Script,
@@ -739,13 +781,16 @@ impl Scripts {
     pub(crate) fn new() -> Self {
         let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
         Self {
-            publish: Script::new(PUBLISH),
+            publish: Script::new(&format!("{CAPTURE_ONE}\n{PUBLISH}")),
+            capture: Script::new(&format!("{CAPTURE_ONE}\n{CAPTURE}")),
             ack: with_prelude(ACK),
             fail: with_prelude(FAIL),
             requeue: with_prelude(REQUEUE),
             tick: with_prelude(TICK),
             define: Script::new(DEFINE),
-            delete: Script::new(DELETE),
+            delete: Script::new(&format!("{PURGE_ONE}\n{DELETE}")),
+            init: Script::new(INIT),
+            purge: Script::new(&format!("{PURGE_ONE}\n{PURGE}")),
             presence: Script::new(PRESENCE),
             redrive: with_prelude(REDRIVE),
             pending: with_prelude(PENDING),

@@ -175,11 +175,11 @@ impl Settings {
             }
         }
         within("eventbus.redis.shard_tokens", r.shard_tokens, 1, 16)?;
-        if !self.durable.consumers.is_empty() {
+        if r.prefix.contains(['{', '}']) {
             return Err(ConfigError::Invalid {
-                key: "durable.consumers",
-                value: format!("{} consumer(s)", self.durable.consumers.len()),
-                problem: "cannot be declared on Redis Cluster: durable consumers need a single Redis (for now)",
+                key: "eventbus.redis.prefix",
+                value: r.prefix.clone(),
+                problem: "must not hold '{' or '}' on Redis Cluster: the keys' own hash tags place them in slots",
             });
         }
         Ok(())

@@ -97,7 +97,7 @@ impl Actor {
         let now = now_ms();
         let lock_ms = self.janitor_every().as_millis().max(50) as u64;
         let oldest = now.saturating_sub(self.shared.retention.max_age_ms);
-        let mut args = Args::logging(&self.shared.scripts.tick, &self.shared);
+        let mut args = Args::logging(&self.shared.scripts.tick, &self.rt);
         args.push(&self.rt.base)
             .push(GROUP)
             .push(now)

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use eventbus_core::ErrorKind;
 use eventbus_core::durable::{Failure, PublishedDeadLetter};
-use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, RedisResult};
 use tracing::{error, warn};
 
@@ -67,7 +66,7 @@ impl Actor {
 
 /// Takes a dead letter out of its consumer's outbox. Should that fail, a janitor will
 /// publish it once more (at least once, as documented).
-async fn leave_outbox(mut conn: ConnectionManager, outbox: String, event_id: String) {
+async fn leave_outbox(mut conn: super::super::conn::Conn, outbox: String, event_id: String) {
     let done: RedisResult<i64> = conn.hdel(&outbox, &event_id).await;
     if let Err(err) = done {
         warn!(%outbox, event = %event_id, %err, "a dead letter is done but still in the outbox: it may be published twice");

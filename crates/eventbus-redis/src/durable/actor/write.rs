@@ -76,7 +76,7 @@ impl Actor {
         let maxlen = self.shared.retention.max_entries.max(1);
         if !self.acks.is_empty() {
             let newest = self.acks.iter().filter_map(|a| Some((stream_id_order(&a.sid)?, a.sid.as_str()))).max();
-            let mut args = Args::logging(&self.shared.scripts.ack, &self.shared);
+            let mut args = Args::logging(&self.shared.scripts.ack, &self.rt);
             args.push(&base).push(GROUP).push(maxlen).push(now_ms()).push(&self.ack_lines);
             args.push(newest.map_or("", |(_, sid)| sid));
             self.ack_lines.clear();
@@ -86,7 +86,7 @@ impl Actor {
             self.script(|s| &s.ack, args, "ack failed", |_| Outcome::default());
         }
         if !self.fails.is_empty() {
-            let mut args = Args::logging(&self.shared.scripts.fail, &self.shared);
+            let mut args = Args::logging(&self.shared.scripts.fail, &self.rt);
             args.push(&base).push(GROUP).push(now_ms()).push(maxlen).push(&self.shared.instance);
             args.retry_config(&self.config);
             for f in self.fails.drain(..) {
@@ -95,7 +95,7 @@ impl Actor {
             self.script(|s| &s.fail, args, "recording a failed attempt failed", |v| outcome_of(v, false));
         }
         if !self.requeue.is_empty() {
-            let mut args = Args::new(&self.shared.scripts.requeue);
+            let mut args = Args::new(&self.shared.scripts.requeue, &self.rt);
             args.push(&base).push(GROUP).push(&self.shared.instance);
             for sid in self.requeue.drain(..) {
                 args.push(sid);
@@ -104,7 +104,7 @@ impl Actor {
         }
         if std::mem::take(&mut self.presence_due) {
             let now = now_ms();
-            let mut args = Args::new(&self.shared.scripts.presence);
+            let mut args = Args::new(&self.shared.scripts.presence, &self.rt);
             args.push(&base)
                 .push(&self.shared.instance)
                 .push(self.clients.len())
@@ -113,7 +113,7 @@ impl Actor {
             self.script(|s| &s.presence, args, "recording attached clients failed", |_| Outcome::default());
         }
         if let Some(want) = self.want_lease.take() {
-            let mut args = Args::new(&self.shared.scripts.lease);
+            let mut args = Args::new(&self.shared.scripts.lease, &self.rt);
             args.push(&base)
                 .push(GROUP)
                 .push(&self.shared.instance)
@@ -180,16 +180,17 @@ impl Actor {
 pub(super) struct Args(redis::Cmd);
 
 impl Args {
-    pub(super) fn new(script: &Script) -> Self {
+    /// Its one key is the consumer's stream (it routes the script on a cluster).
+    pub(super) fn new(script: &Script, rt: &Runtime) -> Self {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(0);
+        cmd.arg(script.get_hash()).arg(1).arg(&rt.stream);
         Self(cmd)
     }
 
-    /// For a script that writes the terminal log: its one key is the fleet's log format.
-    pub(super) fn logging(script: &Script, shared: &Shared) -> Self {
+    /// For a script that writes the terminal log: its one key is the log's format.
+    pub(super) fn logging(script: &Script, rt: &Runtime) -> Self {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(1).arg(&shared.keys.log_format);
+        cmd.arg(script.get_hash()).arg(1).arg(&rt.log_key);
         Self(cmd)
     }
 
