@@ -131,7 +131,8 @@ impl Harness {
         };
         let (options, sink, letters) = options();
         let stop = CancellationToken::new();
-        let engine = RedisDurable::start_cluster(&redis, settings, options, stop.clone()).expect("redis cluster engine");
+        let engine =
+            RedisDurable::start_cluster(&redis, settings, options, stop.clone()).expect("redis cluster engine");
         engine.set_dead_letter_sink(sink);
         Self { engine: Box::new(engine), letters, _redis: None, _stop: Some(stop.drop_guard()) }
     }

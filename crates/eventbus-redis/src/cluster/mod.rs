@@ -185,7 +185,11 @@ pub(crate) fn durable_clients(settings: &RedisOptions) -> Result<(ClusterClient,
     let mut seeds = Vec::with_capacity(settings.cluster_nodes.len());
     for node in &settings.cluster_nodes {
         let url = node_url(node).map_err(|problem| {
-            redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad cluster node", format!("{node}: {problem}")))
+            redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "bad cluster node",
+                format!("{node}: {problem}"),
+            ))
         })?;
         let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
         let (host, port) = match info.addr() {

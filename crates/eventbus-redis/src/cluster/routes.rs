@@ -48,7 +48,9 @@ impl NodeAccess {
         }
         let info: ConnectionInfo = addr.into_connection_info()?.set_redis_settings(redis);
         match &self.ca_pem {
-            Some(pem) => Client::build_with_tls(info, redis::TlsCertificates { client_tls: None, root_cert: Some(pem.clone()) }),
+            Some(pem) => {
+                Client::build_with_tls(info, redis::TlsCertificates { client_tls: None, root_cert: Some(pem.clone()) })
+            }
             None => Client::open(info),
         }
     }

@@ -29,10 +29,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use super::conn::{CLUSTER_READ_BLOCK, Conn};
 use super::reply::{entries_of, is_missing_stream, outcome_of};
 use super::runtime::{Command, Runtime, StopReason};
 use super::scripts::Scripts;
-use super::conn::{CLUSTER_READ_BLOCK, Conn};
 use super::{GROUP, Shared, now_ms};
 use crate::envelope;
 use write::{AckItem, Args, FailItem};

@@ -47,9 +47,8 @@ impl Backend {
                 client.get_connection_manager_lazy(config).map(Conn::Manager)
             }
             Self::Cluster { client, .. } => {
-                let config = ClusterConfig::new()
-                    .set_connection_timeout(CONNECT_TIMEOUT)
-                    .set_response_timeout(COMMAND_TIMEOUT);
+                let config =
+                    ClusterConfig::new().set_connection_timeout(CONNECT_TIMEOUT).set_response_timeout(COMMAND_TIMEOUT);
                 Ok(Conn::Cluster(client.get_pending_async_connection_with_config(config)))
             }
         }
@@ -61,8 +60,9 @@ impl Backend {
     pub(crate) async fn reader(&self) -> RedisResult<Conn> {
         match self {
             Self::Single(client) => {
-                let config =
-                    AsyncConnectionConfig::new().set_connection_timeout(Some(CONNECT_TIMEOUT)).set_response_timeout(None);
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(None);
                 client.get_multiplexed_async_connection_with_config(&config).await.map(Conn::Multiplexed)
             }
             Self::Cluster { client, .. } => {

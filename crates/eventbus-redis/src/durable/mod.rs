@@ -351,8 +351,7 @@ impl Shared {
         // The consumer's keys in one pipeline (one slot on a cluster); whether it is
         // paused beside it (the definitions' slot).
         let mut pipe = redis::pipe();
-        pipe
-            .cmd("XLEN")
+        pipe.cmd("XLEN")
             .arg(&stream)
             .cmd("XPENDING")
             .arg(&stream)
@@ -758,11 +757,7 @@ impl DurableBackend for RedisDurable {
             let rt = self.shared.find_known(name).await?;
             let limit = if limit == 0 { MAX_REDRIVE } else { limit.min(MAX_REDRIVE) };
             let mut call = self.shared.scripts.redrive.prepare_invoke();
-            call.key(&rt.log_key)
-                .arg(&rt.base)
-                .arg(now_ms())
-                .arg(self.shared.retention.max_entries.max(1))
-                .arg(limit);
+            call.key(&rt.log_key).arg(&rt.base).arg(now_ms()).arg(self.shared.retention.max_entries.max(1)).arg(limit);
             for id in event_ids.iter().take(MAX_REDRIVE) {
                 call.arg(id);
             }

@@ -47,6 +47,8 @@ impl RedisCluster {
                 .args(["--cluster-allow-pubsubshard-when-down", "yes"])
                 // A replica just created may promote however recent its last sync.
                 .args(["--cluster-replica-validity-factor", "0"])
+                // A replica syncs at once (not after waiting 5 s for others to join).
+                .args(["--repl-diskless-sync-delay", "0"])
                 .arg("--dir")
                 .arg(&node_dir)
                 .stdout(Stdio::null())
@@ -73,8 +75,27 @@ impl RedisCluster {
         Some(cluster)
     }
 
-    /// Waits until every live node says every slot is served.
+    /// Waits until every live node says every slot is served, and every replica has
+    /// its master's data.
     pub async fn wait_ok(&self) {
+        self.wait_slots_served().await;
+        for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+            let url = node.url();
+            eventually("every replica to be in sync with its master", || {
+                let url = url.clone();
+                async move {
+                    let Ok(client) = redis::Client::open(url) else { return false };
+                    let Ok(mut conn) = client.get_multiplexed_async_connection().await else { return false };
+                    let info: String =
+                        redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap_or_default();
+                    info.contains("role:master") || info.contains("master_link_status:up")
+                }
+            })
+            .await;
+        }
+    }
+
+    async fn wait_slots_served(&self) {
         for node in self.nodes.iter().filter(|n| n.child.is_some()) {
             let url = node.url();
             eventually("the cluster to serve every slot", || {
@@ -129,6 +150,31 @@ impl RedisCluster {
         })
         .await;
         self.wait_ok().await;
+    }
+
+    /// The port of the master serving `slot` now.
+    pub async fn owner_of(&self, slot: u16) -> u16 {
+        let node = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
+        let slots: Vec<Vec<redis::Value>> =
+            redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut node.conn().await).await.unwrap();
+        let port = slots.iter().find_map(|range| match (&range[0], &range[1], &range[2]) {
+            (redis::Value::Int(start), redis::Value::Int(end), redis::Value::Array(master))
+                if (*start..=*end).contains(&i64::from(slot)) =>
+            {
+                match &master[1] {
+                    redis::Value::Int(port) => Some(*port),
+                    _ => None,
+                }
+            }
+            _ => None,
+        });
+        u16::try_from(port.expect("a master serves the slot")).unwrap()
+    }
+
+    /// The slot of `key`.
+    pub async fn slot_of(&self, key: &str) -> u16 {
+        let node = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query_async(&mut node.conn().await).await.unwrap()
     }
 
     /// `host:port` of every node, for `eventbus.redis.cluster_nodes`.
