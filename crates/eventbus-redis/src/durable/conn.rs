@@ -20,9 +20,9 @@ pub(crate) const CLUSTER_READ_BLOCK: Duration = Duration::from_secs(10);
 /// Where Redis is.
 #[derive(Clone)]
 pub(crate) enum Backend {
-    Single(Client),
+    Single(Box<Client>),
     Cluster {
-        client: Box<ClusterClient>,
+        client: ClusterClient,
         /// One client per seed node, for the change notices: a cluster delivers a
         /// PUBLISH to the subscribers of every node, so any node that answers will do.
         seeds: Vec<Client>,

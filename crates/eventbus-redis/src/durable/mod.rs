@@ -201,7 +201,7 @@ impl RedisDurable {
         options: DurableOptions,
         shutdown: CancellationToken,
     ) -> Result<Self, DurableError> {
-        Self::start_on(Backend::Single(client), settings, options, shutdown)
+        Self::start_on(Backend::Single(Box::new(client)), settings, options, shutdown)
     }
 
     /// [`RedisDurable::start`] on a Redis Cluster (`redis.cluster_nodes`): each
@@ -216,7 +216,7 @@ impl RedisDurable {
         shutdown: CancellationToken,
     ) -> Result<Self, DurableError> {
         let (client, seeds) = crate::cluster::durable_clients(redis).map_err(unavailable)?;
-        Self::start_on(Backend::Cluster { client: Box::new(client), seeds }, settings, options, shutdown)
+        Self::start_on(Backend::Cluster { client, seeds }, settings, options, shutdown)
     }
 
     fn start_on(
