@@ -22,7 +22,7 @@ pub(crate) const CLUSTER_READ_BLOCK: Duration = Duration::from_secs(10);
 pub(crate) enum Backend {
     Single(Box<Client>),
     Cluster {
-        client: ClusterClient,
+        client: Box<ClusterClient>,
         /// One client per seed node, for the change notices: a cluster delivers a
         /// PUBLISH to the subscribers of every node, so any node that answers will do.
         seeds: Vec<Client>,

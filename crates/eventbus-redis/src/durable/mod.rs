@@ -216,7 +216,7 @@ impl RedisDurable {
         shutdown: CancellationToken,
     ) -> Result<Self, DurableError> {
         let (client, seeds) = crate::cluster::durable_clients(redis).map_err(unavailable)?;
-        Self::start_on(Backend::Cluster { client, seeds }, settings, options, shutdown)
+        Self::start_on(Backend::Cluster { client: Box::new(client), seeds }, settings, options, shutdown)
     }
 
     fn start_on(
