@@ -240,6 +240,18 @@ async fn the_binary_runs_on_a_cluster_configured_by_environment() {
         client.publish(event(&format!("t{i}.created"), "x")).await.unwrap();
     }
     assert_eq!(counted(&mut all, 24).await.len(), 24);
+
+    // A durable consumer, its keys in their own slot, served by the binary.
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap();
+    let mut admin = pb::admin_client::AdminClient::new(endpoint.connect().await.unwrap());
+    let req = pb::CreateConsumerRequest { config: Some(consumer("billing", &["invoices.>"])) };
+    within(admin.create_consumer(req)).await.unwrap();
+    for i in 0..5 {
+        client.publish(event("invoices.due", format!("i{i}"))).await.unwrap();
+    }
+    let mut billing = attach(endpoint, "billing", 10).await.unwrap();
+    let got: Vec<String> = billing.deliveries(5).await.iter().map(|d| payload(d.event.as_ref().unwrap())).collect();
+    assert_eq!(got, ["i0", "i1", "i2", "i3", "i4"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
