@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Core pub/sub on one Redis against a Redis Cluster of 3 masters + 3 replicas, on this
-# machine, same run: one eventbusd in redis mode on each, the same `eventbus bench`
+# Core pub/sub and durable publishing on one Redis against a Redis Cluster of 3
+# masters + 3 replicas, on this machine, same run (no persistence on either side): one eventbusd in redis mode on each, the same `eventbus bench`
 # workloads interleaved (single, cluster, single, cluster, ...) ROUNDS times. Prints the
 # median throughput of each side and, per event, the CPU time of the daemon and of each
 # Redis process (bench/cluster_summary.py).
@@ -65,6 +65,8 @@ WORKLOADS=(
   "fanout --publishers 1 --subscribers 16 --payload 128 --count 200000 --mode stream"
   "fanout --publishers 1 --subscribers 1 --payload 128 --count 300000 --mode stream"
   "pubonly --publishers 4 --payload 128 --count 300000 --mode stream"
+  "durable --publishers 16 --count 20000 --payload 128 --mode unary"
+  "durable --publishers 16 --count 60000 --payload 128 --mode stream"
 )
 for round in $(seq "$ROUNDS"); do
   for workload in "${WORKLOADS[@]}"; do

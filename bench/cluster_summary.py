@@ -24,6 +24,10 @@ def main(path):
         cells = [f"{med[s]:,.0f}" + (f" (loss {loss[s]})" if loss[s] else "") for s in ("single", "cluster")]
         print(f"| {workload} | {rate.replace('_per_sec', '/s')} | {cells[0]} | {cells[1]} "
               f"| {med['cluster'] / med['single']:.2f}× |")
+        if workload.startswith("durable"):
+            consumed = {s: statistics.median(r["consumed_per_sec"] for r in rs) for s, rs in by_side.items()}
+            print(f"| {workload} | consumed+acked/s | {consumed['single']:,.0f} | {consumed['cluster']:,.0f} "
+                  f"| {consumed['cluster'] / consumed['single']:.2f}× |")
     print("\nCPU per event, µs (median): the daemon, all Redis processes, and each cluster node")
     print("| workload | one Redis: daemon | one Redis: redis | cluster: daemon | cluster: redis total "
           "| cluster: per node, busiest first |")

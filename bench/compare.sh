@@ -9,10 +9,10 @@
 #
 # The durable workloads (unary and stream publishers) also run against a second
 # eventbusd in redis mode, backed by its own redis-server with AOF (appendfsync
-# everysec, the recommended setting). The core workloads also run against a third one
-# on a Redis Cluster of 3 masters + 3 replicas (column "eventbus-cluster"; its server
-# CPU counts the daemon and all six nodes; bench/cluster.sh compares it with one Redis
-# per node).
+# everysec, the recommended setting). Every workload also runs against a third one on
+# a Redis Cluster of 3 masters + 3 replicas, AOF as above (column "eventbus-cluster";
+# its server CPU counts the daemon and all six nodes; bench/cluster.sh compares it
+# with one Redis per node).
 #
 #   bash bench/compare.sh            # results in target/bench/results.jsonl
 #   ROUNDS=5 bash bench/compare.sh
@@ -54,12 +54,13 @@ EVENTBUS__EVENTBUS__MODE=redis EVENTBUS__EVENTBUS__REDIS__HOST=127.0.0.1 EVENTBU
   target/release/eventbusd --grpc-addr "127.0.0.1:$RGRPC_PORT" --http-addr "127.0.0.1:$RHTTP_PORT" --log-level warn \
   >"$OUT/eventbusd-redis.log" 2>&1 & REDIS_EVENTBUSD_PID=$!
 PIDS+=("$NATS_PID" "$REDIS_PID" "$EVENTBUSD_PID" "$AOF_PID" "$REDIS_EVENTBUSD_PID")
-# eventbus on a Redis Cluster (core pub/sub): 6 nodes, each with its own bus port.
+# eventbus on a Redis Cluster: 6 nodes, each with its own bus port.
 CLUSTER_NODES=(); CLUSTER_PIDS=()
 for _ in 1 2 3 4 5 6; do
   port=$(free_port); bus=$(free_port); mkdir -p "$OUT/cluster/$port"
   redis-server --bind 127.0.0.1 --port "$port" --cluster-port "$bus" --cluster-enabled yes --cluster-config-file nodes.conf \
-    --save '' --appendonly no --dir "$OUT/cluster/$port" >"$OUT/cluster/$port.log" 2>&1 & CLUSTER_PIDS+=($!)
+    --save '' --appendonly yes --appendfsync "${REDIS_FSYNC:-everysec}" --dir "$OUT/cluster/$port" \
+    >"$OUT/cluster/$port.log" 2>&1 & CLUSTER_PIDS+=($!)
   CLUSTER_NODES+=("127.0.0.1:$port")
 done
 PIDS+=("${CLUSTER_PIDS[@]}")
@@ -124,6 +125,9 @@ for round in $(seq "$ROUNDS"); do
     run eventbus $durable | tag "$round" >>"$RESULTS"
     # shellcheck disable=SC2086
     run eventbus-redis $durable | tag "$round" eventbus-redis >>"$RESULTS"
+    # shellcheck disable=SC2086
+    # shellcheck disable=SC2086
+    run eventbus-cluster $durable | tag "$round" eventbus-cluster >>"$RESULTS"
     # shellcheck disable=SC2086
     run nats $durable | tag "$round" >>"$RESULTS"
   done

@@ -19,8 +19,9 @@ def key(r):
 
 
 def durable(runs):
-    """eventbus in_memory (embedded store) and redis mode (Redis Streams) next to JetStream."""
-    systems = ["eventbus", "eventbus-redis", "nats"]
+    """eventbus in_memory (embedded store), redis mode (Redis Streams) on one Redis and on
+    a Redis Cluster, next to JetStream."""
+    systems = ["eventbus", "eventbus-redis", "eventbus-cluster", "nats"]
     metrics = [("published/s", lambda r: r["published_per_sec"]),
                ("publish p50 µs", lambda r: r["publish_latency_us"]["p50"]),
                ("publish p99 µs", lambda r: r["publish_latency_us"]["p99"]),
@@ -28,14 +29,15 @@ def durable(runs):
     for workload, by_system in runs.items():
         if not workload.startswith("durable"):
             continue
-        print("\n| workload | metric | eventbus in_memory | eventbus redis mode | JetStream "
-              "| in_memory/JetStream | redis mode/JetStream |")
-        print("|---|---|---:|---:|---:|---:|---:|")
+        print("\n| workload | metric | eventbus in_memory | eventbus redis mode | eventbus on a cluster | JetStream "
+              "| in_memory/JetStream | redis mode/JetStream | cluster/redis mode |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for name, get in metrics:
             med = {s: statistics.median(get(r) for r in by_system[s]) for s in systems if by_system.get(s)}
             cells = [f"{med[s]:,.0f}" if s in med else "-" for s in systems]
-            ratio = lambda s: f"{med[s] / med['nats']:.2f}×" if s in med and med.get("nats") else "-"
-            print(f"| {workload} | {name} | {' | '.join(cells)} | {ratio('eventbus')} | {ratio('eventbus-redis')} |")
+            ratio = lambda s, to="nats": f"{med[s] / med[to]:.2f}×" if s in med and med.get(to) else "-"
+            print(f"| {workload} | {name} | {' | '.join(cells)} | {ratio('eventbus')} | {ratio('eventbus-redis')} "
+                  f"| {ratio('eventbus-cluster', 'eventbus-redis')} |")
 
 
 def events_of(r):
