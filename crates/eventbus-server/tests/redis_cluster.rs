@@ -533,13 +533,15 @@ async fn without_min_replicas_acked_a_master_kill_may_lose_what_the_replica_had_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_durable_consumer_loses_nothing_while_its_slot_migrates() {
     let Some(cluster) = RedisCluster::start().await else { return };
+    // Created and consumed through one instance, published through another.
     let server = cluster_broker(&cluster, |_| {}).await;
+    let other = cluster_broker(&cluster, |_| {}).await;
     let name = name_in_first_slots(&cluster, "moving").await;
     let req = pb::CreateConsumerRequest { config: Some(consumer(&name, &["moving.>"])) };
     within(server.admin().await.create_consumer(req)).await.unwrap();
     let mut attached = attach(server.endpoint(), &name, 1000).await.unwrap();
 
-    let publishers = Publishers::start(&server, "moving", 4);
+    let publishers = Publishers::start(&other, "moving", 4);
     publishers.until_more(100).await;
     let from = cluster.owner_of(cluster.slot_of(&name).await).await;
     let to = cluster.masters().await.into_iter().map(|m| m.port).find(|p| *p != from).unwrap();

@@ -24,6 +24,14 @@
 //! | `P:durable:{name}:o` | outbox: dead letters recorded, publication not yet answered |
 //! | `P:durable:{name}:lock` | the janitor's lock (expires) |
 //!
+//! On a Redis Cluster (`conn`: the cluster client routes every command by its first
+//! key) each script must run in one slot: a consumer's keys carry its name as hash tag
+//! (`P:durable:{<name>}:s`…, literal braces), plus `P:durable:{<name>}:f`, its own log
+//! format (always `2`); the definitions, paused set and version share the tag
+//! `{durable}` (`P:{durable}:consumers`…). Creating and deleting then take two scripts
+//! (the definitions, then the consumer's keys: `INIT`, `PURGE`), and a capture one
+//! script per consumer with the version read beside them (`capture`).
+//!
 //! - Capture: the publish script checks the consumer-set version this instance knows
 //!   (a stale instance reloads and retries, so a consumer created on another instance
 //!   a moment ago is never missed), the idempotency key, appends to every matching
