@@ -90,11 +90,8 @@ impl Bus {
             durable.capture_many(&requests).await
         };
         let expected = prepared.len();
-        for ((event, _), captured) in prepared.into_iter().zip(captured) {
-            let published = match captured {
-                Ok(c) => self.complete(event, c, start).await,
-                Err(err) => Err(err.into()),
-            };
+        let captured = prepared.into_iter().map(|(event, _)| event).zip(captured).collect();
+        for published in self.complete_all(captured, start).await {
             let failed = published.is_err();
             out.push(published);
             if failed {
@@ -133,10 +130,7 @@ impl Bus {
                 let event = prepared?;
                 match fanouts.next() {
                     Some(fanout) => Ok(self.sent(&event, fanout?, start)),
-                    None => Err(Error::Transport(TransportError {
-                        transport: transport.mode(),
-                        reason: "the transport answered fewer events than it was given".to_owned(),
-                    })),
+                    None => Err(self.fewer_answers()),
                 }
             })
             .collect()
@@ -185,20 +179,77 @@ impl Bus {
             if requests.is_empty() { Vec::new() } else { durable.capture_many(&requests).await }
         };
         let mut captured = captured.into_iter();
+        let mut accepted = Vec::with_capacity(prepared.len());
+        let mut refused = Vec::with_capacity(prepared.len());
         for prepared in prepared {
-            let published = match prepared {
-                Err(err) => Err(err),
-                Ok((event, _)) => match captured.next() {
-                    Some(Ok(c)) => self.complete(event, c, start).await,
-                    Some(Err(err)) => Err(err.into()),
-                    None => Err(Error::Durable(DurableError::unavailable(
-                        "not captured: the durable engine failed on an earlier event of the batch",
-                    ))),
-                },
-            };
-            out.push(published);
+            match prepared {
+                Err(err) => refused.push(Some(err)),
+                Ok((event, _)) => {
+                    let c = captured.next().unwrap_or_else(|| {
+                        Err(DurableError::unavailable(
+                            "not captured: the durable engine failed on an earlier event of the batch",
+                        ))
+                    });
+                    accepted.push((event, c));
+                    refused.push(None);
+                }
+            }
+        }
+        let mut completed = self.complete_all(accepted, start).await.into_iter();
+        for refused in refused {
+            out.push(match refused {
+                Some(err) => Err(err),
+                None => completed.next().unwrap_or_else(|| Err(self.fewer_answers())),
+            });
         }
         out
+    }
+
+    /// [`Bus::complete`] for the events of one publisher, in order: through a transport,
+    /// the stored ones are sent together ([`Transport::publish_all`]) rather than one
+    /// round trip each.
+    async fn complete_all(
+        &self,
+        captured: Vec<(Arc<Event>, Result<Captured, DurableError>)>,
+        start: Instant,
+    ) -> Vec<Result<Published, Error>> {
+        let Some(transport) = &self.inner.transport else {
+            let mut out = Vec::with_capacity(captured.len());
+            for (event, c) in captured {
+                out.push(match c {
+                    Ok(c) => self.complete(event, c, start).await,
+                    Err(err) => Err(err.into()),
+                });
+            }
+            return out;
+        };
+        let stored: Vec<Arc<Event>> =
+            captured.iter().filter(|(_, c)| matches!(c, Ok(Captured::Stored(_)))).map(|(e, _)| Arc::clone(e)).collect();
+        let mut fanouts = match stored.is_empty() {
+            true => Vec::new(),
+            false => transport.publish_all(stored).await,
+        }
+        .into_iter();
+        captured
+            .into_iter()
+            .map(|(event, c)| match c {
+                Ok(Captured::Stored(_)) => match fanouts.next() {
+                    Some(fanout) => Ok(self.sent(&event, fanout?, start)),
+                    None => Err(self.fewer_answers()),
+                },
+                Ok(Captured::Duplicate(original)) => Ok(duplicate_of(original, start)),
+                Ok(Captured::Forwarded { fanout, .. }) => Ok(self.sent(&event, fanout, start)),
+                Err(err) => Err(err.into()),
+            })
+            .collect()
+    }
+
+    /// A transport that answered fewer events than it was given.
+    fn fewer_answers(&self) -> Error {
+        Error::Transport(TransportError {
+            transport: self.mode(),
+            reason: "the transport answered fewer events than it was given".to_owned(),
+        })
     }
 
     /// Checks a publish and builds its event.
@@ -254,13 +305,7 @@ impl Bus {
     /// such, an event the engine forwarded is done, a stored one goes to subscribers.
     async fn complete(&self, event: Arc<Event>, captured: Captured, start: Instant) -> Result<Published, Error> {
         match captured {
-            Captured::Duplicate(original) => Ok(Published {
-                event_id: original,
-                delivered: 0,
-                failed: 0,
-                duration: start.elapsed(),
-                duplicate: true,
-            }),
+            Captured::Duplicate(original) => Ok(duplicate_of(original, start)),
             Captured::Forwarded { fanout, .. } => Ok(self.sent(&event, fanout, start)),
             Captured::Stored(_) => self.deliver(event, start).await,
         }
@@ -284,6 +329,11 @@ impl Bus {
             duplicate: false,
         })
     }
+}
+
+/// The answer to a publish whose idempotency key names an earlier event.
+fn duplicate_of(original: String, start: Instant) -> Published {
+    Published { event_id: original, delivered: 0, failed: 0, duration: start.elapsed(), duplicate: true }
 }
 
 /// A name within a principal's scope (an idempotency key as the durable engines keep
