@@ -572,3 +572,61 @@ async fn a_durable_consumer_loses_nothing_while_its_slot_migrates() {
     );
     assert!(lost.is_empty(), "{} publishes answered OK never came: {:?}", lost.len(), &lost[..lost.len().min(5)]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_of_a_publish_that_reached_some_shards_completes_it_and_duplicates_nothing() {
+    let Some(cluster) = RedisCluster::start().await else { return };
+    let server = cluster_broker(&cluster, |s| s.eventbus.redis.replica_ack_timeout_ms = 200).await;
+    // Two consumers of one channel, their keys on two masters.
+    let left = "left0".to_owned();
+    let left_master = cluster.owner_of(cluster.slot_of(&left).await).await;
+    let mut right = String::new();
+    for i in 0.. {
+        right = format!("right{i}");
+        if cluster.owner_of(cluster.slot_of(&right).await).await != left_master {
+            break;
+        }
+    }
+    let mut admin = server.admin().await;
+    for name in [&left, &right] {
+        let req = pb::CreateConsumerRequest { config: Some(consumer(name, &["pay.*"])) };
+        within(admin.create_consumer(req)).await.unwrap();
+    }
+    let publish = pb::PublishRequest { idempotency_key: "pay-17".into(), ..event("pay.in", "17") };
+
+    // The right consumer's master refuses writes: the publish reaches the left one only.
+    let right_master = cluster.owner_of(cluster.slot_of(&right).await).await;
+    let node = cluster.nodes.iter().find(|n| n.port == right_master).unwrap();
+    let refuse = |n: u32| {
+        let node = &node;
+        async move {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("min-replicas-to-write")
+                .arg(n)
+                .query_async(&mut node.conn().await)
+                .await
+                .unwrap();
+        }
+    };
+    refuse(5).await;
+    let err = server.client().await.publish(publish.clone()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    refuse(0).await;
+    for (name, holds) in [(&left, 1), (&right, 0)] {
+        let info = within(admin.get_consumer(pb::GetConsumerRequest { name: name.clone() })).await.unwrap();
+        assert_eq!(info.into_inner().pending, holds, "{name} after the partial failure");
+    }
+
+    // The retry: answered as the first publish, stored for the right consumer only.
+    let answer = within(server.client().await.publish(publish)).await.unwrap().into_inner();
+    assert!(answer.duplicate, "{answer:?}");
+    for name in [&left, &right] {
+        let mut attached = attach(server.endpoint(), name, 10).await.unwrap();
+        let got = attached.deliveries(1).await;
+        assert_eq!(got[0].event.as_ref().unwrap().id, answer.event_id, "{name}");
+        let info = within(admin.get_consumer(pb::GetConsumerRequest { name: name.clone() })).await.unwrap();
+        let info = info.into_inner();
+        assert_eq!(info.pending + info.in_flight, 1, "{name} holds the event once: {info:?}");
+    }
+}

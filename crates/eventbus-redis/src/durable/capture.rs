@@ -237,15 +237,20 @@ impl Shared {
     /// order, all at once, with the consumer-set version read beside them. A version
     /// that moved meanwhile reloads the set and stores the batch for the consumers it
     /// did not know (each consumer is written once per batch: nothing twice). A publish
-    /// is answered OK when every consumer it matches has it; otherwise UNAVAILABLE, its
-    /// idempotency key released so that a retry stores it again. Subscribers get the
-    /// events from the bus afterwards ([`Captured::Stored`]).
+    /// is answered OK when every consumer it matches has it, else UNAVAILABLE.
+    ///
+    /// An event with an idempotency key is stored by each consumer once per event id
+    /// (the script keeps the ids it stored within the window): a publish whose key was
+    /// claimed before is stored again under the first event's id, so the retry of a
+    /// publish that reached only some consumers completes it and duplicates nothing,
+    /// and is answered as a duplicate once every consumer has it. Subscribers get the
+    /// new events from the bus afterwards ([`Captured::Stored`]).
     async fn capture_batch_cluster(self: &Arc<Self>, batch: &mut Vec<PendingCapture>) {
         let n = batch.len();
         let window_ms = self.options.dedup_window.as_millis().max(1) as u64;
         let mut failed: Vec<Option<String>> = vec![None; n];
+        // The first event's id, for a repeated idempotency key; its envelope under that id.
         let mut duplicate: Vec<Option<String>> = vec![None; n];
-        let mut claimed = vec![false; n];
         let claims = batch.iter().enumerate().filter(|(_, p)| !p.idem.is_empty()).map(|(i, p)| {
             let mut conn = self.conn();
             let mut cmd = redis::cmd("SET");
@@ -254,8 +259,14 @@ impl Shared {
         });
         for (i, claim) in join_all(claims).await {
             match claim {
-                Ok(None) => claimed[i] = true,
-                Ok(Some(first)) => duplicate[i] = Some(first),
+                Ok(None) => {}
+                Ok(Some(first)) => {
+                    let p = &mut batch[i];
+                    let mut event = Event::clone(&p.event);
+                    event.id.clone_from(&first);
+                    p.envelope = envelope::encode(&event);
+                    duplicate[i] = Some(first);
+                }
                 Err(err) => failed[i] = Some(format!("Redis: {err}")),
             }
         }
@@ -270,7 +281,7 @@ impl Shared {
                 let mut work: Vec<(Arc<Runtime>, Vec<usize>)> = Vec::new();
                 let mut slot_of: HashMap<Arc<str>, usize> = HashMap::new();
                 for (i, p) in batch.iter().enumerate() {
-                    if failed[i].is_some() || duplicate[i].is_some() {
+                    if failed[i].is_some() {
                         continue;
                     }
                     names.clear();
@@ -291,12 +302,15 @@ impl Shared {
                 }
                 (Arc::clone(&registry.version), work)
             };
+            let now = now_ms();
             let stores = work.iter().map(|(rt, events)| {
                 let mut call = self.scripts.capture.key(&rt.stream);
-                call.arg(&rt.base).arg(rt.config().max_pending);
+                call.arg(&rt.base).arg(rt.config().max_pending).arg(now).arg(window_ms);
                 for &i in events {
                     let p = &batch[i];
-                    call.arg(&p.event.id).arg(&p.envelope).arg(&p.event.channel).arg(&p.ordering_key);
+                    let id = duplicate[i].as_deref().unwrap_or(&p.event.id);
+                    let once = u8::from(!p.idem.is_empty());
+                    call.arg(id).arg(&p.envelope).arg(&p.event.channel).arg(&p.ordering_key).arg(once);
                 }
                 async move { self.run_capture::<i64>(&call).await }
             });
@@ -336,38 +350,26 @@ impl Shared {
             }
         }
 
-        let mut releases = Vec::new();
         let mut lost = 0usize;
         let mut reason = None;
-        let mut answers = Vec::with_capacity(n);
         for (i, p) in batch.drain(..).enumerate() {
-            let answer = match (duplicate[i].take(), failed[i].take().or_else(|| failure.clone())) {
-                (Some(first), _) => Ok(Captured::Duplicate(first)),
-                (None, Some(err)) => {
-                    if claimed[i] {
-                        let mut conn = self.conn();
-                        let idem = p.idem.clone();
-                        releases.push(async move { redis::cmd("DEL").arg(idem).query_async::<i64>(&mut conn).await });
-                    }
+            let answer = match (failed[i].take().or_else(|| failure.clone()), duplicate[i].take()) {
+                (Some(err), _) => {
                     lost += 1;
                     reason.get_or_insert_with(|| err.clone());
-                    Err(DurableError::unavailable(err))
+                    let retry = match p.idem.is_empty() {
+                        true => "",
+                        false => " (a retry with the same idempotency key stores it for the consumers that lack it)",
+                    };
+                    Err(DurableError::unavailable(format!("{err}{retry}")))
                 }
+                (None, Some(first)) => Ok(Captured::Duplicate(first)),
                 (None, None) => Ok(Captured::Stored(stored[i])),
             };
-            answers.push((p.reply, answer));
+            let _ = p.reply.send(answer);
         }
         if let Some(reason) = reason {
             warn!(events = lost, %reason, "durable capture failed on the cluster; publishes answered UNAVAILABLE");
-        }
-        // Released before the failures are answered, so that a retry finds them free.
-        for released in join_all(releases).await {
-            if let Err(err) = released {
-                warn!(%err, "an idempotency key of a failed publish stays claimed: a retry within the window is taken for a duplicate");
-            }
-        }
-        for (reply, answer) in answers {
-            let _ = reply.send(answer);
         }
     }
 }

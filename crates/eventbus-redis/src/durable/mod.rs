@@ -27,7 +27,8 @@
 //! On a Redis Cluster (`conn`: the cluster client routes every command by its first
 //! key) each script must run in one slot: a consumer's keys carry its name as hash tag
 //! (`P:durable:{<name>}:s`…, literal braces), plus `P:durable:{<name>}:f`, its own log
-//! format (always `2`); the definitions, paused set and version share the tag
+//! format (always `2`), and `:e`, the ids of events with an idempotency key it stored
+//! within the window; the definitions, paused set and version share the tag
 //! `{durable}` (`P:{durable}:consumers`…). Creating and deleting then take two scripts
 //! (the definitions, then the consumer's keys: `INIT`, `PURGE`), and a capture one
 //! script per consumer with the version read beside them (`capture`).
