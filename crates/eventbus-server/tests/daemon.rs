@@ -162,7 +162,7 @@ async fn file_then_environment_then_flags() {
 async fn a_seed_shaped_file_starts() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("application.yml");
-    // The seed's layout (under `eventbus:` rather than Spring's `socle.eventbus:`).
+    // The Java-style layout (under `eventbus:` rather than Spring's `socle.eventbus:`).
     std::fs::write(
         &file,
         "\

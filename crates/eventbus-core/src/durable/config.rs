@@ -13,7 +13,7 @@ pub enum BackoffKind {
     /// `initial × multiplier^(attempt−1)`.
     #[default]
     Exponential,
-    /// `initial × attempt` (the seeds' `baseRetryIn * attempts`).
+    /// `initial × attempt` .
     Linear,
 }
 

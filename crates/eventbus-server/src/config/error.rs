@@ -12,16 +12,16 @@ pub enum ConfigError {
     #[error("config file {} does not exist", path.display())]
     MissingFile { path: PathBuf },
     /// One layer (a file, or the environment) sets a setting under both its flat key and
-    /// its seed-shaped key: which one was meant cannot be told.
+    /// its Java-style key: which one was meant cannot be told.
     #[error("`{flat}` and `{nested}` are the same setting, both set in {origin}: keep one")]
     DuplicateKey { flat: String, nested: String, origin: String },
-    /// A seed-shaped section holds a key it does not have.
+    /// A Java-style section holds a key it does not have.
     #[error("unknown field `{key}` in {origin}, expected {}", one_of(expected))]
     UnknownSeedKey { key: String, origin: String, expected: &'static [&'static str] },
-    /// A seed-shaped section is not a mapping.
+    /// A Java-style section is not a mapping.
     #[error("invalid type for key `{key}` in {origin}: expected a mapping of settings")]
     NotASection { key: &'static str, origin: String },
-    /// `eventbus.enabled` is false. The seed's switch leaves the bus out of an
+    /// `eventbus.enabled` is false. In an application that embeds a bus, the switch leaves it out of an
     /// application that has other work; eventbusd has none, so it does not start rather
     /// than run and serve nothing.
     #[error(
@@ -67,7 +67,7 @@ pub enum ConfigError {
         #[source]
         source: ParseError,
     },
-    /// An error about a setting whose value was written the seed's way: the message
+    /// An error about a setting whose value was written the Java-style way: the message
     /// names the flat key, this adds the key as written.
     #[error("{source} (set as `{nested}` in {origin})")]
     SeedSpelling {

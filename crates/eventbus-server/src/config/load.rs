@@ -1,8 +1,8 @@
-//! Loading: the layers, the seed's aliases and layout, command-line overrides.
+//! Loading: the layers, the Java-style aliases and layout, command-line overrides.
 
 use super::*;
 
-/// Seed variable names and the keys they stand for.
+/// Java-style variable names and the keys they stand for.
 const ALIASES: &[(&str, &str)] = &[
     ("EVENTBUS_ENABLED", "eventbus.enabled"),
     ("EVENTBUS_MODE", "eventbus.mode"),
@@ -34,7 +34,7 @@ pub(super) const LIST_KEYS: &[&str] = &[
     "auth.default_permissions.manage_consumers",
 ];
 
-/// The keys of the seed's `eventbus.common` section; each is a spelling of the flat
+/// The keys of the Java-style `eventbus.common` section; each is a spelling of the flat
 /// `eventbus.<key>`.
 const COMMON_KEYS: &[&str] =
     &["default_queue_capacity", "max_queue_capacity", "offer_timeout_ms", "overflow", "max_batch", "max_payload_bytes"];
@@ -71,7 +71,7 @@ impl Settings {
                 env.get(*var).map(|v| (key.to_string(), Value::new(Some(&var.to_string()), v.clone())))
             })
             .collect();
-        layers.add(&Layer(typed_like_env(aliases)), "the seed's environment variables")?;
+        layers.add(&Layer(typed_like_env(aliases)), "the Java-style environment variables")?;
         let environment = LIST_KEYS.iter().fold(
             Environment::with_prefix("EVENTBUS")
                 .prefix_separator("__")
@@ -114,8 +114,8 @@ impl Settings {
 #[derive(Debug, Default)]
 struct Layers {
     builder: config::ConfigBuilder<config::builder::DefaultState>,
-    /// Flat key → (seed-shaped key, layer) for the settings whose current value was
-    /// written the seed's way, so that an error about one can say how it was written.
+    /// Flat key → (Java-style key, layer) for the settings whose current value was
+    /// written the Java-style way, so that an error about one can say how it was written.
     seed_spelled: HashMap<String, (String, String)>,
 }
 
@@ -143,8 +143,8 @@ impl Layers {
     }
 }
 
-/// Rewrites one layer's seed-shaped keys to the flat layout: `eventbus.common.<key>`
-/// becomes `eventbus.<key>`, and the seed's empty `eventbus.in_memory` section goes.
+/// Rewrites one layer's Java-style keys to the flat layout: `eventbus.common.<key>`
+/// becomes `eventbus.<key>`, and the Java-style empty `eventbus.in_memory` section goes.
 /// Returns the keys moved.
 fn flatten_seed_layout(tree: &mut Map<String, Value>, origin: &str) -> Result<Vec<&'static str>, ConfigError> {
     let Some(ValueKind::Table(eventbus)) = tree.get_mut("eventbus").map(|v| &mut v.kind) else {
@@ -198,7 +198,7 @@ impl Source for Layer {
     }
 }
 
-/// The seed's environment variables, already mapped to their keys, typed the way the
+/// The Java-style environment variables, already mapped to their keys, typed the way the
 /// EVENTBUS__ variables are parsed, so numbers and booleans deserialize.
 fn typed_like_env(aliases: Map<String, Value>) -> Map<String, Value> {
     aliases

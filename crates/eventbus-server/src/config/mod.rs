@@ -2,11 +2,11 @@
 //!
 //! Layers, lowest first: the shipped `config/default.yaml` (compiled in, the single
 //! source of defaults), a file (`--config PATH`, else `./config/default.yaml` when
-//! present), the seed's environment variables (`EVENTBUS_MODE`, `REDIS_HOST`, …),
+//! present), the Java-style environment variables (`EVENTBUS_MODE`, `REDIS_HOST`, …),
 //! `EVENTBUS__SECTION__KEY` variables, then command-line flags. Unknown keys and bad
 //! values stop start-up with a message naming the key.
 //!
-//! The settings are built on the flat layout of `config/default.yaml`. The seed's
+//! The settings are built on the flat layout of `config/default.yaml`. The Java-style
 //! layout is accepted too: each layer is rewritten to the flat one before the layers are
 //! merged, so `eventbus.common.max_batch` is another spelling of `eventbus.max_batch`
 //! and takes part in the precedence like it. One layer spelling a setting both ways is
@@ -67,7 +67,7 @@ impl Default for Settings {
 }
 
 impl Settings {
-    /// Settings accepted for the seed's sake that change nothing here. eventbusd logs
+    /// Settings accepted for the Java-style layout's sake that change nothing here. eventbusd logs
     /// each at start-up, so that nobody tunes them believing they act.
     pub fn without_effect(&self) -> Vec<WithoutEffect> {
         const NO_POOL: &str = "eventbusd keeps no Redis connection pool: commands share multiplexed \

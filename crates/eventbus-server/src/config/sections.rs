@@ -208,7 +208,7 @@ impl From<OverflowSetting> for Overflow {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventBusSettings {
-    /// The seed's switch; false refuses to start ([`ConfigError::Disabled`]).
+    /// The Java-style switch; false refuses to start ([`ConfigError::Disabled`]).
     pub enabled: bool,
     pub mode: Mode,
     pub default_queue_capacity: usize,
@@ -257,13 +257,13 @@ pub struct RedisSettings {
     pub health_check_interval_ms: u64,
     /// How long a PING may take before Redis counts as not answering.
     pub health_check_timeout_ms: u64,
-    /// The seed's connection pool sizes: accepted so seed-shaped settings start, but
+    /// The Java-style connection pool sizes: accepted so Java-style settings start, but
     /// without effect (see [`Settings::without_effect`]).
     #[serde(default)]
     pub pool: RedisPoolSettings,
 }
 
-/// The seed's `eventbus.redis.pool` (a Jedis pool). eventbusd keeps no pool: commands
+/// The Java-style `eventbus.redis.pool` (a Jedis pool). eventbusd keeps no pool: commands
 /// share multiplexed connections, and pub/sub and blocking stream reads each hold their
 /// own, so these numbers have nothing to size.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -279,7 +279,7 @@ pub struct RedisPoolSettings {
 pub struct WithoutEffect {
     /// The flat key.
     pub key: &'static str,
-    /// The seed's environment variable for it.
+    /// Its Java-style environment variable.
     pub variable: &'static str,
     pub value: String,
     /// Why it has no effect.

@@ -75,7 +75,7 @@ fn precedence_defaults_file_env_flags() {
     assert_eq!(s.eventbus.offer_timeout_ms, 5, "file over defaults");
     assert_eq!(s.eventbus.max_batch, 8, "env over file");
     assert_eq!(s.server.grpc_addr.port(), 1, "flag over env");
-    assert_eq!(s.eventbus.default_queue_capacity, 42, "seed alias");
+    assert_eq!(s.eventbus.default_queue_capacity, 42, "Java-style alias");
 }
 
 #[test]
@@ -159,9 +159,9 @@ fn declared_consumers_take_exclusive_and_linear_backoff() {
     assert!(msg.contains("cubic") && msg.contains("backoff.kind"), "{msg}");
 }
 
-/// The seed's `application.yml` with its defaults written in, minus the
+/// The Java-style `application.yml` with its defaults written in, minus the
 /// Spring `socle:` root, and in redis mode so that every section matters.
-const SEED_SHAPED: &str = "\
+const JAVA_STYLE: &str = "\
 eventbus:
   enabled: true
   mode: redis
@@ -218,23 +218,23 @@ fn load_file(text: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> 
 
 #[test]
 fn seed_shaped_file_gives_the_same_settings_as_the_flat_one() {
-    let mut seed = load_file(SEED_SHAPED, &[]).unwrap();
+    let mut java = load_file(JAVA_STYLE, &[]).unwrap();
     let flat = load_file(FLAT, &[]).unwrap();
     assert_ne!(flat, Settings::default(), "the files change something");
     assert_eq!(
-        seed.eventbus.redis.pool,
+        java.eventbus.redis.pool,
         RedisPoolSettings { max_total: Some(16), max_idle: Some(8), min_idle: Some(2) }
     );
-    seed.eventbus.redis.pool = RedisPoolSettings::default();
-    assert_eq!(seed, flat);
+    java.eventbus.redis.pool = RedisPoolSettings::default();
+    assert_eq!(java, flat);
     assert!(flat.without_effect().is_empty());
 }
 
 #[test]
 fn seed_layout_takes_part_in_the_precedence() {
-    // A nested key in the file is overridden by the flat variable, and by the seed's.
+    // A nested key in the file is overridden by the flat variable, and by the Java-style one.
     let s =
-        load_file(SEED_SHAPED, &[("EVENTBUS__EVENTBUS__MAX_BATCH", "9"), ("EVENTBUS_QUEUE_CAPACITY", "7")]).unwrap();
+        load_file(JAVA_STYLE, &[("EVENTBUS__EVENTBUS__MAX_BATCH", "9"), ("EVENTBUS_QUEUE_CAPACITY", "7")]).unwrap();
     assert_eq!((s.eventbus.max_batch, s.eventbus.default_queue_capacity), (9, 7));
     // The nested spelling works in EVENTBUS__ variables too, over a flat file.
     let s = load_file(FLAT, &[("EVENTBUS__EVENTBUS__COMMON__MAX_BATCH", "10")]).unwrap();
@@ -278,7 +278,7 @@ fn eventbus_enabled_false_refuses_to_start() {
         let msg = err.to_string();
         assert!(msg.contains("eventbus.enabled") && msg.contains("EVENTBUS_ENABLED"), "{msg}");
     }
-    // The canonical variable wins over the seed's, as for every alias.
+    // The canonical variable wins over the Java-style one, as for every alias.
     let env = [("EVENTBUS_ENABLED", "false"), ("EVENTBUS__EVENTBUS__ENABLED", "true")];
     assert!(load(&env, Overrides::default()).unwrap().eventbus.enabled);
 }
