@@ -99,7 +99,7 @@ async def test_admin_calls(daemon: Daemon, name: str) -> None:
 
 
 async def test_consumer_operations(daemon: Daemon, name: str) -> None:
-    """README "Consumer operations": pending while paused, resume, redrive by id and the
+    """docs/consumer-operations.md: pending while paused, resume, redrive by id and the
     oldest, each logged `redriven`; exclusive and linear backoff round-trip."""
     async with await Client.connect(daemon.url) as client:
         linear = pb.Backoff(kind=pb.BACKOFF_KIND_LINEAR)

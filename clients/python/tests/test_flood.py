@@ -1,6 +1,6 @@
 """HTTP/2 framing under load: a standard grpcio client streams one small DATA frame per
 message, as fast as flow control lets it, and the broker must never cut the connection
-(GOAWAY ENHANCE_YOUR_CALM "too_many_data_frames") for it (README "Limits")."""
+(GOAWAY ENHANCE_YOUR_CALM "too_many_data_frames") for it (docs/limits.md)."""
 
 from __future__ import annotations
 

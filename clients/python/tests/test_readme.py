@@ -13,7 +13,7 @@ from typing import List
 from conftest import Daemon
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-TOP_README = Path(__file__).resolve().parents[3] / "README.md"
+TOP_README = Path(__file__).resolve().parents[3] / "docs" / "clients.md"
 
 
 def blocks() -> List[str]:
@@ -49,6 +49,6 @@ async def test_readme_examples_run_as_written(own_daemon: Daemon) -> None:
 
 def test_the_top_readme_shows_only_examples_run_here() -> None:
     shown = re.findall(r"```python\n(.*?)```", TOP_README.read_text(), re.S)
-    assert shown, "the repository README shows a Python example"
+    assert shown, "the guide's clients page shows a Python example"
     for block in shown:
-        assert block in blocks(), "a Python example of the repository README is not one of the tested ones"
+        assert block in blocks(), "a Python example of the guide is not one of the tested ones"

@@ -1,4 +1,4 @@
-//! Credentials in, a [`Principal`] out (README "Security"), with hot reload.
+//! Credentials in, a [`Principal`] out (docs/security.md), with hot reload.
 //!
 //! The loaded state (principals by token digest and by certificate subject, the JWT
 //! keys and their cache) sits behind an [`ArcSwap`]: every call reads it without a

@@ -1,4 +1,4 @@
-//! JWT bearer tokens (README "Security"): HS256 with a shared secret, RS256 or ES256
+//! JWT bearer tokens (docs/security.md): HS256 with a shared secret, RS256 or ES256
 //! with a PEM public key; `exp` and `sub` required, `nbf` honoured, issuer and audience
 //! checked when configured. `sub` names the principal; the `eventbus` claim, when
 //! present, holds its permissions.

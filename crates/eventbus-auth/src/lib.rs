@@ -1,6 +1,6 @@
 //! # Socle EventBus authentication and authorization
 //!
-//! Who is calling and what they may do (README "Security"), as a library: no network
+//! Who is calling and what they may do (docs/security.md), as a library: no network
 //! code. The server hands in the bearer value and the client-certificate subjects,
 //! gets a [`Principal`] back, and asks its permissions before each operation.
 //!

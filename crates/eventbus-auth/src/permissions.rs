@@ -1,4 +1,4 @@
-//! What a principal may do (README "Security"): publish and subscribe allow/deny
+//! What a principal may do (docs/security.md): publish and subscribe allow/deny
 //! patterns (deny wins), consumer-name globs, the admin flag and per-principal limits.
 //!
 //! [`Permissions`] is the configuration shape (principals file, `auth.default_permissions`,

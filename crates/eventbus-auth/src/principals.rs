@@ -1,4 +1,4 @@
-//! The principals file (README "Security"): who may connect with a static token or a
+//! The principals file (docs/security.md): who may connect with a static token or a
 //! client certificate, and with which permissions.
 //!
 //! ```yaml

@@ -1,4 +1,4 @@
-//! The `auth` section of the server configuration (README "Security").
+//! The `auth` section of the server configuration (docs/security.md).
 
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,4 @@
-//! Authentication as the README "Security" section describes it: static tokens, JWT
+//! Authentication as the docs/security.md section describes it: static tokens, JWT
 //! (HS256, RS256, ES256), client-certificate subjects, reload and rate limiters.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.

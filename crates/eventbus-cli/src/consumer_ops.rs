@@ -1,5 +1,5 @@
 //! `eventbus consumer pending|redrive|pause|resume`: what a stuck consumer holds, and
-//! the repairs (README "Consumer operations").
+//! the repairs (docs/consumer-operations.md).
 
 use eventbus_client::{Client, pb};
 use serde_json::json;

@@ -387,7 +387,7 @@ async fn commands_work_with_a_token_on_a_broker_without_auth() {
     assert!(out.ok, "{}", out.stderr);
 }
 
-/// README "Consumer operations" from the command line: create with `--exclusive` and
+/// docs/consumer-operations.md from the command line: create with `--exclusive` and
 /// `--backoff-kind linear`, pause, `pending` (table, JSON, pages), resume, redrive by id
 /// and `--all`, `log --status redriven`, and the new columns of `consumer list`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,9 @@
-//! The README's Rust example is the crate documentation's, which `cargo test` runs
+//! The guide's Rust example (docs/clients.md) is the crate documentation's, which `cargo test` runs
 //! against a real broker: the two stay identical.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
 
-/// The code of the first ```rust block of the README.
+/// The code of the first ```rust block of the page.
 fn readme_snippet(readme: &str) -> String {
     let start = readme.find("```rust\n").unwrap() + "```rust\n".len();
     let len = readme[start..].find("\n```").unwrap();
@@ -25,7 +25,11 @@ fn doc_example(lib: &str) -> String {
 
 #[test]
 fn the_readme_rust_example_is_the_tested_doc_example() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/clients.md")).unwrap();
     let lib = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs")).unwrap();
-    assert_eq!(readme_snippet(&readme), doc_example(&lib), "README.md and src/lib.rs differ: copy the example over");
+    assert_eq!(
+        readme_snippet(&readme),
+        doc_example(&lib),
+        "docs/clients.md and src/lib.rs differ: copy the example over"
+    );
 }

@@ -118,7 +118,7 @@ pub struct PublishInput {
     pub source: String,
     /// The publisher's address, the fallback source.
     pub peer: String,
-    /// Durable consumers deliver events of one key one at a time, in order (README "Durable consumers (at-least-once)").
+    /// Durable consumers deliver events of one key one at a time, in order (docs/durable.md).
     pub ordering_key: String,
     /// A key seen within the dedup window makes this publish a no-op duplicate.
     pub idempotency_key: String,
@@ -151,7 +151,7 @@ pub enum MetadataError {
 }
 
 impl PublishInput {
-    /// Checks the README "How it behaves" limits and turns the input into an event with a fresh id.
+    /// Checks the docs/concepts.md limits and turns the input into an event with a fresh id.
     /// The channel check is left out when `channel` says it was done (a run of publishes
     /// on one channel checks it once).
     pub(crate) fn into_event(self, max_payload_bytes: usize, channel: ChannelCheck) -> Result<Event, Error> {
@@ -276,7 +276,7 @@ mod tests {
 
     #[test]
     fn memory_overhead_is_what_the_readme_says() {
-        // README "Memory bounds" quotes it; a change of the envelope shows up here.
+        // docs/concepts.md "Memory bounds" quotes it; a change of the envelope shows up here.
         assert!((200..=400).contains(&(MEMORY_OVERHEAD + 64)), "{}", MEMORY_OVERHEAD + 64);
         eprintln!("per-event overhead: {} bytes", MEMORY_OVERHEAD + 64);
     }

@@ -2,10 +2,10 @@
 //!
 //! Everything about routing events, nothing about the wire (no gRPC, no Redis):
 //!
-//! - [`name`]: channel and pattern rules (README "How it behaves") and their error messages.
+//! - [`name`]: channel and pattern rules (docs/concepts.md) and their error messages.
 //! - [`trie`]: the token trie that matches a channel against every filter at once.
 //! - `router`: subscriptions, groups and the per-channel routing result.
-//! - [`subscription`]: bounded queues and the overflow policies (README "How it behaves").
+//! - [`subscription`]: bounded queues and the overflow policies (docs/concepts.md).
 //! - [`bus`]: the engine that ties them together — publish, subscribe, stats, shutdown.
 //! - [`stats`]: counters per bus, channel and subscription; the bounded channel table.
 //! - [`transport`]: the seam a distributed fan-out (Redis) plugs into.

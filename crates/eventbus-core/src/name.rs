@@ -1,4 +1,4 @@
-//! Channel names and patterns (README "How it behaves").
+//! Channel names and patterns (docs/concepts.md).
 //!
 //! A channel is 1 to [`MAX_TOKENS`] dot-separated tokens and at most [`MAX_NAME_BYTES`]
 //! bytes; a token is one or more printable ASCII characters other than space, `.`, `*`

@@ -1,11 +1,11 @@
-//! A subscription: its filters, its bounded queue, and the overflow policies (README "How it behaves").
+//! A subscription: its filters, its bounded queue, and the overflow policies (docs/concepts.md).
 //!
 //! The queue is a `VecDeque` behind a short mutex: it starts empty and grows with the
 //! events actually queued, so an idle subscription of capacity 10,000 costs a few
 //! hundred bytes, not 10,000 slots. Publishers never wait on the consumer except under
 //! DROP_NEWEST with a full queue, and then only for `offer_timeout`.
 //!
-//! A queue is full when any of three bounds would be passed (README "Memory bounds"):
+//! A queue is full when any of three bounds would be passed (docs/concepts.md "Memory bounds"):
 //! its capacity in events, its own bytes (`max_queue_bytes`), or the budget of bytes
 //! queued across all subscriptions (`eventbus.max_queued_bytes`). The budget counts each
 //! event once however many queues hold it (the payload is shared), and a queue may grow

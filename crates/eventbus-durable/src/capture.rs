@@ -146,7 +146,7 @@ impl Durable {
             }
             None => None,
         };
-        // A consumer holding `max_pending` events takes no more (README "Limits").
+        // A consumer holding `max_pending` events takes no more (docs/limits.md).
         consumers.retain(|c| {
             let full = c.config.max_pending != 0 && c.held.load(Ordering::Relaxed) >= c.config.max_pending;
             if full && c.dropped.fetch_add(1, Ordering::Relaxed) % 10_000 == 0 {

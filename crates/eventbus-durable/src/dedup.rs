@@ -1,4 +1,4 @@
-//! Idempotency keys seen within the dedup window (README "Durable consumers (at-least-once)").
+//! Idempotency keys seen within the dedup window (docs/durable.md).
 
 use std::collections::{BTreeMap, HashMap};
 

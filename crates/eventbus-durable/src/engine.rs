@@ -65,7 +65,7 @@ pub(crate) struct Inner {
     /// Shared with the scheduler task, which must not keep the engine alive.
     timers_changed: Arc<Notify>,
     pub(crate) sink: OnceLock<DeadLetterSink>,
-    /// Dead letters committed but not yet published (README "Dead letters").
+    /// Dead letters committed but not yet published (docs/durable.md "Dead letters").
     pub(crate) outbox: outbox::Outbox,
     /// The disk watermark, read at most once a second.
     disk: DiskCheck,
@@ -422,7 +422,7 @@ impl Durable {
     }
 
     /// `DiskFull` while the store's disk has less free space than
-    /// `durable.min_free_disk_bytes` (README "Limits"); reads it at most once a second.
+    /// `durable.min_free_disk_bytes` (docs/limits.md); reads it at most once a second.
     pub(crate) fn disk_full(&self) -> Option<DurableError> {
         let min = self.inner.options.min_free_disk_bytes;
         if min == 0 {

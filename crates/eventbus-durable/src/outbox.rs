@@ -1,4 +1,4 @@
-//! The dead-letter outbox (README "Dead letters"): a dead letter is written in the same
+//! The dead-letter outbox (docs/durable.md "Dead letters"): a dead letter is written in the same
 //! commit as the final failure that made it, published once that commit is done, and
 //! removed only when its publication is answered. A crash in between leaves it in the
 //! store, and the next start publishes it: a dead letter may be published twice, never

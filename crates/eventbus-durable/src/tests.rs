@@ -1,4 +1,4 @@
-//! Engine semantics (README "Durable consumers (at-least-once)") through the bus, with an in-memory store: paused time wherever
+//! Engine semantics (docs/durable.md) through the bus, with an in-memory store: paused time wherever
 //! timing is the subject, the multi-threaded runtime (where background tasks race) elsewhere.
 
 use std::path::Path;

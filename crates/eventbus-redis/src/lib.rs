@@ -1,6 +1,6 @@
 //! # Socle EventBus redis mode
 //!
-//! Several `eventbusd` instances share one fan-out through Redis Pub/Sub (README "Redis mode: several instances, one fan-out").
+//! Several `eventbusd` instances share one fan-out through Redis Pub/Sub (docs/redis.md).
 //! This crate implements the core's [`eventbus_core::Transport`]; the router, queues and
 //! overflow policies are the core's, unchanged.
 //!

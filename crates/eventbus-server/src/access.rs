@@ -1,4 +1,4 @@
-//! Access control at the edge (README "Security"): who is calling ([`Caller`], decided
+//! Access control at the edge (docs/security.md): who is calling ([`Caller`], decided
 //! once per gRPC call or HTTP request by the same [`Access::authenticate`]), what each
 //! operation needs ([`Operation`]), and the streams that stay open on a right: on
 //! reload each is checked again and ended with `PERMISSION_DENIED` when its principal
@@ -305,7 +305,7 @@ impl Access {
     /// Creating a consumer: the right to manage it, to subscribe to its channels, and to
     /// publish on the dead-letter channel it names (its dead letters carry payloads the
     /// creator chose, so that channel is one it publishes to). The default, `dlq.` and
-    /// the event's channel, is the broker's own: it needs no right (README "Security").
+    /// the event's channel, is the broker's own: it needs no right (docs/security.md).
     pub(crate) fn check_create_consumer(&self, caller: &Caller, config: &ConsumerConfig) -> Result<(), EdgeError> {
         self.check_manage_consumer(caller, &config.name)?;
         self.check_subscribe(caller, &config.channels)?;

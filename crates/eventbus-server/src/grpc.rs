@@ -1,6 +1,5 @@
 //! The `EventBus` and `Admin` gRPC services: thin adapters over [`Bus`]. Every call
-//! passes [`Authenticate`] first; each method checks the right it needs (README
-//! "Security", the rights table).
+//! passes [`Authenticate`] first; each method checks the right it needs (docs/security.md, the rights table).
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
-//! The HTTP listener (README "Operations"): `/metrics`, `/healthz`, `/readyz` and the admin REST
+//! The HTTP listener (docs/operations.md): `/metrics`, `/healthz`, `/readyz` and the admin REST
 //! routes. With authentication on, every admin route (and the probes with
 //! `auth.protect_metrics`) passes [`authenticate`] first, the same check gRPC calls
-//! pass, and each handler checks the right it needs (README "Security"). Publishing goes through the same [`Bus::publish`] validation as gRPC; bodies
+//! pass, and each handler checks the right it needs (docs/security.md). Publishing goes through the same [`Bus::publish`] validation as gRPC; bodies
 //! are rendered, and refusals given their HTTP code, by `convert`, the same edge gRPC
 //! uses.
 //!
@@ -147,7 +147,7 @@ pub(crate) fn router(state: HttpState) -> Router {
 }
 
 /// URIs and header sections over the router's limits get a JSON 414 / 431. (hyper's
-/// own parser limits sit above these and answer without a body: README "Limits".)
+/// own parser limits sit above these and answer without a body: docs/limits.md.)
 async fn request_limits(req: axum::extract::Request, next: Next) -> Response {
     let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if target > MAX_URI_BYTES {
@@ -186,7 +186,7 @@ enum Site {
     Allowed(HeaderValue),
 }
 
-/// The cross-site rules of admin routes (README "Security"): a browser page from
+/// The cross-site rules of admin routes (docs/security.md): a browser page from
 /// another origin may not call them (403) unless its origin is in
 /// `server.http.allowed_origins`, and then gets CORS headers (preflights answered
 /// here, before authentication: a preflight carries no credentials); a body must be
@@ -345,7 +345,7 @@ async fn metrics(State(state): State<HttpState>) -> Result<Response, ApiError> {
 }
 
 /// Liveness: fails once a background task has stopped (the process no longer does all
-/// its work and must be restarted; README "Operations").
+/// its work and must be restarted; docs/operations.md).
 async fn healthz(State(state): State<HttpState>) -> Response {
     match state.readiness.failed_task() {
         None => Json(json!({ "status": "ok" })).into_response(),

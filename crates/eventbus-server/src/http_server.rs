@@ -1,4 +1,4 @@
-//! Serving the HTTP listener's connections with hyper (README "Limits"): a deadline
+//! Serving the HTTP listener's connections with hyper (docs/limits.md): a deadline
 //! for each request's headers (`server.http.header_read_timeout_ms`), parser limits
 //! set above the router's own so that oversized URIs and headers get a JSON answer
 //! (`http::limits`), each request marked in progress for the idle timeout, and a

@@ -11,7 +11,7 @@
 //!   limits, graceful close.
 //! - `tls`: certificates and the client CA, swapped on reload.
 //! - `access`: authentication and rights at the edge, for gRPC and HTTP alike; open
-//!   streams re-checked on reload (README "Security").
+//!   streams re-checked on reload (docs/security.md).
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz` and the admin REST routes.
 //! - [`metrics`]: Prometheus registry; reads the bus's own counters at scrape time.
 //! - `grpc`: the `EventBus` and `Admin` services, thin adapters over the bus.

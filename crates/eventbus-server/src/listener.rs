@@ -10,7 +10,7 @@
 //! client from its handshake. Accept
 //! errors (out of file descriptors, say) are logged, counted and backed off instead of
 //! retried at once. Each listener serves at most `server.max_connections` connections:
-//! past it, a new one is closed at once and counted (README "Operations").
+//! past it, a new one is closed at once and counted (docs/operations.md).
 //!
 //! A connection with no request in progress for `server.idle_timeout_ms` is closed
 //! ([`Activity`]): the servers mark each request (a gRPC stream, an HTTP request) from

@@ -1,11 +1,11 @@
-//! Prometheus metrics (README "Operations").
+//! Prometheus metrics (docs/operations.md).
 //!
 //! Counters are not kept twice: the bus already counts per channel (with a capped label
 //! table) on its hot path, and a collector reads those atomics at scrape time. Only the
 //! two histograms are observed directly, by the gRPC edge. With metrics disabled none
 //! of this exists and the hot path skips the label counters.
 //!
-//! Every label has a bounded set of values (README "Metrics cardinality"): channels are
+//! Every label has a bounded set of values (docs/operations.md "Cardinality"): channels are
 //! capped by the bus (`max_channel_labels`), subscriptions by `max_subscription_labels`
 //! (the fullest queues, the rest summed), durable consumers by `max_consumer_labels`,
 //! and the other labels (listener, reason, operation) are fixed sets.
@@ -142,7 +142,7 @@ impl Metrics {
     }
 }
 
-/// Counters of the network edge: listeners, TLS and access control (README "Security").
+/// Counters of the network edge: listeners, TLS and access control (docs/security.md).
 /// They exist whether or not metrics are served, so the code that counts never checks.
 #[derive(Debug, Clone)]
 pub(crate) struct EdgeCounters {

@@ -1,7 +1,7 @@
-//! Requests tonic refuses before a handler runs, given the status the README promises
-//! (README "Errors"):
+//! Requests tonic refuses before a handler runs, given the status docs/errors.md promises
+//! (docs/errors.md):
 //!
-//! - publish requests too large to read (README "How it behaves"): every oversized
+//! - publish requests too large to read (docs/concepts.md): every oversized
 //!   payload is refused with `RESOURCE_EXHAUSTED` / 413 naming `max_payload_bytes`,
 //!   whatever its size;
 //! - requests that do not decode (not protobuf, a string field that is not UTF-8, a

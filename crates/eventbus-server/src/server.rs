@@ -1,4 +1,4 @@
-//! Binding listeners, serving, and the shutdown drain (README "How it behaves").
+//! Binding listeners, serving, and the shutdown drain (docs/concepts.md).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -140,7 +140,7 @@ impl Server {
             warn!(
                 listeners = %reachable.join(", "),
                 "authentication is off (auth.enabled: false) on listeners other hosts can reach: anyone who \
-                 reaches them can publish, subscribe and administer (README \"Security\")"
+                 reaches them can publish, subscribe and administer (docs/security.md)"
             );
         }
         let transport_stop = CancellationToken::new();
@@ -321,7 +321,7 @@ impl Server {
         // dropped NAT entry) and close them.
         let keepalive = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
         // The windows bound what a client can send unread; half the connection window is
-        // also h2's budget for unread small DATA frames (README "Limits").
+        // also h2's budget for unread small DATA frames (docs/limits.md).
         let grpc_server = tonic::transport::Server::builder()
             .http2_keepalive_interval(keepalive(settings.server.keepalive_interval_ms))
             .http2_keepalive_timeout(keepalive(settings.server.keepalive_timeout_ms))

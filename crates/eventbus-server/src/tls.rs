@@ -1,4 +1,4 @@
-//! TLS for both listeners (README "Security"): the certificate, its key and the client CA
+//! TLS for both listeners (docs/security.md): the certificate, its key and the client CA
 //! read from PEM files, re-read on SIGHUP. A reload that fails keeps the previous
 //! configuration; connections already open keep the one they were made with.
 
@@ -163,7 +163,7 @@ fn read_certificates(what: &'static str, path: &Path) -> Result<Vec<CertificateD
 }
 
 /// The names a verified client certificate vouches for: its subject's common names
-/// and its DNS subject alternative names (README "Security", `cert_subject`).
+/// and its DNS subject alternative names (docs/security.md, `cert_subject`).
 pub(crate) fn certificate_subjects(der: &CertificateDer<'_>) -> Vec<String> {
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(der.as_ref()) else {
         return Vec::new();

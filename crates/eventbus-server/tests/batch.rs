@@ -1,4 +1,4 @@
-//! README "Publishing in batches": `PublishBatch` on a real server with real clients.
+//! docs/concepts.md "Publishing in batches": `PublishBatch` on a real server with real clients.
 //! Each event of a batch is answered in its slot; a refused one does not stop the
 //! others; only what concerns the whole call fails it. Rights per event are in
 //! `security.rs`.

@@ -1,4 +1,4 @@
-//! Publish/subscribe semantics of README "How it behaves" against the real server and a real client.
+//! Publish/subscribe semantics of docs/concepts.md against the real server and a real client.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
 
@@ -398,7 +398,7 @@ async fn oversized_publish_stream_request_ends_the_stream_resource_exhausted_nam
     server.stop().await;
 }
 
-/// README "Errors": long keys and sources are refused before anything keeps them (a
+/// docs/errors.md: long keys and sources are refused before anything keeps them (a
 /// 1 MiB idempotency key used to cost megabytes of memory and disk for the dedup window).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_keys_and_source_are_invalid_arguments() {

@@ -1,4 +1,4 @@
-//! Bounded cardinality (README "Metrics cardinality"): whatever the subscriptions, the
+//! Bounded cardinality (docs/operations.md "Cardinality"): whatever the subscriptions, the
 //! channel table and every metric label stay within their caps.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.

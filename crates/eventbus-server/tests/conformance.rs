@@ -1,10 +1,10 @@
-//! One conformance suite for both durable engines (README "Durable consumers
+//! One conformance suite for both durable engines (docs/durable.md "Durable consumers
 //! (at-least-once)"), written against the [`DurableBackend`] trait alone: every check
 //! runs on the embedded engine (in-memory redb store) as `embedded_<check>` and on the
 //! Redis Streams engine (a private `redis-server` per test) as `redis_<check>`.
 //!
 //! Where the engines may answer differently by design, the check accepts both and names
-//! the README section "Mode differences" that explains why. Timing is only ever a lower
+//! the section "Mode differences" of docs/durable.md that explains why. Timing is only ever a lower
 //! bound ("not before the delay"); every wait is on observable state, bounded by
 //! [`DEADLINE`].
 
@@ -228,7 +228,7 @@ fn consumer(name: &str, channels: &[&str]) -> ConsumerConfig {
 }
 
 /// How many consumers stored a capture. The Redis engine also fans the event out in
-/// the same script and says so (README "Mode differences": `Forwarded`).
+/// the same script and says so (docs/durable.md "Mode differences": `Forwarded`).
 fn stored(captured: &Captured) -> usize {
     match captured {
         Captured::Stored(n) => *n,
@@ -289,7 +289,7 @@ async fn assert_ends(rx: &mut mpsc::Receiver<Vec<Delivery>>, when: &str) {
 // ---- the checks ----
 
 async fn create(h: &mut Harness) {
-    // The owner (README "Security") is part of the definition and kept with it.
+    // The owner (docs/security.md) is part of the definition and kept with it.
     let config = ConsumerConfig { max_attempts: 3, owner: "team-billing".into(), ..consumer("billing", &["orders.>"]) };
     let info = h.create(config.clone()).await;
     assert_eq!(info.config, config, "the definition is kept as given");
@@ -357,7 +357,7 @@ async fn deliver(h: &mut Harness) {
     assert!(d.deadline > before, "the deadline lies ahead");
     assert!(d.deadline <= SystemTime::now() + Duration::from_millis(30_000) + GRANULARITY, "deadline = ack deadline");
     // The attach answer counts the event once, pending or already in flight: the
-    // engines take it at different moments (README "Mode differences").
+    // engines take it at different moments (docs/durable.md "Mode differences").
     let i = &a.info;
     assert_eq!((i.config.name.as_str(), i.clients, i.pending + i.in_flight), ("inbox", 1, 1), "{i:?}");
     let info = h.wait_info("inbox", "the delivery to be in flight", |i| i.in_flight == 1).await;
@@ -487,7 +487,7 @@ async fn term(h: &mut Harness) {
     assert!(log.iter().all(|e| e.status == LogStatus::DeadLettered && e.attempts == 1), "{log:?}");
 }
 
-/// README "Dead letters": a channel too long for the `dlq.` prefix (16 tokens) gets the
+/// docs/durable.md "Dead letters": a channel too long for the `dlq.` prefix (16 tokens) gets the
 /// documented shortened dead-letter channel, in both engines.
 async fn dead_letter_of_a_sixteen_token_channel(h: &mut Harness) {
     let channel = (1..=16).map(|i| format!("t{i}")).collect::<Vec<_>>().join(".");
@@ -644,7 +644,7 @@ async fn disconnect(h: &mut Harness) {
 }
 
 async fn late_ack(h: &mut Harness) {
-    // An ack while the event waits for its redelivery completes it (README "Durable
+    // An ack while the event waits for its redelivery completes it (docs/durable.md "Durable
     // consumers (at-least-once)": "also a late ack").
     h.create(consumer("inbox", &["jobs"])).await;
     let mut a = h.attach("inbox").await;
@@ -725,7 +725,7 @@ async fn declare(h: &mut Harness) {
     let refused = within(h.engine.create_consumer(config)).await;
     assert!(matches!(refused, Err(DurableError::AlreadyExists(_))), "{refused:?}");
     within(h.engine.flush()).await.expect("flush");
-    // The snapshot (no I/O) agrees with a listing once one was made (README "Mode
+    // The snapshot (no I/O) agrees with a listing once one was made (docs/durable.md "Mode
     // differences": the Redis engine refreshes its snapshot when listing).
     let listed = within(h.engine.list_consumers()).await.expect("list");
     assert_eq!(listed, [info]);
@@ -755,7 +755,7 @@ async fn ack_by_another_client(h: &mut Harness) {
     assert_eq!(one(&mut a.deliveries).await.event.id, sent.id);
     let b = h.attach("inbox").await;
     // B acks what A holds, then A acks it too. The embedded engine completes it on
-    // B's ack, the Redis engine on A's (README "Mode differences"): either way it
+    // B's ack, the Redis engine on A's (docs/durable.md "Mode differences"): either way it
     // completes exactly once and A's slot is free again.
     b.client.ack(vec![sent.id.clone()]).await;
     a.client.ack(vec![sent.id.clone()]).await;
@@ -771,7 +771,7 @@ async fn ack_by_another_client(h: &mut Harness) {
     assert_eq!(logged(&log), [sent.id.clone(), next.id.clone()]);
 }
 
-// ---- consumer operations (README "Consumer operations") ----
+// ---- consumer operations (docs/consumer-operations.md) ----
 
 /// Every pending entry, walking pages of `limit`.
 async fn pending(h: &Harness, name: &str, limit: usize) -> Vec<PendingEntry> {
@@ -816,7 +816,7 @@ async fn list_pending(h: &mut Harness) {
     assert!(matches!(bad, Err(DurableError::InvalidArgument { field: "page_token", .. })), "{bad:?}");
     let before = pending(h, "inbox", 1_000).await;
     // The embedded engine lists in capture order; the Redis engine the live stream
-    // first, then what waits off it (README "Mode differences"). Compared sorted.
+    // first, then what waits off it (docs/durable.md "Mode differences"). Compared sorted.
     let sorted = |entries: &[PendingEntry]| {
         let mut s = states(entries);
         s.sort();

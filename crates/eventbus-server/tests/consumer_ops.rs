@@ -1,4 +1,4 @@
-//! README "Consumer operations" over REST (embedded engine): `GET …/{name}/pending`,
+//! docs/consumer-operations.md over REST (embedded engine): `GET …/{name}/pending`,
 //! `POST …/{name}/redrive`, `…/pause`, `…/resume` — their JSON, their codes, and that
 //! they agree with the gRPC calls. Both engines' semantics are in `conformance.rs`.
 
@@ -376,7 +376,7 @@ async fn proxy(to: std::net::SocketAddr) -> Proxy {
     Proxy { addr, vanish }
 }
 
-/// README "Exclusive consumers", failover over the wire: the oldest attached client
+/// docs/consumer-operations.md "Exclusive consumers", failover over the wire: the oldest attached client
 /// receives everything. When its client vanishes without closing, HTTP/2 keepalive
 /// (interval + timeout: 0.2 s + 0.2 s here) finds it and detaches it, and the next client
 /// receives, starting with the events the vanished one held (after the backoff of their

@@ -284,7 +284,7 @@ async fn a_foreign_file_in_data_dir_stops_startup() {
     assert!(err.contains("durable store") && err.contains("eventbus.redb"), "{err}");
 }
 
-/// README "Security": SIGHUP re-reads the principals file in the running binary; a
+/// docs/security.md: SIGHUP re-reads the principals file in the running binary; a
 /// file that does not parse keeps the previous principals (one log line).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_the_principals_file() {

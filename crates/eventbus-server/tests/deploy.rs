@@ -137,8 +137,8 @@ fn kubernetes_manifests_agree_with_the_configuration() {
     assert_eq!(secret_of(&settings.server.tls.cert_file), ("eventbus-tls".into(), "tls.crt".into()));
     assert_eq!(secret_of(&settings.server.tls.key_file), ("eventbus-tls".into(), "tls.key".into()));
     assert_eq!(secret_of(&settings.auth.principals_file), ("eventbus-auth".into(), "principals.yaml".into()));
-    // The README's `kubectl create secret` commands make exactly those keys.
-    let readme = repo("deploy/README.md");
+    // The guide's `kubectl create secret` commands make exactly those keys.
+    let readme = repo("docs/deployment.md");
     for needle in [
         "kubectl create secret generic eventbus-tls",
         "--from-file=tls.crt=",
@@ -146,7 +146,7 @@ fn kubernetes_manifests_agree_with_the_configuration() {
         "kubectl create secret generic eventbus-auth",
         "--from-file=principals.yaml=",
     ] {
-        assert!(readme.contains(needle), "deploy/README.md lacks {needle}");
+        assert!(readme.contains(needle), "docs/deployment.md lacks {needle}");
     }
     assert!(container["resources"]["requests"]["cpu"].as_str().is_some());
     assert!(container["resources"]["requests"]["memory"].as_str().is_some());

@@ -1,4 +1,4 @@
-//! Durable consumers (README "Durable consumers (at-least-once)") over the real gRPC API, and a kill -9 crash test of the
+//! Durable consumers (docs/durable.md) over the real gRPC API, and a kill -9 crash test of the
 //! real binary on a real data directory.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.

@@ -1,4 +1,4 @@
-//! Flow control: overflow policies with a slow consumer, and the shutdown drain (README "How it behaves").
+//! Flow control: overflow policies with a slow consumer, and the shutdown drain (docs/concepts.md).
 //!
 //! A slow consumer is a real client that stops reading its stream (see
 //! `common::slow_subscriber`); 32 KiB events fill its HTTP/2 window after a couple.

@@ -1,4 +1,4 @@
-//! Hostile and careless clients (README "Limits"): HTTP/2 framing, file-descriptor
+//! Hostile and careless clients (docs/limits.md): HTTP/2 framing, file-descriptor
 //! exhaustion, idle and slow connections, malformed requests, cross-site requests.
 //! Each test runs the real server (the `eventbusd` binary where the process matters).
 

@@ -1,4 +1,4 @@
-//! Memory bounded in bytes (README "Memory bounds"): a subscriber that never reads
+//! Memory bounded in bytes (docs/concepts.md "Memory bounds"): a subscriber that never reads
 //! holds at most its `max_queue_bytes`, all subscribers together at most
 //! `eventbus.max_queued_bytes`, and one stalled subscriber cannot take the whole budget.
 

@@ -1,4 +1,4 @@
-//! The operations surface (README "Operations"): Prometheus metrics, admin REST, probes, gRPC
+//! The operations surface (docs/operations.md): Prometheus metrics, admin REST, probes, gRPC
 //! health and reflection — real server, real HTTP and gRPC clients.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
@@ -276,7 +276,7 @@ async fn reflection_lists_the_services() {
     server.stop().await;
 }
 
-/// `server.reflection: false` hides the schema (README "Configuration").
+/// `server.reflection: false` hides the schema (docs/configuration.md).
 #[tokio::test]
 async fn reflection_can_be_turned_off() {
     use tonic_reflection::pb::v1::ServerReflectionRequest;
@@ -521,7 +521,7 @@ async fn grpc_and_rest_agree_on_stats_channels_subscriptions_and_publish() {
     server.stop().await;
 }
 
-/// README "Configuration", `server.max_connections`: past the limit a new connection is
+/// docs/configuration.md, `server.max_connections`: past the limit a new connection is
 /// closed at once and counted; once a connection closes, a new one is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_past_the_limit_are_refused_and_counted() {

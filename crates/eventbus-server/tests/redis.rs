@@ -1,4 +1,4 @@
-//! Redis mode (README "Redis mode: several instances, one fan-out") against a real `redis-server` each test starts on a free port.
+//! Redis mode (docs/redis.md) against a real `redis-server` each test starts on a free port.
 //! See `common::redis_server` for what happens without `redis-server`.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.

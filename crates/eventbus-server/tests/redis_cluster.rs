@@ -1,4 +1,4 @@
-//! Redis Cluster mode (README "Redis Cluster") against a real local cluster each test
+//! Redis Cluster mode (docs/redis.md "Redis Cluster") against a real local cluster each test
 //! starts: 3 masters and 3 replicas on free loopback ports.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.

@@ -1,4 +1,4 @@
-//! Durable consumers in redis mode (README "Durable consumers (at-least-once)" on Redis Streams): several instances on one
+//! Durable consumers in redis mode (docs/durable.md on Redis Streams): several instances on one
 //! real `redis-server` share each consumer. See `common::redis_server` for what happens
 //! without `redis-server`.
 
@@ -606,7 +606,7 @@ async fn a_pause_holds_on_every_instance_at_once() {
 
 /// An exclusive consumer's clients on two instances: only one receives; when
 /// it leaves, the other instance's client takes over once the events it held are
-/// released. Prints the failover time (README "Exclusive consumers").
+/// released. Prints the failover time (docs/consumer-operations.md "Exclusive consumers").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exclusive_consumer_fails_over_across_instances() {
     let Some(redis) = RedisProc::start().await else { return };

@@ -1,4 +1,4 @@
-//! README "Security": authentication, the rights table, owners, limits and reload, on
+//! docs/security.md: authentication, the rights table, owners, limits and reload, on
 //! a real server with real clients. TLS is in `tls.rs`.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
@@ -496,7 +496,7 @@ async fn consumers_record_their_owner_and_need_subscribe_rights_on_their_channel
     server.stop().await;
 }
 
-/// README "Security": `ListPending` needs the right to read the consumer (attach or
+/// docs/security.md: `ListPending` needs the right to read the consumer (attach or
 /// manage); redrive, pause and resume need `manage_consumers`, over gRPC and REST.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reading_pending_needs_the_read_right_and_repairs_the_manage_right() {

@@ -1,4 +1,4 @@
-//! README "Security", TLS: both listeners over TLS, mTLS, and a certificate reload that
+//! docs/security.md, TLS: both listeners over TLS, mTLS, and a certificate reload that
 //! keeps open streams. Certificates are made here, for each test.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.

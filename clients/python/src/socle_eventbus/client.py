@@ -249,7 +249,7 @@ class Client:
         The window bounds what a fast producer keeps queued, here and on the broker: past
         the broker's HTTP/2 stream window the sends wait on flow control anyway, and a
         connection whose streams together leave too many small frames unread is cut
-        (README "Limits", HTTP/2 framing)."""
+        (docs/limits.md, HTTP/2 framing)."""
         room = asyncio.Semaphore(window) if window else None
 
         async def paced() -> AsyncIterator[pb.PublishRequest]:

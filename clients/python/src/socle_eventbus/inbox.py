@@ -1,4 +1,4 @@
-"""Inbox deduplication on PostgreSQL (README "Outbox and inbox").
+"""Inbox deduplication on PostgreSQL (docs/outbox-inbox.md).
 
 `Inbox` wraps a `Worker` handler: in one transaction it records the event id in
 `eventbus_inbox` (DDL: `clients/sql/inbox.sql`) and runs the handler with that

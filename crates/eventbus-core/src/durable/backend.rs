@@ -84,7 +84,7 @@ pub struct PendingEntry {
     pub state: PendingState,
 }
 
-/// A page of a consumer's pending events (the order is the engine's: README "Mode differences").
+/// A page of a consumer's pending events (the order is the engine's: docs/durable.md "Mode differences").
 #[derive(Debug, Clone, Default)]
 pub struct PendingSlice {
     pub entries: Vec<PendingEntry>,
@@ -112,7 +112,7 @@ pub struct Redriven {
 pub trait ConsumerClient: Send + Sync + fmt::Debug {
     /// Completes events (also late acks; unknown ids are ignored: already done). An
     /// event this client does not hold and that is not waiting for its redelivery is
-    /// completed by the embedded engine, ignored by the Redis one (README "Mode
+    /// completed by the embedded engine, ignored by the Redis one (docs/durable.md "Mode
     /// differences").
     fn ack(&self, event_ids: Vec<String>) -> BoxFuture<'_, ()>;
     /// Fails one in-flight event now; redelivered after `delay` or the backoff.
@@ -137,7 +137,7 @@ pub trait ConsumerClient: Send + Sync + fmt::Debug {
 #[derive(Debug)]
 pub struct Attachment {
     /// The consumer as the client joins (whether its first events already count in
-    /// flight differs by engine: README "Mode differences").
+    /// flight differs by engine: docs/durable.md "Mode differences").
     pub info: ConsumerInfo,
     /// Delivery batches, pushed as events become available; ends when the client is
     /// detached (consumer deleted, shutdown, store lost). An empty batch answers a
@@ -154,7 +154,7 @@ pub struct CaptureRequest<'a> {
     pub idempotency_key: Option<&'a str>,
 }
 
-/// Durable consumers (README "Durable consumers (at-least-once)"), whatever keeps them.
+/// Durable consumers (docs/durable.md), whatever keeps them.
 pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
     /// Where dead letters are published (the bus, set once it exists).
     fn set_dead_letter_sink(&self, sink: DeadLetterSink);
@@ -212,7 +212,7 @@ pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
         page_token: &'a str,
     ) -> BoxFuture<'a, Result<LogSlice, DurableError>>;
 
-    /// The consumer's unfinished events, in the engine's order (README "Mode
+    /// The consumer's unfinished events, in the engine's order (docs/durable.md "Mode
     /// differences"), from `page_token` (empty = start);
     /// `limit` is clamped to 1..=1000.
     fn list_pending<'a>(

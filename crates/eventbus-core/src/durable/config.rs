@@ -68,16 +68,16 @@ pub struct ConsumerConfig {
     pub max_in_flight: u32,
     /// Where dead letters go; `None` = `dlq.` + the event's channel.
     pub dead_letter_channel: Option<String>,
-    /// Principal that created it (README "Security"); "" with authentication off and
+    /// Principal that created it (docs/security.md); "" with authentication off and
     /// for consumers declared in the configuration. Stored with the definition.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub owner: String,
     /// One attached client receives at a time; the next takes over when it leaves
-    /// (README "Exclusive consumers").
+    /// (docs/consumer-operations.md "Exclusive consumers").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub exclusive: bool,
     /// Most unfinished events kept; a capture beyond it is dropped for this consumer
-    /// and counted (README "Limits"). 0 = unlimited. Definitions stored before the
+    /// and counted (docs/limits.md). 0 = unlimited. Definitions stored before the
     /// limit existed read as the default.
     #[serde(default = "default_max_pending")]
     pub max_pending: u64,
@@ -91,7 +91,7 @@ fn default_max_pending() -> u64 {
 }
 
 impl ConsumerConfig {
-    /// A consumer with the documented defaults (README "Durable consumers (at-least-once)").
+    /// A consumer with the documented defaults (docs/durable.md).
     pub fn new(name: impl Into<String>, channels: Vec<String>) -> Self {
         Self {
             name: name.into(),
@@ -172,7 +172,7 @@ impl ConsumerConfig {
 }
 
 /// `dlq.` + `channel` when that is a valid channel. A channel too long for the prefix
-/// (16 tokens, or over 252 bytes) gets a shortened one instead (README "Dead letters"):
+/// (16 tokens, or over 252 bytes) gets a shortened one instead (docs/durable.md "Dead letters"):
 /// `dlq.`, then as many of its leading tokens as fit in 14 tokens and the byte limit,
 /// then `h` and 16 hex digits of the FNV-1a 64 hash of the whole channel. Stable across
 /// versions and instances, so both engines agree and `dlq.<prefix>.>` still matches.

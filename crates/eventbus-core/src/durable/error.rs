@@ -9,7 +9,7 @@ use crate::error::quoted;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why a durable call was refused. The wire layers map each variant to one status
-/// (README "Errors"): callers branch on the variant, never on the text.
+/// (docs/errors.md): callers branch on the variant, never on the text.
 #[derive(Debug, thiserror::Error)]
 pub enum DurableError {
     #[error("no consumer named {}", quoted(.0))]
@@ -29,7 +29,7 @@ pub enum DurableError {
         source: Option<BoxError>,
     },
     /// The store's disk is nearly full: captures are refused until space is freed
-    /// (README "Limits").
+    /// (docs/limits.md).
     #[error("the durable store's disk is nearly full: {free} bytes free, below durable.min_free_disk_bytes ({min})")]
     DiskFull { free: u64, min: u64 },
     /// A publish matches more durable consumers than `durable.max_captures_per_publish`:

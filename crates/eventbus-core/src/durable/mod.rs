@@ -1,4 +1,4 @@
-//! Durable consumers (README "Durable consumers (at-least-once)"): at-least-once delivery with acks,
+//! Durable consumers (docs/durable.md): at-least-once delivery with acks,
 //! redelivery with backoff, dead letters, a terminal log, ordering keys and idempotent
 //! publish. This module holds the seam and every type it speaks; the engines live in
 //! their own crates (`eventbus-durable`: embedded, redb; `eventbus-redis`: Redis

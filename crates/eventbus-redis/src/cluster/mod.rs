@@ -768,7 +768,7 @@ mod tests {
             assert!(channel.starts_with(&format!("socle:eventbus:shard:{b}:{{")), "{channel}");
             assert_eq!(usize::from(key_slot(channel.as_bytes()) / 128), b, "{channel}");
         }
-        assert_eq!(channels[0], "socle:eventbus:shard:0:{14}", "as the README gives it");
+        assert_eq!(channels[0], "socle:eventbus:shard:0:{14}", "as docs/redis.md gives it");
         // Known slots (redis-cli CLUSTER KEYSLOT): "foo" 12182, "{user1000}.following" 3443.
         assert_eq!(key_slot(b"foo"), 12182);
         assert_eq!(key_slot(b"{user1000}.following"), 3443);

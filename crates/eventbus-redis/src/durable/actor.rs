@@ -51,7 +51,7 @@ const PRESENCE_EVERY: Duration = Duration::from_secs(5);
 const PRESENCE_TTL: Duration = Duration::from_secs(15);
 
 /// How often an exclusive consumer's instance with clients renews its lease, or tries
-/// to take it (README "Exclusive consumers").
+/// to take it (docs/consumer-operations.md "Exclusive consumers").
 pub(crate) const LEASE_EVERY: Duration = Duration::from_secs(1);
 
 /// How long a lease stands without renewal: an instance that died gives it up after
@@ -598,7 +598,7 @@ impl Actor {
             let mut paused = redis::cmd("HEXISTS");
             paused.arg(&paused_key).arg(&*name);
             // The pause check runs after the read returns, so it sees a pause made
-            // before the events read were published (README "Consumer operations"):
+            // before the events read were published (docs/consumer-operations.md):
             // in the same pipeline on one Redis, right after it on a cluster (the
             // definitions are in another slot).
             let result = if backend.is_cluster() {

@@ -1,4 +1,4 @@
-//! Durable consumers on Redis Streams (README "Durable consumers in redis mode"): one consumer shared by
+//! Durable consumers on Redis Streams (docs/redis.md "Durable consumers in redis mode"): one consumer shared by
 //! every instance, whichever instance a client or a publisher talks to.
 //!
 //! State lives in Redis, never only in an instance, and every change is one Lua script

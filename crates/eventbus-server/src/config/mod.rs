@@ -1,4 +1,4 @@
-//! Configuration (README "Configuration").
+//! Configuration (docs/configuration.md).
 //!
 //! Layers, lowest first: the shipped `config/default.yaml` (compiled in, the single
 //! source of defaults), a file (`--config PATH`, else `./config/default.yaml` when

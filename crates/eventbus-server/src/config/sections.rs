@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// The `durable` section (README "Durable consumers (at-least-once)").
+/// The `durable` section (docs/durable.md).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DurableSettings {
@@ -37,7 +37,7 @@ pub struct ConsumerSetting {
     pub max_in_flight: u32,
     #[serde(default)]
     pub dead_letter_channel: String,
-    /// One attached client receives at a time (README "Exclusive consumers").
+    /// One attached client receives at a time (docs/consumer-operations.md "Exclusive consumers").
     #[serde(default)]
     pub exclusive: bool,
     /// Most unfinished events kept (0 = unlimited).
@@ -126,11 +126,11 @@ pub struct ServerSettings {
     /// stream before the broker has read it.
     pub grpc_stream_window_bytes: u32,
     /// HTTP/2 flow-control window of each gRPC connection. Half of it is h2's budget for
-    /// unread small DATA frames (README "Limits").
+    /// unread small DATA frames (docs/limits.md).
     pub grpc_connection_window_bytes: u32,
-    /// The HTTP listener's own limits (README "Limits", "Security").
+    /// The HTTP listener's own limits (docs/limits.md, "Security").
     pub http: HttpSettings,
-    /// TLS on both listeners (README "Security").
+    /// TLS on both listeners (docs/security.md).
     pub tls: TlsSettings,
 }
 
@@ -215,7 +215,7 @@ pub struct EventBusSettings {
     pub max_queue_capacity: usize,
     /// Byte bound of a subscription's queue when it asks for 0.
     pub default_queue_bytes: usize,
-    /// Budget of bytes queued across all subscriptions (README "Memory bounds").
+    /// Budget of bytes queued across all subscriptions (docs/concepts.md "Memory bounds").
     pub max_queued_bytes: usize,
     pub offer_timeout_ms: u64,
     pub overflow: OverflowSetting,

@@ -137,7 +137,7 @@ fn consumers_declared_in_the_file() {
     assert!(msg.contains("durable.consumers") && msg.contains("bad name"), "{msg}");
 }
 
-/// README "Consumer operations": `exclusive` and `backoff.kind` in `durable.consumers`;
+/// docs/consumer-operations.md: `exclusive` and `backoff.kind` in `durable.consumers`;
 /// a partial `backoff` keeps the other defaults.
 #[test]
 fn declared_consumers_take_exclusive_and_linear_backoff() {
@@ -233,8 +233,7 @@ fn seed_shaped_file_gives_the_same_settings_as_the_flat_one() {
 #[test]
 fn seed_layout_takes_part_in_the_precedence() {
     // A nested key in the file is overridden by the flat variable, and by the Java-style one.
-    let s =
-        load_file(JAVA_STYLE, &[("EVENTBUS__EVENTBUS__MAX_BATCH", "9"), ("EVENTBUS_QUEUE_CAPACITY", "7")]).unwrap();
+    let s = load_file(JAVA_STYLE, &[("EVENTBUS__EVENTBUS__MAX_BATCH", "9"), ("EVENTBUS_QUEUE_CAPACITY", "7")]).unwrap();
     assert_eq!((s.eventbus.max_batch, s.eventbus.default_queue_capacity), (9, 7));
     // The nested spelling works in EVENTBUS__ variables too, over a flat file.
     let s = load_file(FLAT, &[("EVENTBUS__EVENTBUS__COMMON__MAX_BATCH", "10")]).unwrap();

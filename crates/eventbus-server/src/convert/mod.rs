@@ -119,7 +119,7 @@ impl From<EdgeError> for Status {
     }
 }
 
-/// The gRPC status of a refusal (README "Errors"). Messages name the problem.
+/// The gRPC status of a refusal (docs/errors.md). Messages name the problem.
 pub(crate) fn status(err: impl Into<EdgeError>) -> Status {
     err.into().into()
 }
