@@ -8,12 +8,12 @@ use eventbus_client::pb::OverflowPolicy;
 
 /// Command-line client for Socle EventBus.
 #[derive(Debug, Parser)]
-#[command(version, about, propagate_version = true)]
+#[command(name = "eventbus", version, about, propagate_version = true)]
 pub(crate) struct Cli {
     #[command(flatten)]
     pub(crate) connect: ConnectArgs,
     /// Print JSON for scripts instead of text for people.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Global options")]
     pub(crate) json: bool,
     #[command(subcommand)]
     pub(crate) command: Command,
@@ -23,19 +23,26 @@ pub(crate) struct Cli {
 #[derive(Clone, Default, clap::Args)]
 pub(crate) struct ConnectArgs {
     /// Broker gRPC address; `https://` turns TLS on.
-    #[arg(long, global = true, env = "EVENTBUS_SERVER", default_value = eventbus_client::options::DEFAULT_SERVER)]
+    #[arg(long, global = true, help_heading = "Global options", env = "EVENTBUS_SERVER", default_value = eventbus_client::options::DEFAULT_SERVER)]
     pub(crate) server: String,
     /// Bearer token sent with every call.
-    #[arg(long, global = true, env = "EVENTBUS_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "EVENTBUS_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
     pub(crate) token: Option<String>,
     /// PEM file of the CA that signed the broker's certificate (instead of the system's roots).
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "FILE")]
     pub(crate) tls_ca: Option<PathBuf>,
     /// PEM client certificate, for a broker that requires one (mTLS); needs --tls-key.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "FILE")]
     pub(crate) tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "FILE")]
     pub(crate) tls_key: Option<PathBuf>,
 }
 

@@ -13,7 +13,8 @@ use crate::cli::RelayArgs;
 pub(crate) async fn run(client_options: ClientOptions, args: RelayArgs) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
 
     let mut options = RelayOptions::new(args.database_url);
     options.table = args.table;

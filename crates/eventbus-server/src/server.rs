@@ -72,9 +72,10 @@ pub enum ServerError {
     },
     #[error("HTTP server failed: {0}")]
     Http(#[source] std::io::Error),
-    #[error("cannot set up TLS")]
+    /// Its message names the setting and the file.
+    #[error(transparent)]
     Tls(#[from] TlsError),
-    #[error("cannot set up authentication")]
+    #[error(transparent)]
     Auth(#[from] AuthError),
 }
 
@@ -105,6 +106,16 @@ async fn listen(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, So
 }
 
 impl Server {
+    /// What `eventbusd --check-config` checks beyond the settings themselves: the TLS
+    /// files, the principals file and the JWT keys load as they would at start.
+    pub fn check_files(settings: &Settings) -> Result<(), ServerError> {
+        Tls::load(&settings.server.tls)?;
+        if settings.auth.enabled {
+            Authenticator::load(&settings.auth)?;
+        }
+        Ok(())
+    }
+
     /// Builds the bus and binds the listeners named in `settings` (port 0 picks a free
     /// port; see [`Server::grpc_addr`] and [`Server::http_addr`]).
     pub async fn bind(settings: Settings) -> Result<Self, ServerError> {

@@ -39,28 +39,30 @@ impl TlsSettings {
 /// Why TLS files could not be used. The messages name the file, never its content.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("cannot read {what} {}: {source}", path.display())]
+    #[error("cannot read {what} {}", path.display())]
     Read {
+        /// The setting that names the file.
         what: &'static str,
         path: PathBuf,
         #[source]
         source: rustls::pki_types::pem::Error,
     },
     #[error("{what} {} holds no PEM certificate", path.display())]
+    /// `what`: the setting that names the file.
     NoCertificate { what: &'static str, path: PathBuf },
-    #[error("cannot use the client CA file {}: {source}", path.display())]
+    #[error("cannot use the client CA file {}", path.display())]
     ClientCa {
         path: PathBuf,
         #[source]
         source: rustls::server::VerifierBuilderError,
     },
-    #[error("the client CA file {} holds a certificate that cannot be a trust anchor: {source}", path.display())]
+    #[error("the client CA file {} holds a certificate that cannot be a trust anchor", path.display())]
     BadCa {
         path: PathBuf,
         #[source]
         source: rustls::Error,
     },
-    #[error("cannot use the certificate {} with the key {}: {source}", cert.display(), key.display())]
+    #[error("cannot use the certificate {} with the key {}", cert.display(), key.display())]
     Config {
         cert: PathBuf,
         key: PathBuf,
@@ -121,9 +123,9 @@ impl Tls {
 fn build(settings: &TlsSettings) -> Result<(rustls::ServerConfig, rustls::ServerConfig), TlsError> {
     let cert_path = Path::new(&settings.cert_file);
     let key_path = Path::new(&settings.key_file);
-    let chain = read_certificates("certificate file", cert_path)?;
+    let chain = read_certificates("server.tls.cert_file", cert_path)?;
     let key = PrivateKeyDer::from_pem_file(key_path).map_err(|source| TlsError::Read {
-        what: "key file",
+        what: "server.tls.key_file",
         path: key_path.to_owned(),
         source,
     })?;
@@ -135,7 +137,7 @@ fn build(settings: &TlsSettings) -> Result<(rustls::ServerConfig, rustls::Server
     let builder = if settings.mutual() {
         let ca_path = Path::new(&settings.client_ca_file);
         let mut roots = RootCertStore::empty();
-        for ca in read_certificates("client CA file", ca_path)? {
+        for ca in read_certificates("server.tls.client_ca_file", ca_path)? {
             roots.add(ca).map_err(|source| TlsError::BadCa { path: ca_path.to_owned(), source })?;
         }
         let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)

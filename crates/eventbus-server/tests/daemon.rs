@@ -159,7 +159,7 @@ async fn file_then_environment_then_flags() {
 }
 
 #[tokio::test]
-async fn a_seed_shaped_file_starts() {
+async fn a_java_style_file_starts() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("application.yml");
     // The Java-style layout (under `eventbus:` rather than Spring's `socle.eventbus:`).
@@ -246,6 +246,26 @@ async fn configuration_errors_stop_startup_naming_the_key() {
         assert!(err.contains("configuration error") && err.contains(needle), "{needle}: {err}");
         assert_eq!(err.lines().count(), 1, "one clear line: {err}");
     }
+}
+
+#[tokio::test]
+async fn check_config_validates_the_settings_and_the_files_they_name_then_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = within(command(dir.path(), &["--check-config"]).output()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("configuration OK: mode in_memory"), "{stdout}");
+
+    // A TLS file that is not there: named, exit 2, nothing bound.
+    let mut cmd = command(dir.path(), &["--check-config"]);
+    cmd.env("EVENTBUS__SERVER__TLS__CERT_FILE", "absent.pem").env("EVENTBUS__SERVER__TLS__KEY_FILE", "absent.key");
+    let out = within(cmd.output()).await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("configuration error") && err.contains("absent.pem"), "{err}");
+
+    let out = within(command(dir.path(), &["--version"]).output()).await.unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("eventbusd "), "the binary's own name");
 }
 
 #[tokio::test]

@@ -168,6 +168,13 @@ macro_rules! choice {
                 }
             }
         }
+
+        /// As the configuration spells it.
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(match self { $(Self::$variant => $text),+ })
+            }
+        }
     };
 }
 
