@@ -77,7 +77,7 @@ impl Error {
             Self::UnknownSubscription(_) => ErrorKind::NotFound,
             Self::ShuttingDown | Self::Transport(_) => ErrorKind::Unavailable,
             Self::Durable(DurableError::UnknownConsumer(_)) => ErrorKind::NotFound,
-            Self::Durable(DurableError::AlreadyExists(_)) => ErrorKind::AlreadyExists,
+            Self::Durable(DurableError::AlreadyExists { .. }) => ErrorKind::AlreadyExists,
             Self::Durable(DurableError::InvalidConfig(_) | DurableError::InvalidArgument { .. }) => {
                 ErrorKind::InvalidArgument
             }

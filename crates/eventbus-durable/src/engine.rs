@@ -289,7 +289,7 @@ impl Durable {
             if existing.config == config {
                 return Ok(self.info(&existing));
             }
-            return Err(DurableError::AlreadyExists(config.name));
+            return Err(DurableError::already_exists(&existing.config, config));
         }
         let this = self.clone();
         let consumer =

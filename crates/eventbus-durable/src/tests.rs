@@ -113,7 +113,7 @@ async fn create_is_idempotent_and_conflicts_are_refused() {
     durable.create_consumer(config.clone()).await.unwrap();
     durable.create_consumer(config.clone()).await.unwrap();
     let other = ConsumerConfig { max_attempts: 9, ..config };
-    assert!(matches!(durable.create_consumer(other).await, Err(DurableError::AlreadyExists(_))));
+    assert!(matches!(durable.create_consumer(other).await, Err(DurableError::AlreadyExists { .. })));
     assert!(matches!(
         durable.attach("nope", ClientOptions::default(), None).await,
         Err(DurableError::UnknownConsumer(_))

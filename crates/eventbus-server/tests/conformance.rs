@@ -301,7 +301,10 @@ async fn create(h: &mut Harness) {
     // Different: refused, and the first definition stays.
     let other = ConsumerConfig { max_attempts: 9, ..config.clone() };
     let refused = within(h.engine.create_consumer(other)).await;
-    assert!(matches!(refused, Err(DurableError::AlreadyExists(ref n)) if n == "billing"), "{refused:?}");
+    assert!(matches!(refused, Err(DurableError::AlreadyExists { ref name, .. }) if name == "billing"), "{refused:?}");
+    // The message says what differs, and nothing else.
+    let message = refused.unwrap_err().to_string();
+    assert!(message.ends_with("max_attempts 3, asked 9"), "{message}");
     assert_eq!(h.info("billing").await.config, config);
     // Invalid: refused before anything is stored.
     let bad = ConsumerConfig { ack_deadline_ms: 0, ..consumer("bad", &["x"]) };
@@ -723,7 +726,7 @@ async fn declare(h: &mut Harness) {
     let info = h.info("inbox").await;
     assert_eq!((info.config.clone(), info.pending), (changed.clone(), 2));
     let refused = within(h.engine.create_consumer(config)).await;
-    assert!(matches!(refused, Err(DurableError::AlreadyExists(_))), "{refused:?}");
+    assert!(matches!(refused, Err(DurableError::AlreadyExists { .. })), "{refused:?}");
     within(h.engine.flush()).await.expect("flush");
     // The snapshot (no I/O) agrees with a listing once one was made (docs/durable.md "Mode
     // differences": the Redis engine refreshes its snapshot when listing).

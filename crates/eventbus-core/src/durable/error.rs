@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use crate::durable::config::ConfigError;
+use crate::durable::config::{ConfigError, ConsumerConfig};
 use crate::error::quoted;
 
 /// An error from below a durable engine (a store, a Redis client), kept as the source.
@@ -14,8 +14,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub enum DurableError {
     #[error("no consumer named {}", quoted(.0))]
     UnknownConsumer(String),
-    #[error("consumer {} already exists with a different configuration", quoted(.0))]
-    AlreadyExists(String),
+    /// `differences`: each field that differs, the existing value then the one asked.
+    #[error("consumer {} already exists with a different configuration: {differences}", quoted(name))]
+    AlreadyExists { name: String, differences: String },
     #[error("invalid consumer configuration: {0}")]
     InvalidConfig(#[from] ConfigError),
     #[error("invalid {field}: {message}")]
@@ -50,6 +51,24 @@ pub enum DurableError {
 }
 
 impl DurableError {
+    /// [`DurableError::AlreadyExists`] for `asked`, naming each field that differs from
+    /// `existing` (`max_attempts 5, asked 3; channels ["a.>"], asked ["b.>"]`).
+    pub fn already_exists(existing: &ConsumerConfig, asked: ConsumerConfig) -> Self {
+        let (Ok(serde_json::Value::Object(old)), Ok(serde_json::Value::Object(new))) =
+            (serde_json::to_value(existing), serde_json::to_value(&asked))
+        else {
+            return Self::AlreadyExists { name: asked.name, differences: "the definitions differ".to_owned() };
+        };
+        let differences: Vec<String> = new
+            .iter()
+            .filter_map(|(field, value)| {
+                let current = old.get(field).unwrap_or(&serde_json::Value::Null);
+                (current != value).then(|| format!("{field} {current}, asked {value}"))
+            })
+            .collect();
+        Self::AlreadyExists { name: asked.name, differences: differences.join("; ") }
+    }
+
     /// [`DurableError::Unavailable`] without an underlying error.
     pub fn unavailable(reason: impl Into<Cow<'static, str>>) -> Self {
         Self::Unavailable { reason: reason.into(), source: None }

@@ -654,9 +654,13 @@ impl DurableBackend for RedisDurable {
         Box::pin(async move {
             config.validate().map_err(DurableError::InvalidConfig)?;
             if let Some(existing) = self.shared.define(&config, false).await? {
-                let same = serde_json::from_str::<ConsumerConfig>(&existing).is_ok_and(|e| e == config);
-                if !same {
-                    return Err(DurableError::AlreadyExists(config.name));
+                match serde_json::from_str::<ConsumerConfig>(&existing) {
+                    Ok(existing) if existing == config => {}
+                    Ok(existing) => return Err(DurableError::already_exists(&existing, config)),
+                    Err(_) => {
+                        let differences = "the existing definition is unreadable".to_owned();
+                        return Err(DurableError::AlreadyExists { name: config.name, differences });
+                    }
                 }
             }
             let rt =
