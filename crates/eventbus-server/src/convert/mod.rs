@@ -173,7 +173,11 @@ mod tests {
             (too_large, Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE),
             (Error::UnknownSubscription("s".into()).into(), Code::NotFound, StatusCode::NOT_FOUND),
             (Error::ShuttingDown.into(), Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
-            (DurableError::AlreadyExists("c".into()).into(), Code::AlreadyExists, StatusCode::CONFLICT),
+            (
+                DurableError::AlreadyExists { name: "c".into(), differences: String::new() }.into(),
+                Code::AlreadyExists,
+                StatusCode::CONFLICT,
+            ),
             (EdgeError::DurableDisabled, Code::FailedPrecondition, StatusCode::CONFLICT),
             (EdgeError::BadRequest("config is required".into()), Code::InvalidArgument, StatusCode::BAD_REQUEST),
             (EdgeError::Unauthenticated("missing".into()), Code::Unauthenticated, StatusCode::UNAUTHORIZED),
