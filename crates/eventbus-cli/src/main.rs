@@ -64,13 +64,35 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let server = cli.connect.server.clone();
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            let message = format!("{err:#}");
+            eprintln!("error: {message}");
+            if let Some(hint) = hint(&message, &server) {
+                eprintln!("hint: {hint}");
+            }
             ExitCode::FAILURE
         }
     }
+}
+
+/// What to do about the connection errors whose cause the transport names in its own
+/// words: a plain-text client at a TLS port, a certificate from an unknown CA.
+fn hint(message: &str, server: &str) -> Option<&'static str> {
+    // A TLS port answers a plain-text HTTP/2 preface with a TLS alert, which the
+    // transport reports as one of these.
+    let plain_at_tls = ["h2 protocol error", "frame with invalid size", "operation was canceled", "connection reset"];
+    if server.starts_with("http://") && plain_at_tls.iter().any(|m| message.contains(m)) {
+        return Some("if the broker serves TLS on this port, use an https:// address in --server");
+    }
+    if message.contains("UnknownIssuer") || message.contains("unknown issuer") {
+        return Some(
+            "the broker's certificate is signed by a CA this machine does not trust: name that CA's PEM file with --tls-ca FILE",
+        );
+    }
+    None
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -503,3 +503,45 @@ async fn a_relay_with_an_unreachable_database_exits_naming_it() {
     assert!(!out.ok, "{}", out.stderr);
     assert!(out.stderr.contains("127.0.0.1:1"), "{}", out.stderr);
 }
+
+/// A broker serving TLS with a self-signed certificate for 127.0.0.1.
+async fn tls_broker(dir: &std::path::Path) -> (Broker, std::path::PathBuf) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let (cert_file, key_file) = (dir.join("server.pem"), dir.join("server.key"));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let mut settings = Settings::default();
+    settings.server.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    settings.server.http_addr = "127.0.0.1:0".parse().unwrap();
+    settings.durable.data_dir = String::new();
+    settings.server.tls.cert_file = cert_file.display().to_string();
+    settings.server.tls.key_file = key_file.display().to_string();
+    let server = Server::bind(settings).await.unwrap();
+    let url = format!("127.0.0.1:{}", server.grpc_addr().port());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(server.run(shutdown.clone()));
+    (Broker { url, shutdown }, cert_file)
+}
+
+#[tokio::test]
+async fn connection_errors_at_a_tls_broker_say_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let (broker, ca) = tls_broker(dir.path()).await;
+    let addr = broker.url.clone();
+
+    let out = run(offline(&["--server", &format!("http://{addr}"), "stats"])).await;
+    assert!(
+        !out.ok && out.stderr.contains("hint: if the broker serves TLS on this port, use an https://"),
+        "{}",
+        out.stderr
+    );
+
+    let out = run(offline(&["--server", &format!("https://{addr}"), "stats"])).await;
+    assert!(!out.ok && out.stderr.contains("hint:") && out.stderr.contains("--tls-ca"), "{}", out.stderr);
+
+    let ca = ca.display().to_string();
+    let out = run(offline(&["--server", &format!("https://{addr}"), "--tls-ca", &ca, "stats"])).await;
+    assert!(out.ok, "{}", out.stderr);
+}
