@@ -118,7 +118,7 @@ pub(crate) struct RelayArgs {
     /// Rows claimed and published per transaction.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) batch: u32,
-    /// Where to serve /metrics (`socle_eventbus_relay_*`). Default 127.0.0.1:9187, or,
+    /// Where to serve /metrics (`socle_eventbus_relay_*`). Default 127.0.0.1:9473, or,
     /// when that is taken (a second relay on the host), a free port named in the log.
     #[arg(long)]
     pub(crate) metrics_addr: Option<std::net::SocketAddr>,

@@ -43,9 +43,9 @@ pub(crate) async fn run(client_options: ClientOptions, args: RelayArgs) -> anyho
         let Some(client) = connect(client_options, &shutdown).await? else { return Ok(()) };
         let relay = Relay::new(client, options)?.metrics(&metrics);
         tracing::info!(metrics = %metrics_addr, "outbox relay running");
-        relay.run(shutdown.clone()).await;
-        shutdown.cancel(); // the relay only returns on shutdown; stop /metrics too
-        anyhow::Ok(())
+        let outcome = relay.run(shutdown.clone()).await;
+        shutdown.cancel(); // the relay returns on shutdown or on an error it cannot fix: stop /metrics too
+        outcome.map_err(anyhow::Error::from)
     };
     let (relayed, served) = tokio::join!(relay, metrics_server);
     shutdown.cancel();
@@ -57,7 +57,7 @@ pub(crate) async fn run(client_options: ClientOptions, args: RelayArgs) -> anyho
 
 /// The default /metrics address when none is given.
 const DEFAULT_METRICS_ADDR: std::net::SocketAddr =
-    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9187);
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9473);
 
 /// The /metrics listener: the address given, or the default one, or, when the default
 /// is taken (another relay on this host), a free port: a second relay must not die of

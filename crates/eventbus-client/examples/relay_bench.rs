@@ -118,7 +118,7 @@ async fn main() -> Result<()> {
     );
 
     shutdown.cancel();
-    task.await?;
+    task.await??;
     db.batch_execute(&format!("drop schema {schema} cascade")).await?;
     stop_server.cancel();
     Ok(())

@@ -38,8 +38,9 @@ pub enum RelayError {
     /// The database URL does not parse.
     #[error("database url: {0}")]
     InvalidUrl(#[source] tokio_postgres::Error),
-    /// The database refused or dropped a call: the relay reconnects.
-    #[error("database: {0}")]
+    /// The database refused or dropped a call: the relay reconnects, unless the error
+    /// is one no retry fixes ([`RelayError::is_permanent`]).
+    #[error("database: {}", describe(.0))]
     Database(#[from] tokio_postgres::Error),
     /// The listening connection was lost: the relay reconnects.
     #[error("database: the LISTEN connection was lost")]
@@ -51,7 +52,7 @@ pub enum RelayError {
     #[error("broker: no answer to {0} publishes within the publish timeout")]
     BrokerTimeout(usize),
     /// At start: the database does not answer (a wrong address, or not up).
-    #[error("cannot reach the database at {address}: {source}")]
+    #[error("cannot reach the database at {address}: {}", describe(.source))]
     Unreachable {
         address: String,
         #[source]
@@ -228,9 +229,42 @@ struct TableMetrics {
 /// use eventbus_client::outbox::{Relay, RelayOptions};
 ///
 /// let relay = Relay::new(client, RelayOptions::new("postgres://app@127.0.0.1/app"))?;
-/// relay.run(tokio_util::sync::CancellationToken::new()).await; // until cancelled
+/// relay.run(tokio_util::sync::CancellationToken::new()).await?; // until cancelled
 /// # Ok(()) }
 /// ```
+/// A database error in words: PostgreSQL's own message and SQLSTATE when it answered,
+/// else the cause (`tokio_postgres` says only "db error" or "error connecting to
+/// server" itself).
+fn describe(err: &tokio_postgres::Error) -> String {
+    if let Some(db) = err.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    }
+    match std::error::Error::source(err) {
+        Some(cause) => format!("{err}: {cause}"),
+        None => err.to_string(),
+    }
+}
+
+impl RelayError {
+    /// An error the relay stops on rather than retry: the database answered that the
+    /// table, the database or a column does not exist, or that the login or a privilege
+    /// is refused. Fix the setting or the schema (`clients/sql/outbox.sql`) and restart.
+    pub fn is_permanent(&self) -> bool {
+        use tokio_postgres::error::SqlState;
+        let (Self::Database(err) | Self::Unreachable { source: err, .. }) = self else { return false };
+        let Some(code) = err.code() else { return false };
+        [
+            SqlState::UNDEFINED_TABLE,
+            SqlState::UNDEFINED_COLUMN,
+            SqlState::INVALID_CATALOG_NAME,
+            SqlState::INVALID_PASSWORD,
+            SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+            SqlState::INSUFFICIENT_PRIVILEGE,
+        ]
+        .contains(code)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Relay {
     client: Client,
@@ -311,8 +345,9 @@ impl Relay {
 
     /// Publishes rows until `shutdown` is cancelled, then returns after the round in
     /// progress (a cancelled round rolls back: its rows go out again later). Errors are
-    /// logged and retried with backoff; no row is ever dropped.
-    pub async fn run(&self, shutdown: CancellationToken) {
+    /// logged and retried with backoff, no row is ever dropped; an error no retry fixes
+    /// (a missing table or database, a refused login, a missing privilege) is returned.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), RelayError> {
         let mut failures = 0;
         while !shutdown.is_cancelled() {
             let wake = Arc::new(Notify::new());
@@ -321,7 +356,11 @@ impl Relay {
                 Err(err) => Err(err),
             };
             match outcome {
-                Ok(()) => return,
+                Ok(()) => return Ok(()),
+                Err(err) if err.is_permanent() => {
+                    tracing::error!(table = %self.options.table, error = %err, "outbox relay: stopping, retrying cannot fix this");
+                    return Err(err);
+                }
                 Err(err) => {
                     tracing::warn!(table = %self.options.table, error = %err, "outbox relay: database unavailable, reconnecting");
                 }
@@ -329,6 +368,7 @@ impl Relay {
             pause(self.options.backoff.delay(failures), &shutdown).await;
             failures = failures.saturating_add(1);
         }
+        Ok(())
     }
 
     /// Opens the working connection and the listening one; notifications for this

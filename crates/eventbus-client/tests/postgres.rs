@@ -103,7 +103,7 @@ fn relay(client: &Client, pg: &Pg, batch: usize, registry: &prometheus::Registry
 fn spawn_relay(relay: Relay) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
-    (shutdown, tokio::spawn(async move { relay.run(stop).await }))
+    (shutdown, tokio::spawn(async move { relay.run(stop).await.unwrap() }))
 }
 
 type Counts = Arc<Mutex<HashMap<String, u32>>>;
@@ -386,6 +386,21 @@ async fn a_relay_refuses_to_start_on_a_missing_table_or_an_unreachable_database(
     assert!(err.to_string().contains("no_such_outbox"), "{err}");
     let err = RelayOptions::new("postgres://postgres@127.0.0.1:1/nowhere").preflight().await.unwrap_err();
     assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+    pg.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_stops_naming_the_error_when_its_table_goes_away() {
+    let Some(pg) = Pg::start().await else { return };
+    let broker = Broker::start().await;
+    let client = broker.client().await;
+    let relay = relay(&client, &pg, 100, &prometheus::Registry::new());
+    pg.db.batch_execute("drop table eventbus_outbox").await.unwrap();
+    // No retry brings a table back: the relay stops, saying what PostgreSQL said.
+    let err = within(relay.run(CancellationToken::new())).await.unwrap_err();
+    assert!(err.is_permanent(), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains("eventbus_outbox") && message.contains("SQLSTATE 42P01"), "{message}");
     pg.drop_schema().await;
 }
 
