@@ -78,6 +78,7 @@ fn overflow_name(policy: i32) -> &'static str {
         Ok(pb::OverflowPolicy::DropNewest) => "drop_newest",
         Ok(pb::OverflowPolicy::DropOldest) => "drop_oldest",
         Ok(pb::OverflowPolicy::Disconnect) => "disconnect",
+        Ok(pb::OverflowPolicy::DeadLetter) => "dead_letter",
         _ => "unspecified",
     }
 }

@@ -347,11 +347,16 @@ pub(crate) struct SubscribeArgs {
     pub(crate) name: String,
 }
 
+/// Spelled as in the configuration and the JSON output (`drop_newest`); the dashed
+/// spelling is accepted too.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub(crate) enum Overflow {
+    #[value(name = "drop_newest", alias = "drop-newest")]
     DropNewest,
+    #[value(name = "drop_oldest", alias = "drop-oldest")]
     DropOldest,
     Disconnect,
+    #[value(name = "dead_letter", alias = "dead-letter")]
     DeadLetter,
 }
 

@@ -545,3 +545,24 @@ async fn connection_errors_at_a_tls_broker_say_what_to_do() {
     let out = run(offline(&["--server", &format!("https://{addr}"), "--tls-ca", &ca, "stats"])).await;
     assert!(out.ok, "{}", out.stderr);
 }
+
+#[tokio::test]
+async fn overflow_policies_are_spelled_as_in_the_configuration_and_the_dashed_way_is_accepted() {
+    let broker = broker().await;
+    let _a = subscriber(&broker, &["subscribe", "o.a", "--overflow", "dead_letter", "--name", "a"]).await;
+    let _b = subscriber(&broker, &["subscribe", "o.b", "--overflow", "drop-oldest", "--name", "b"]).await;
+    let out = run(eventbus(&broker, &["--json", "subscriptions"])).await;
+    assert!(out.ok, "{}", out.stderr);
+    let mut policies: Vec<(String, String)> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .flat_map(|v| match v {
+            serde_json::Value::Array(items) => items,
+            one => vec![one],
+        })
+        .map(|s| (s["name"].as_str().unwrap().to_owned(), s["overflow"].as_str().unwrap().to_owned()))
+        .collect();
+    policies.sort();
+    assert_eq!(policies, [("a".to_owned(), "dead_letter".to_owned()), ("b".to_owned(), "drop_oldest".to_owned())]);
+}
