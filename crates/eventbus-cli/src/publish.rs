@@ -56,6 +56,7 @@ fn print_published(json: bool, channel: &str, resp: &pb::PublishResponse) {
             "failed_count": resp.failed_count,
             "duration_us": duration_us,
             "duplicate": resp.duplicate,
+            "captured_count": resp.captured_count,
         });
         println!("{line}");
     } else {
@@ -66,6 +67,10 @@ fn print_published(json: bool, channel: &str, resp: &pb::PublishResponse) {
         );
         if resp.failed_count > 0 {
             line.push_str(&format!(", {} failed", resp.failed_count));
+        }
+        if resp.captured_count > 0 {
+            let plural = if resp.captured_count == 1 { "" } else { "s" };
+            line.push_str(&format!("; stored for {} durable consumer{plural}", resp.captured_count));
         }
         if resp.duplicate {
             line = format!("duplicate of {} (idempotency key seen before): not delivered again", resp.event_id);

@@ -280,8 +280,11 @@ async fn durable_consumer_commands_end_to_end() {
     assert!(out.ok, "{}", out.stderr);
     assert!(out.stdout.contains("max_attempts") && out.stdout.contains('3'), "{}", out.stdout);
     for i in 0..3 {
-        assert!(run(eventbus(&broker, &["publish", "orders.created", &format!("o{i}")])).await.ok);
+        let out = run(eventbus(&broker, &["publish", "orders.created", &format!("o{i}")])).await;
+        assert!(out.ok && out.stdout.contains("; stored for 1 durable consumer"), "{}", out.stdout);
     }
+    let out = run(eventbus(&broker, &["--json", "publish", "elsewhere", "x"])).await;
+    assert!(out.stdout.contains("\"captured_count\":0"), "{}", out.stdout);
     let out = run(eventbus(&broker, &["--json", "consume", "inbox", "--count", "3"])).await;
     assert!(out.ok, "{}", out.stderr);
     let payloads: Vec<String> = out

@@ -338,6 +338,7 @@ fn encode_published(p: &Published, buf: &mut impl BufMut) {
     head.uint(3, u64::from(p.failed));
     head.seconds_nanos(4, p.duration.as_secs() as i64, p.duration.subsec_nanos() as i32);
     head.uint(5, u64::from(p.duplicate));
+    head.uint(7, u64::from(p.captured));
     head.flush(buf);
 }
 
@@ -365,6 +366,7 @@ fn published_len(p: &Published) -> usize {
         + uint(3, u64::from(p.failed))
         + delimited_len(4, duration)
         + uint(5, u64::from(p.duplicate))
+        + uint(7, u64::from(p.captured))
 }
 
 /// Writes `PublishBatchResponse`: each answer in its slot (`results`, field 1), the
@@ -644,19 +646,20 @@ mod tests {
 
     #[test]
     fn answers_encode_to_the_bytes_prost_writes() {
-        let published = |id: &str, delivered, failed, duration, duplicate| Published {
+        let published = |id: &str, delivered, failed, duration, duplicate, captured| Published {
             event_id: id.to_owned(),
             delivered,
             failed,
             duration,
             duplicate,
+            captured,
         };
         let cases = [
-            published("", 0, 0, Duration::ZERO, false),
-            published("0190a8e4-7b1c-7cc3-8f00-0123456789ab", 1, 0, Duration::from_micros(12), false),
-            published("x", 0, 3, Duration::from_secs(2), true),
-            published("dup", u32::MAX, u32::MAX, Duration::new(1, 999_999_999), true),
-            published(&"i".repeat(300), 16, 1, Duration::from_secs(u64::from(u32::MAX) * 4), false),
+            published("", 0, 0, Duration::ZERO, false, 0),
+            published("0190a8e4-7b1c-7cc3-8f00-0123456789ab", 1, 0, Duration::from_micros(12), false, 2),
+            published("x", 0, 3, Duration::from_secs(2), true, 0),
+            published("dup", u32::MAX, u32::MAX, Duration::new(1, 999_999_999), true, u32::MAX),
+            published(&"i".repeat(300), 16, 1, Duration::from_secs(u64::from(u32::MAX) * 4), false, 300),
         ];
         for p in &cases {
             let mut buf = Vec::new();

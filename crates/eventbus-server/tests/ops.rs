@@ -456,7 +456,10 @@ async fn grpc_and_rest_agree_on_stats_channels_subscriptions_and_publish() {
         .unwrap();
     let answer = server.client().await.publish(event("agree.grpc", "2")).await.unwrap().into_inner();
     let keys = |v: &Json| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
-    assert_eq!(keys(&published), ["delivered_count", "duplicate", "duration_us", "event_id", "failed_count"]);
+    assert_eq!(
+        keys(&published),
+        ["captured_count", "delivered_count", "duplicate", "duration_us", "event_id", "failed_count"]
+    );
     assert_eq!(
         (&published["delivered_count"], &published["failed_count"], &published["duplicate"]),
         (&json!(answer.delivered_count), &json!(answer.failed_count), &json!(answer.duplicate))

@@ -124,6 +124,8 @@ pub struct Published {
     /// The idempotency key was seen within the dedup window: nothing was delivered and
     /// `event_id` is the original event's.
     pub duplicate: bool,
+    /// Durable consumers that stored it (0 when none matches, and for a duplicate).
+    pub captured: u32,
 }
 
 /// The event bus: a cheap handle, clone it freely.

@@ -146,6 +146,7 @@ impl Bus {
             failed: fanout.failed,
             duration: start.elapsed(),
             duplicate: false,
+            captured: 0,
         }
     }
 
@@ -233,12 +234,14 @@ impl Bus {
         captured
             .into_iter()
             .map(|(event, c)| match c {
-                Ok(Captured::Stored(_)) => match fanouts.next() {
-                    Some(fanout) => Ok(self.sent(&event, fanout?, start)),
+                Ok(Captured::Stored(consumers)) => match fanouts.next() {
+                    Some(fanout) => Ok(stored_for(self.sent(&event, fanout?, start), consumers)),
                     None => Err(self.fewer_answers()),
                 },
                 Ok(Captured::Duplicate(original)) => Ok(duplicate_of(original, start)),
-                Ok(Captured::Forwarded { fanout, .. }) => Ok(self.sent(&event, fanout, start)),
+                Ok(Captured::Forwarded { fanout, consumers }) => {
+                    Ok(stored_for(self.sent(&event, fanout, start), consumers))
+                }
                 Err(err) => Err(err.into()),
             })
             .collect()
@@ -306,8 +309,8 @@ impl Bus {
     async fn complete(&self, event: Arc<Event>, captured: Captured, start: Instant) -> Result<Published, Error> {
         match captured {
             Captured::Duplicate(original) => Ok(duplicate_of(original, start)),
-            Captured::Forwarded { fanout, .. } => Ok(self.sent(&event, fanout, start)),
-            Captured::Stored(_) => self.deliver(event, start).await,
+            Captured::Forwarded { fanout, consumers } => Ok(stored_for(self.sent(&event, fanout, start), consumers)),
+            Captured::Stored(consumers) => self.deliver(event, start).await.map(|p| stored_for(p, consumers)),
         }
     }
 
@@ -327,13 +330,19 @@ impl Bus {
             failed: fanout.failed,
             duration: start.elapsed(),
             duplicate: false,
+            captured: 0,
         })
     }
 }
 
+/// `published`, stored by `consumers` durable consumers.
+fn stored_for(published: Published, consumers: usize) -> Published {
+    Published { captured: u32::try_from(consumers).unwrap_or(u32::MAX), ..published }
+}
+
 /// The answer to a publish whose idempotency key names an earlier event.
 fn duplicate_of(original: String, start: Instant) -> Published {
-    Published { event_id: original, delivered: 0, failed: 0, duration: start.elapsed(), duplicate: true }
+    Published { event_id: original, delivered: 0, failed: 0, duration: start.elapsed(), duplicate: true, captured: 0 }
 }
 
 /// A name within a principal's scope (an idempotency key as the durable engines keep

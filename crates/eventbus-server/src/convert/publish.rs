@@ -54,7 +54,7 @@ pub(crate) fn publish_input_json(body: &[u8], peer: String) -> Result<PublishInp
 }
 
 pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
-    let Published { event_id, delivered, failed, duration: took, duplicate } = p;
+    let Published { event_id, delivered, failed, duration: took, duplicate, captured } = p;
     pb::PublishResponse {
         event_id,
         delivered_count: delivered,
@@ -62,6 +62,7 @@ pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
         duration: Some(duration(took)),
         duplicate,
         error: None,
+        captured_count: captured,
     }
 }
 
@@ -73,15 +74,17 @@ pub(crate) struct PublishedJson {
     failed_count: u32,
     duration_us: u64,
     duplicate: bool,
+    captured_count: u32,
 }
 
 pub(crate) fn publish_response_json(p: Published) -> PublishedJson {
-    let Published { event_id, delivered, failed, duration, duplicate } = p;
+    let Published { event_id, delivered, failed, duration, duplicate, captured } = p;
     PublishedJson {
         event_id,
         delivered_count: delivered,
         failed_count: failed,
         duration_us: duration.as_micros() as u64,
         duplicate,
+        captured_count: captured,
     }
 }
