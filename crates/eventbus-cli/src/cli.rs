@@ -345,6 +345,11 @@ pub(crate) struct SubscribeArgs {
     /// Label shown in `subscriptions`.
     #[arg(long, default_value = "eventbus-cli")]
     pub(crate) name: String,
+    /// End on the first loss of the subscription instead of subscribing again (by
+    /// default a loss, such as a broker restart, is reported as a gap on stderr and the
+    /// subscription is made again with backoff).
+    #[arg(long)]
+    pub(crate) no_reconnect: bool,
 }
 
 /// Spelled as in the configuration and the JSON output (`drop_newest`); the dashed

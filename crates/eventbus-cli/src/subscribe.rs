@@ -17,8 +17,9 @@ pub(crate) async fn run(client: &Client, json: bool, args: SubscribeArgs) -> any
         max_batch: args.max_batch,
         name: args.name.clone(),
     };
-    // One subscription, as always: a loss ends the command with its error.
-    let mut subscription = client.subscribe(SubscribeOptions::from(req).reconnect(false)).await?;
+    // Lost (a broker restart, say), it is made again; the gap is reported, as events
+    // published meanwhile are missed. With --no-reconnect, a loss ends the command.
+    let mut subscription = client.subscribe(SubscribeOptions::from(req).reconnect(!args.no_reconnect)).await?;
     let mut received = 0u64;
     if args.count == Some(0) {
         return Ok(());
@@ -35,6 +36,11 @@ pub(crate) async fn run(client: &Client, json: bool, args: SubscribeArgs) -> any
             }
             Some(SubscriptionItem::Started { subscription_id }) => {
                 note(&format!("subscribed {subscription_id} to {}", args.patterns.join(" ")));
+            }
+            Some(SubscriptionItem::Gap { reason }) => {
+                note(&format!(
+                    "gap: the subscription was lost ({reason}); events published until it is made again are missed"
+                ));
             }
             Some(SubscriptionItem::Events(events)) => {
                 let mut out = std::io::stdout().lock();

@@ -569,3 +569,44 @@ async fn overflow_policies_are_spelled_as_in_the_configuration_and_the_dashed_wa
     policies.sort();
     assert_eq!(policies, [("a".to_owned(), "dead_letter".to_owned()), ("b".to_owned(), "drop_oldest".to_owned())]);
 }
+
+/// Awaits `fut`, failing the test past [`DEADLINE`].
+async fn within<F: std::future::Future>(fut: F) -> F::Output {
+    tokio::time::timeout(DEADLINE, fut).await.expect("timed out")
+}
+
+/// A broker on `grpc_addr`, and the task serving it (it ends once `shutdown` drains it).
+async fn broker_at(grpc_addr: std::net::SocketAddr) -> (Broker, tokio::task::JoinHandle<()>) {
+    let mut settings = Settings::default();
+    settings.server.grpc_addr = grpc_addr;
+    settings.server.http_addr = "127.0.0.1:0".parse().unwrap();
+    settings.server.shutdown_timeout_ms = 100;
+    settings.durable.data_dir = String::new();
+    let server = Server::bind(settings).await.unwrap();
+    let url = format!("http://{}", server.grpc_addr());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { server.run(shutdown).await.unwrap() }
+    });
+    (Broker { url, shutdown }, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_reports_the_gap_of_a_broker_restart_and_subscribes_again() {
+    let (first, serving) = broker_at("127.0.0.1:0".parse().unwrap()).await;
+    let addr: std::net::SocketAddr = first.url.trim_start_matches("http://").parse().unwrap();
+    let mut sub = subscriber(&first, &["subscribe", "restart.>", "--count", "1"]).await;
+    first.shutdown.cancel();
+    within(serving).await.unwrap();
+    let (second, _serving) = broker_at(addr).await;
+    let mut lines = Vec::new();
+    while !lines.iter().any(|l: &String| l.starts_with("subscribed ")) {
+        let line = within(sub.stderr.next_line()).await.unwrap().expect("the subscriber kept running");
+        lines.push(line);
+    }
+    assert!(lines[0].starts_with("gap: the subscription was lost"), "{lines:?}");
+    assert!(run(eventbus(&second, &["publish", "restart.now", "after"])).await.ok);
+    let (stdout, _) = sub.finish().await;
+    assert!(stdout.contains("restart.now") && stdout.contains("after"), "{stdout}");
+}
