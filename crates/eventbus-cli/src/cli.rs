@@ -149,21 +149,34 @@ pub(crate) enum ConsumerCommand {
     /// Every consumer with its counts.
     List,
     /// One consumer's definition and counts.
-    Info { name: String },
+    Info {
+        /// The durable consumer.
+        name: String,
+    },
     /// Delete a consumer, the events it holds and its log.
-    Delete { name: String },
+    Delete {
+        /// The durable consumer.
+        name: String,
+    },
     /// A consumer's unfinished events, oldest first: state, attempt, next delivery, last failure.
     Pending(PendingArgs),
     /// Put dead-lettered events back to the consumer with their attempts reset.
     Redrive(RedriveArgs),
     /// Stop delivering (events are still captured and kept; clients stay attached).
-    Pause { name: String },
+    Pause {
+        /// The durable consumer.
+        name: String,
+    },
     /// Deliver again after `pause`.
-    Resume { name: String },
+    Resume {
+        /// The durable consumer.
+        name: String,
+    },
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct PendingArgs {
+    /// The durable consumer.
     pub(crate) name: String,
     /// Entries per page (at most 1000).
     #[arg(long, default_value_t = 100)]
@@ -175,6 +188,7 @@ pub(crate) struct PendingArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct RedriveArgs {
+    /// The durable consumer.
     pub(crate) name: String,
     /// Dead-lettered events to put back (default: the oldest --limit).
     #[arg(value_name = "EVENT_ID")]
@@ -189,6 +203,7 @@ pub(crate) struct RedriveArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct CreateArgs {
+    /// The durable consumer.
     pub(crate) name: String,
     /// Channel or pattern whose events it keeps (repeatable).
     #[arg(long = "channel", short = 'c', required = true)]
@@ -199,10 +214,13 @@ pub(crate) struct CreateArgs {
     /// Failed attempts before dead-lettering (default 5; 0 = unlimited).
     #[arg(long)]
     pub(crate) max_attempts: Option<u32>,
+    /// Delay before the first redelivery after a failed attempt (0: 1000 ms).
     #[arg(long, default_value_t = 0)]
     pub(crate) backoff_initial_ms: u64,
+    /// Growth of the delay per attempt with the exponential backoff (0: 2.0).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) backoff_multiplier: f64,
+    /// Longest delay between attempts (0: 60000 ms).
     #[arg(long, default_value_t = 0)]
     pub(crate) backoff_max_ms: u64,
     /// How retry delays grow: initial × multiplier^(attempt−1), or initial × attempt;
@@ -249,7 +267,9 @@ pub(crate) enum AckMode {
 
 #[derive(Debug, Args)]
 pub(crate) struct ConsumeArgs {
+    /// The durable consumer.
     pub(crate) name: String,
+    /// How deliveries are acknowledged.
     #[arg(long, value_enum, default_value_t = AckMode::Auto)]
     pub(crate) ack: AckMode,
     /// Exit after this many deliveries.
@@ -262,6 +282,7 @@ pub(crate) struct ConsumeArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct LogArgs {
+    /// The durable consumer.
     pub(crate) name: String,
     /// completed, dead_lettered, redriven or all.
     #[arg(long)]
@@ -433,5 +454,24 @@ mod tests {
         let c = &cli.connect;
         assert_eq!((c.server.as_str(), c.token.as_deref()), ("https://broker:50051", Some("t")));
         assert_eq!((c.tls_ca.is_some(), c.tls_cert.is_some(), c.tls_key.is_some()), (true, true, true));
+    }
+
+    /// Every option and argument of every command says what it is for in `--help`.
+    #[test]
+    fn every_argument_is_described() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "eventbus", &mut missing);
+        assert!(missing.is_empty(), "arguments without a description: {missing:?}");
     }
 }
