@@ -41,11 +41,7 @@ for i in 1 2 3 4 5 6; do
 done
 wait_port "$SINGLE"
 for node in "${NODES[@]}"; do wait_port "${node#*:}"; done
-redis-cli --cluster create "${NODES[@]}" --cluster-replicas 1 --cluster-yes >"$OUT/create.log"
-for _ in $(seq 100); do
-  redis-cli -p "${NODES[0]#*:}" cluster info | grep -q 'cluster_slots_ok:16384' && break
-  sleep 0.1
-done
+create_cluster "$OUT/create.log" "${NODES[@]}"
 
 start_daemon() { # side env...
   local side=$1 grpc; shift

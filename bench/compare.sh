@@ -65,11 +65,7 @@ for _ in 1 2 3 4 5 6; do
 done
 PIDS+=("${CLUSTER_PIDS[@]}")
 for node in "${CLUSTER_NODES[@]}"; do wait_port "${node#*:}"; done
-redis-cli --cluster create "${CLUSTER_NODES[@]}" --cluster-replicas 1 --cluster-yes >"$OUT/cluster/create.log"
-for _ in $(seq 100); do
-  redis-cli -p "${CLUSTER_NODES[0]#*:}" cluster info | grep -q 'cluster_slots_ok:16384' && break
-  sleep 0.1
-done
+create_cluster "$OUT/cluster/create.log" "${CLUSTER_NODES[@]}"
 CGRPC_PORT=$(free_port)
 REDIS_CLUSTER_NODES=$(IFS=,; echo "${CLUSTER_NODES[*]}") target/release/eventbusd --mode redis \
   --grpc-addr "127.0.0.1:$CGRPC_PORT" --http-addr "127.0.0.1:$(free_port)" --log-level warn \

@@ -11,3 +11,15 @@ wait_port() {
   done
   echo "nothing listens on port $1" >&2; exit 1
 }
+
+# Joins the redis-server nodes $2... into a cluster with one replica per master (the
+# redis-cli output to file $1), and waits (10 s at most) until every slot is served.
+create_cluster() {
+  local log=$1; shift
+  redis-cli --cluster create "$@" --cluster-replicas 1 --cluster-yes >"$log"
+  for _ in $(seq 100); do
+    redis-cli -p "${1#*:}" cluster info | grep -q 'cluster_slots_ok:16384' && return 0
+    sleep 0.1
+  done
+  echo "the cluster of $* does not serve every slot" >&2; exit 1
+}

@@ -75,6 +75,18 @@ fn options() -> (DurableOptions, DeadLetterSink, mpsc::Receiver<Letter>) {
 
 const RETENTION: Retention = Retention { max_entries: 1_000, max_age_ms: 86_400_000 };
 
+/// The Redis engine's settings, its keys under `prefix`.
+fn redis_settings(prefix: &str) -> RedisDurableSettings {
+    RedisDurableSettings {
+        prefix: prefix.into(),
+        instance_id: "conformance-1".into(),
+        retention: RETENTION,
+        envelope: eventbus_redis::Envelope::Binary,
+        min_replicas_acked: 0,
+        replica_ack_timeout: std::time::Duration::from_secs(1),
+    }
+}
+
 impl Harness {
     /// The embedded engine on an in-memory redb store.
     fn embedded() -> Self {
@@ -100,14 +112,7 @@ impl Harness {
     async fn redis() -> Option<Self> {
         let redis = RedisProc::start().await?;
         let client = redis::Client::open(redis.url()).expect("redis url");
-        let settings = RedisDurableSettings {
-            prefix: "conformance".into(),
-            instance_id: "conformance-1".into(),
-            retention: RETENTION,
-            envelope: eventbus_redis::Envelope::Binary,
-            min_replicas_acked: 0,
-            replica_ack_timeout: std::time::Duration::from_secs(1),
-        };
+        let settings = redis_settings("conformance");
         let (options, sink, letters) = options();
         let stop = CancellationToken::new();
         let engine = RedisDurable::start(client, settings, options, stop.clone()).expect("redis engine");
@@ -121,14 +126,7 @@ impl Harness {
         config.eventbus.redis.cluster_nodes = cluster.seeds();
         config.eventbus.redis.prefix = format!("conformance-{prefix}");
         let redis = config.redis_settings();
-        let settings = RedisDurableSettings {
-            prefix: redis.prefix.clone(),
-            instance_id: "conformance-1".into(),
-            retention: RETENTION,
-            envelope: eventbus_redis::Envelope::Binary,
-            min_replicas_acked: 0,
-            replica_ack_timeout: std::time::Duration::from_secs(1),
-        };
+        let settings = redis_settings(&redis.prefix);
         let (options, sink, letters) = options();
         let stop = CancellationToken::new();
         let engine =

@@ -658,14 +658,7 @@ for _, id in ipairs(ids) do
     redis.call('ZREM', b .. ':w', id)
     local r = cmsgpack.unpack(rec)
     local env, key, attempts, channel = r[1], r[2], r[3], r[4]
-    if key ~= '' and redis.call('HSETNX', b .. ':k', key, id) == 0 then
-      hold(b, id, cmsgpack.pack({env, channel, key, id, 0, '', ''}))
-      redis.call('RPUSH', b .. ':q:' .. key, id)
-    elseif key ~= '' then
-      redis.call('XADD', b .. ':s', '*', 'e', env, 'k', key)
-    else
-      redis.call('XADD', b .. ':s', '*', 'e', env)
-    end
+    capture(b, 0, id, env, channel, key)
     lines[#lines + 1] = log_line(id, channel, 'Redriven', attempts, nil, now, '[]')
     done = done + 1
   end
@@ -807,7 +800,7 @@ impl Scripts {
             init: Script::new(INIT),
             purge: Script::new(&format!("{PURGE_ONE}\n{PURGE}")),
             presence: Script::new(PRESENCE),
-            redrive: with_prelude(REDRIVE),
+            redrive: with_prelude(&format!("{CAPTURE_ONE}\n{REDRIVE}")),
             pending: with_prelude(PENDING),
             pause: Script::new(PAUSE),
             lease: Script::new(LEASE),
