@@ -27,7 +27,7 @@ use crate::outbox::{self, Committed};
 use crate::scheduler::{Timers, run_scheduler};
 use crate::state::{Client, Consumer, EState, Effects, Registry, add_entry, dispatch, fail, info, pending_entry};
 use crate::store::{EntryRecord, Loaded, LogPage, RedriveSelection, Store, StoreOp};
-use crate::writer::{Completion, WRITER_QUEUE, WriteRequest, writer_loop, writer_stopped};
+use crate::writer::{Completion, SYNC_QUEUE, WRITER_QUEUE, WriteRequest, sync_loop, writer_loop, writer_stopped};
 use eventbus_core::Event;
 
 /// The durable consumer engine. A cheap handle.
@@ -44,7 +44,7 @@ impl std::fmt::Debug for Durable {
 
 pub(crate) struct Inner {
     /// First, so they are retired before the channels they read close.
-    tasks: OnceLock<[TaskHandle; 2]>,
+    tasks: OnceLock<[TaskHandle; 3]>,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) options: DurableOptions,
     pub(crate) registry: RwLock<Registry>,
@@ -117,15 +117,19 @@ impl Durable {
         // The scheduler holds the engine weakly (it must not keep it alive), and the
         // weak reference is taken from the finished engine: it can fail to upgrade only
         // once the engine is gone, never before construction ends.
-        let writer = supervisor
+        let (synced, to_sync) = std::sync::mpsc::sync_channel(SYNC_QUEUE);
+        let syncer = supervisor
             .thread(
-                "durable store writer",
-                writer_loop(Arc::clone(&inner.store), rx, tokio::runtime::Handle::try_current().ok()),
+                "durable store sync",
+                sync_loop(Arc::clone(&inner.store), to_sync, tokio::runtime::Handle::try_current().ok()),
             )
+            .map_err(|e| DurableError::unavailable_because("cannot start the durable store sync thread", e))?;
+        let writer = supervisor
+            .thread("durable store writer", writer_loop(Arc::clone(&inner.store), rx, synced))
             .map_err(|e| DurableError::unavailable_because("cannot start the durable store writer", e))?;
         let scheduler = supervisor
             .spawn("durable timer scheduler", run_scheduler(Arc::downgrade(&inner), Arc::clone(&inner.timers_changed)));
-        let _ = inner.tasks.set([writer, scheduler]);
+        let _ = inner.tasks.set([writer, syncer, scheduler]);
         let durable = Self { inner };
         durable.restore(loaded)?;
         Ok(durable)

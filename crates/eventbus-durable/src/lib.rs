@@ -2,8 +2,9 @@
 //!
 //! The `in_memory` mode's engine behind the core's
 //! [`DurableBackend`](eventbus_core::durable::DurableBackend) seam: working state in
-//! memory, every change persisted to an embedded redb store (docs/ARCHITECTURE.md "A
-//! durable delivery" follows one event through it).
+//! memory, every change persisted to an embedded store: fjall (log-structured) on disk,
+//! redb in memory (docs/ARCHITECTURE.md "A durable delivery" follows one event through
+//! it).
 //!
 //! - [`engine`]: the [`Durable`] handle: start-up and restore, consumer definitions,
 //!   attach, and carrying out the effects of each state change.
@@ -11,12 +12,14 @@
 //! - `capture`: storing a publish for every matching consumer before it is answered.
 //! - `client`: an attached client's ack, nack, extend and term.
 //! - `scheduler`: the one task holding every timer (deadlines, redeliveries).
-//! - `writer`: the group-commit writer thread.
+//! - `writer`: the group-commit writer thread and the sync thread behind it.
 //! - `outbox`: dead letters stored with their final failure, then published.
 //! - `dedup`: idempotency keys within the window.
 //! - `backend`: the [`DurableBackend`](eventbus_core::durable::DurableBackend) impl.
 //! - [`store`]: the [`Store`] trait and the records it keeps; `codec`: their binary form.
-//! - [`redb_store`]: the crash-safe redb implementation, on disk or in memory.
+//! - [`fjall_store`]: the store on disk (a fjall database); [`redb_store`]: the store in
+//!   memory, and the reader of data directories written before the move to fjall,
+//!   which are migrated when eventbusd first starts on them.
 
 mod backend;
 mod capture;
@@ -24,6 +27,7 @@ mod client;
 mod codec;
 mod dedup;
 pub mod engine;
+pub mod fjall_store;
 mod outbox;
 pub mod redb_store;
 mod scheduler;
@@ -32,10 +36,27 @@ pub mod store;
 mod writer;
 
 #[cfg(test)]
+mod store_tests;
+#[cfg(test)]
 mod tests;
 
 pub use client::{Attached, ClientHandle};
 pub use engine::Durable;
 pub use eventbus_core::durable::Retention;
+pub use fjall_store::FjallStore;
 pub use redb_store::{BATCH_FLUSH_MS, Fsync, RedbStore};
 pub use store::{Store, StoreError};
+
+/// Opens the store for `durable.data_dir`: in memory when it is empty (nothing survives
+/// a restart), else the fjall store under it (migrating a redb file left by an older
+/// eventbusd first).
+pub fn open_store(
+    data_dir: &std::path::Path,
+    fsync: Fsync,
+    retention: Retention,
+) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    if data_dir.as_os_str().is_empty() {
+        return Ok(std::sync::Arc::new(RedbStore::open(data_dir, fsync, retention)?));
+    }
+    Ok(std::sync::Arc::new(FjallStore::open(data_dir, fsync, retention)?))
+}

@@ -26,7 +26,7 @@ pub enum StoreError {
     #[error("the durable store at {path} is refused: {reason}")]
     Refused { path: String, reason: String },
     #[error("durable store I/O failed")]
-    Io(#[source] redb::Error),
+    Io(#[source] BoxError),
     #[error("corrupt record in the durable store: {what}")]
     Corrupt {
         what: String,
@@ -45,6 +45,21 @@ impl StoreError {
 impl From<StoreError> for DurableError {
     fn from(err: StoreError) -> Self {
         DurableError::internal("durable store", err)
+    }
+}
+
+/// The state of a new entry (`EntryRecord::default()` as JSON), written by every
+/// capture: spelled out rather than serialised per event.
+pub(crate) const FRESH_ENTRY: &str = r#"{"attempts":0,"first_delivered_ms":null,"failures":[],"due_ms":null}"#;
+
+/// Free space on the disk holding `dir`, in bytes; `None` (logged) when unreadable.
+pub(crate) fn free_space(dir: &std::path::Path) -> Option<u64> {
+    match rustix::fs::statvfs(dir) {
+        Ok(fs) => Some(fs.f_bavail.saturating_mul(fs.f_frsize)),
+        Err(err) => {
+            tracing::warn!(dir = %dir.display(), %err, "cannot read the free space of the durable store's disk");
+            None
+        }
     }
 }
 
@@ -182,13 +197,27 @@ pub struct LogPage {
     pub next: Option<u64>,
 }
 
-/// Where the embedded engine keeps its state: [`crate::RedbStore`] (on disk or in memory).
+/// Where the embedded engine keeps its state: [`crate::FjallStore`] on disk, or
+/// [`crate::RedbStore`] in memory.
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Reads the whole durable state (at start-up).
     fn load(&self) -> Result<Loaded, StoreError>;
 
     /// Commits `ops` atomically; on return they survive a crash (per the fsync policy).
     fn apply(&self, ops: &[StoreOp]) -> Result<(), StoreError>;
+
+    /// Commits `ops` atomically, visible to every later read and commit, without
+    /// waiting for the disk: [`Store::sync`] makes them durable. The group-commit
+    /// writer appends one group while the previous one syncs. By default the same as
+    /// [`Store::apply`].
+    fn write(&self, ops: &[StoreOp]) -> Result<(), StoreError> {
+        self.apply(ops)
+    }
+
+    /// Makes every [`Store::write`] so far durable, per the fsync policy.
+    fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     /// True when commits are cheap, in-process memory writes: the engine then applies
     /// them inline instead of through the writer thread (deterministic under paused

@@ -12,7 +12,7 @@ use eventbus_core::durable::*;
 use eventbus_core::{Bus, BusConfig, PublishInput, SubscribeOptions};
 
 use crate::store::{self, StoreOp};
-use crate::{Durable, Fsync, RedbStore, Retention, Store, StoreError};
+use crate::{Durable, FjallStore, Fsync, RedbStore, Retention, Store, StoreError};
 
 fn options(dedup_window: Duration) -> DurableOptions {
     DurableOptions {
@@ -258,7 +258,7 @@ async fn idempotent_publish_inside_and_outside_the_window() {
 async fn restart_restores_pending_events_with_their_attempts() {
     let dir = tempfile::tempdir().unwrap();
     let retention = Retention { max_entries: 100, max_age_ms: 86_400_000 };
-    let open = || -> Arc<dyn Store> { Arc::new(RedbStore::open(dir.path(), Fsync::Always, retention).unwrap()) };
+    let open = || -> Arc<dyn Store> { Arc::new(FjallStore::open(dir.path(), Fsync::Always, retention).unwrap()) };
     let delivered_id = {
         let (bus, durable) = bus_with(open(), Duration::from_secs(1));
         durable.create_consumer(consumer("keep", &["k"])).await.unwrap();
@@ -275,7 +275,7 @@ async fn restart_restores_pending_events_with_their_attempts() {
     };
     // The old engine's writer thread releases the file once it has drained.
     let store = loop {
-        match RedbStore::open(dir.path(), Fsync::Always, retention) {
+        match FjallStore::open(dir.path(), Fsync::Always, retention) {
             Ok(s) => break Arc::new(s) as Arc<dyn Store>,
             Err(_) => tokio::task::yield_now().await,
         }
@@ -554,7 +554,8 @@ fn a_dead_store_writer_is_reported_and_a_dropped_engine_is_not() {
             .unwrap()
             .clone()
             .unwrap();
-        assert_eq!(failure.task, "durable store writer");
+        // The sync thread ends with the writer: either may be reported first (both are logged).
+        assert!(["durable store writer", "durable store sync"].contains(&failure.task), "{}", failure.task);
 
         let opts = options(Duration::from_secs(1));
         let quiet = opts.supervisor.clone();
@@ -562,7 +563,7 @@ fn a_dead_store_writer_is_reported_and_a_dropped_engine_is_not() {
         durable.create_consumer(consumer("inbox", &["a"])).await.unwrap();
         drop(durable);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while quiet.ended() < 2 {
+        while quiet.ended() < 3 {
             assert!(tokio::time::Instant::now() < deadline, "the dropped engine's tasks did not end");
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
@@ -577,7 +578,7 @@ fn a_dead_store_writer_is_reported_and_a_dropped_engine_is_not() {
 async fn an_unpublished_dead_letter_survives_a_restart_and_is_published() {
     let dir = tempfile::tempdir().unwrap();
     let retention = Retention { max_entries: 100, max_age_ms: 86_400_000 };
-    let open = || RedbStore::open(dir.path(), Fsync::Always, retention);
+    let open = || FjallStore::open(dir.path(), Fsync::Always, retention);
     {
         let durable = Durable::start(Arc::new(open().unwrap()), options(Duration::from_secs(1))).unwrap();
         let refused: DeadLetterSink = Arc::new(|_, _, _| Box::pin(async { Err(eventbus_core::Error::ShuttingDown) }));

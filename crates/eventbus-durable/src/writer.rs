@@ -77,13 +77,24 @@ pub(crate) fn writer_stopped() -> DurableError {
     DurableError::unavailable("the durable store writer has stopped")
 }
 
-/// The group-commit writer: takes every queued change and commits them together. Ends
-/// when the engine is gone (its queue closes). Work that follows a commit runs here in
-/// the runtime's context (it may spawn tasks), in commit order.
+/// A group the writer appended, waiting for the sync that makes it durable.
+pub(crate) struct Written {
+    batch: Vec<WriteRequest>,
+    result: CommitResult,
+}
+
+/// Groups appended but not yet synced before the writer waits for the sync thread.
+pub(crate) const SYNC_QUEUE: usize = 64;
+
+/// The group-commit writer: takes every queued change and appends them together
+/// ([`Store::write`]), then hands the group to the sync thread and goes on with the
+/// next one: changes queued while a sync runs are prepared and appended meanwhile, and
+/// join the next sync. Ends when the engine is gone (its queue closes) or the sync
+/// thread is.
 pub(crate) fn writer_loop(
     store: Arc<dyn Store>,
     mut rx: mpsc::Receiver<WriteRequest>,
-    runtime: Option<Handle>,
+    synced: std::sync::mpsc::SyncSender<Written>,
 ) -> impl FnOnce() + Send + 'static {
     move || {
         while let Some(first) = rx.blocking_recv() {
@@ -99,13 +110,44 @@ pub(crate) fn writer_loop(
                 }
             }
             let ops: Vec<StoreOp> = batch.iter_mut().flat_map(|r| std::mem::take(&mut r.ops)).collect();
-            let result = store.apply(&ops).map_err(Arc::new);
+            let result = store.write(&ops).map_err(Arc::new);
             if let Err(err) = &result {
                 tracing::error!(error = %eventbus_core::error_chain(&**err), changes = ops.len(), "durable store commit failed");
             }
+            if let Err(std::sync::mpsc::SendError(lost)) = synced.send(Written { batch, result }) {
+                tracing::error!(changes = ops.len(), "durable store sync thread has stopped; refusing further changes");
+                lost.batch.into_iter().for_each(WriteRequest::abandon);
+                break;
+            }
+        }
+    }
+}
+
+/// The sync thread: makes every group appended so far durable with one sync
+/// ([`Store::sync`]), then completes them, in commit order, in the runtime's context
+/// (work that follows a commit may spawn tasks). Ends when the writer does.
+pub(crate) fn sync_loop(
+    store: Arc<dyn Store>,
+    rx: std::sync::mpsc::Receiver<Written>,
+    runtime: Option<Handle>,
+) -> impl FnOnce() + Send + 'static {
+    move || {
+        while let Ok(first) = rx.recv() {
+            let mut groups = vec![first];
+            groups.extend(rx.try_iter());
+            let synced = match groups.iter().any(|g| g.result.is_ok()) {
+                true => store.sync().map_err(Arc::new),
+                false => Ok(()),
+            };
+            if let Err(err) = &synced {
+                tracing::error!(error = %eventbus_core::error_chain(&**err), "durable store sync failed");
+            }
             let _context = runtime.as_ref().map(Handle::enter);
-            for req in batch {
-                req.complete(&result);
+            for group in groups {
+                let result = group.result.and(synced.clone());
+                for req in group.batch {
+                    req.complete(&result);
+                }
             }
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use eventbus_auth::{AuthError, Authenticator};
 use eventbus_core::durable::{AckObserver, DurableBackend, DurableOptions};
 use eventbus_core::{Bus, Supervisor, TransportStatus};
-use eventbus_durable::{Durable, Fsync, RedbStore};
+use eventbus_durable::{Durable, Fsync};
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
 use eventbus_redis::{ClusterTransport, RedisDurable, RedisDurableSettings, RedisTransport};
 use tokio::net::TcpListener;
@@ -431,9 +431,9 @@ async fn start_durable(
         FsyncSetting::Always => Fsync::Always,
         FsyncSetting::Batch => Fsync::Batch,
     };
-    let store = RedbStore::open(std::path::Path::new(&d.data_dir), fsync, settings.retention())?;
+    let store = eventbus_durable::open_store(std::path::Path::new(&d.data_dir), fsync, settings.retention())?;
     let options = durable_options(settings, metrics, supervisor);
-    let durable = Durable::start(Arc::new(store), options)?;
+    let durable = Durable::start(store, options)?;
     bus.enable_durable(durable.clone());
     for consumer in &d.consumers {
         durable.declare_consumer(consumer.to_config()).await?;

@@ -1,6 +1,6 @@
 //! One conformance suite for both durable engines (docs/durable.md "Durable consumers
 //! (at-least-once)"), written against the [`DurableBackend`] trait alone: every check
-//! runs on the embedded engine (in-memory redb store) as `embedded_<check>` and on the
+//! runs on the embedded engine (in-memory redb store, on-disk fjall store) as `embedded_<check>` and on the
 //! Redis Streams engine (a private `redis-server` per test) as `redis_<check>`.
 //!
 //! Where the engines may answer differently by design, the check accepts both and names
@@ -23,7 +23,7 @@ use common::redis_server::RedisProc;
 use common::{DEADLINE, within};
 use eventbus_core::Event;
 use eventbus_core::durable::*;
-use eventbus_durable::{Durable, Fsync, RedbStore};
+use eventbus_durable::{Durable, FjallStore, Fsync, RedbStore};
 use eventbus_redis::{RedisDurable, RedisDurableSettings};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -97,10 +97,10 @@ impl Harness {
         Self { engine: Box::new(engine), letters, _redis: None, _stop: None }
     }
 
-    /// The embedded engine on a redb file (commits go through the writer thread, unlike
-    /// the in-memory store's inline ones).
+    /// The embedded engine on its on-disk fjall store (commits go through the writer
+    /// and sync threads, unlike the in-memory store's inline ones).
     fn embedded_on_disk(dir: &Path) -> Self {
-        let store = RedbStore::open(dir, Fsync::Always, RETENTION).expect("on-disk store");
+        let store = FjallStore::open(dir, Fsync::Always, RETENTION).expect("on-disk store");
         let (options, sink, letters) = options();
         let engine = Durable::start(Arc::new(store), options).expect("embedded engine");
         engine.set_dead_letter_sink(sink);
@@ -1160,8 +1160,8 @@ async fn embedded_on_disk_dropped_capture_callers() {
     dropped_capture_callers(&mut Harness::embedded_on_disk(dir.path())).await;
 }
 
-/// `embedded_<check>` and `redis_<check>` for each check, and every check in turn on
-/// one Redis Cluster (3 masters, 3 replicas; a cluster per check would cost minutes).
+/// `embedded_<check>` and `redis_<check>` for each check, every check in turn on the
+/// on-disk store, and every check in turn on one Redis Cluster (3 masters, 3 replicas; a cluster per check would cost minutes).
 macro_rules! conformance {
     ($($check:ident: $embedded:ident, $redis:ident;)*) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1170,6 +1170,14 @@ macro_rules! conformance {
             $(
                 eprintln!("conformance on a Redis Cluster: {}", stringify!($check));
                 $check(&mut Harness::redis_cluster(&cluster, stringify!($check))).await;
+            )*
+        }
+        /// Every check on the on-disk store, each on a directory of its own.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn embedded_on_disk_passes_every_check() {
+            $(
+                let dir = tempfile::tempdir().unwrap();
+                $check(&mut Harness::embedded_on_disk(dir.path())).await;
             )*
         }
         $(

@@ -9,9 +9,12 @@
 //! event; bounded like the log), `paused` (consumer → since, ms), `meta` (schema
 //! marker and counters). A file without the schema marker is refused.
 
+mod migrate;
 mod tables;
 
-use tables::{FRESH_ENTRY, LogTrack, Tables, put_dedup, release_event};
+pub use migrate::Copied;
+
+use tables::{LogTrack, Tables, put_dedup, release_event};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::{decode_dead_letter, decode_event, encode_dead_letter, encode_event, set_refs};
 use crate::store::{
-    DedupRecord, Loaded, LogPage, RedriveSelection, RedrivenEvent, Store, StoreError, StoreOp, StoredEvent,
+    DedupRecord, FRESH_ENTRY, Loaded, LogPage, RedriveSelection, RedrivenEvent, Store, StoreError, StoreOp, StoredEvent,
 };
 
 const CONSUMERS: TableDefinition<&str, &str> = TableDefinition::new("consumers");
@@ -50,7 +53,8 @@ struct DeadRecord {
 /// Marks a file as ours (value = schema version).
 const SCHEMA_KEY: &str = "socle-eventbus-schema";
 const SCHEMA_VERSION: u64 = 1;
-const FILE_NAME: &str = "eventbus.redb";
+/// The file under `durable.data_dir` (before the move to fjall).
+pub const FILE_NAME: &str = "eventbus.redb";
 /// `location` of an in-memory store.
 const MEMORY: &str = "(memory)";
 
@@ -86,7 +90,7 @@ pub struct RedbStore {
 }
 
 fn io(e: impl Into<redb::Error>) -> StoreError {
-    StoreError::Io(e.into())
+    StoreError::Io(e.into().into())
 }
 
 fn corrupt(e: serde_json::Error) -> StoreError {
@@ -503,14 +507,7 @@ impl Store for RedbStore {
     }
 
     fn free_space(&self) -> Option<u64> {
-        let dir = self.dir.as_ref()?;
-        match rustix::fs::statvfs(dir) {
-            Ok(fs) => Some(fs.f_bavail.saturating_mul(fs.f_frsize)),
-            Err(err) => {
-                tracing::warn!(dir = %dir.display(), %err, "cannot read the free space of the durable store's disk");
-                None
-            }
-        }
+        crate::store::free_space(self.dir.as_ref()?)
     }
 
     fn log(

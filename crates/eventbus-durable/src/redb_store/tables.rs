@@ -2,10 +2,6 @@
 
 use super::*;
 
-/// The state of a new entry (`EntryRecord::default()` as JSON), written by every
-/// capture: spelled out rather than serialised per event.
-pub(super) const FRESH_ENTRY: &str = r#"{"attempts":0,"first_delivered_ms":null,"failures":[],"due_ms":null}"#;
-
 /// What the store remembers of one consumer's terminal log, so that appending a line
 /// needs no count and, mostly, no read.
 #[derive(Debug, Default)]
