@@ -174,4 +174,3 @@ fn log_is_bounded_and_paged(open: Open) {
     let ids: Vec<String> = store.log("old", None, 10, None).unwrap().entries.into_iter().map(|e| e.event_id).collect();
     assert_eq!(ids, ["new"]);
 }
-

@@ -720,3 +720,83 @@ async fn publishers_killed_mid_stream_strand_no_durable_event() {
         stranded.len()
     );
 }
+
+/// A data directory as the previous release left it (its redb store, written here by
+/// that store's engine: acked, dead-lettered, nacked and pending events, a pause) is
+/// migrated when the binary first starts on it, and everything carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_migrates_a_redb_data_directory() {
+    use eventbus_core::durable::{
+        CaptureRequest, ClientOptions, ConsumerConfig as Config, DurableBackend, DurableOptions, Retention,
+    };
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let retention = Retention { max_entries: 1_000, max_age_ms: 86_400_000 };
+        let store = eventbus_durable::RedbStore::open(dir.path(), eventbus_durable::Fsync::Always, retention).unwrap();
+        let options = DurableOptions {
+            dedup_window: std::time::Duration::from_secs(120),
+            dead_letter_encoder: Arc::new(|_| (bytes::Bytes::new(), String::new())),
+            on_ack: None,
+            min_free_disk_bytes: 0,
+            max_captures_per_publish: 0,
+            supervisor: eventbus_core::Supervisor::new(),
+        };
+        let engine = eventbus_durable::Durable::start(Arc::new(store), options).unwrap();
+        let config = Config { max_attempts: 5, ..Config::new("inbox", vec!["orders.>".into()]) };
+        engine.create_consumer(config).await.unwrap();
+        let events: Vec<Arc<eventbus_core::Event>> = (0..5)
+            .map(|i| {
+                Arc::new(eventbus_core::Event::from_parts(
+                    format!("e{i}"),
+                    "orders.created".into(),
+                    std::time::SystemTime::now(),
+                    String::new(),
+                    bytes::Bytes::from(format!("o{i}")),
+                    Default::default(),
+                    String::new(),
+                ))
+            })
+            .collect();
+        let requests: Vec<CaptureRequest> =
+            events.iter().map(|e| CaptureRequest { event: e, ordering_key: None, idempotency_key: None }).collect();
+        assert!(DurableBackend::capture_many(&engine, &requests).await.iter().all(Result::is_ok));
+        let mut a = engine.attach("inbox", ClientOptions { max_in_flight: 3, max_batch: 3 }, None).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            got.extend(within(a.deliveries.recv()).await.unwrap());
+        }
+        let ids: Vec<String> = got.iter().map(|d| d.event.id.clone()).collect();
+        a.client.ack(&ids[..1]);
+        a.client.term(&ids[1], "poison");
+        a.client.nack(&ids[2], "later", Some(std::time::Duration::from_secs(3600)));
+        engine.flush().await.unwrap();
+        engine.set_paused("inbox", true).await.unwrap();
+        engine.flush().await.unwrap();
+    }
+    assert!(dir.path().join("eventbus.redb").exists());
+
+    let (_child, addr) = daemon(dir.path()).await;
+    assert!(dir.path().join("store").is_dir() && dir.path().join("eventbus.redb.migrated").exists());
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+    let mut admin = pb::admin_client::AdminClient::new(endpoint.connect().await.unwrap());
+    let info = admin.get_consumer(pb::GetConsumerRequest { name: "inbox".into() }).await.unwrap().into_inner();
+    assert_eq!((info.pending + info.in_flight, info.acked, info.dead_lettered), (3, 1, 1), "{info:?}");
+    assert!(info.paused, "still paused");
+    assert_eq!(info.redrivable, 1, "the dead letter can be redriven");
+    let log = admin
+        .list_event_log(pb::ListEventLogRequest { consumer: "inbox".into(), limit: 10, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(log.entries.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), ["e0", "e1"]);
+    admin.resume_consumer(pb::ResumeConsumerRequest { name: "inbox".into() }).await.unwrap();
+    let mut c = attach(endpoint, "inbox", 0).await.unwrap();
+    let got = c.deliveries(2).await;
+    let mut payloads: Vec<(String, u32)> = got
+        .iter()
+        .map(|d| (String::from_utf8_lossy(&d.event.as_ref().unwrap().payload).into_owned(), d.attempt))
+        .collect();
+    payloads.sort();
+    assert_eq!(payloads, [("o3".to_owned(), 1), ("o4".to_owned(), 1)], "pending ones; o2 waits out its nack delay");
+}

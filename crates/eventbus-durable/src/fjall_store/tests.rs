@@ -67,7 +67,12 @@ fn a_redb_data_directory_is_migrated_on_first_open() {
             StoreOp::Update {
                 consumer: a.clone(),
                 seq: 1,
-                entry: EntryRecord { attempts: 2, first_delivered_ms: Some(now), due_ms: Some(now + 5_000), failures: vec![] },
+                entry: EntryRecord {
+                    attempts: 2,
+                    first_delivered_ms: Some(now),
+                    due_ms: Some(now + 5_000),
+                    failures: vec![],
+                },
             },
             StoreOp::Finish { consumer: a.clone(), seq: 2, log: log_entry("e2", LogStatus::Completed, now) },
             StoreOp::Finish { consumer: a.clone(), seq: 3, log: log_entry("e3", LogStatus::DeadLettered, now) },
