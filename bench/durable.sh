@@ -3,7 +3,8 @@
 # starts nats-server with JetStream and one eventbusd per variant, each on its own data
 # directory, then runs the durable workloads (16 unary publishers; 16 stream
 # publishers) against every side interleaved ROUNDS times, and prints medians with the
-# ratio to JetStream.
+# ratio to JetStream, and the CPU each side spent per event (bench/cpu.py: the server
+# process, and the load generator), publishing and consuming included.
 #
 #   bash bench/durable.sh
 #   ROUNDS=5 bash bench/durable.sh
@@ -35,7 +36,8 @@ trap cleanup EXIT
 NATS_PORT=$(free_port)
 rm -rf "$OUT/durable-jetstream"
 nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$OUT/durable-jetstream" >"$OUT/durable-nats.log" 2>&1 & PIDS+=($!)
-declare -A PORT
+declare -A PORT SERVER
+SERVER[jetstream]=$!
 SIDES=()
 for variant in $VARIANTS; do
   name=${variant%%=*}; rest=${variant#*=}; bin=$(realpath "${rest%%:*}"); fsync=${rest#*:}
@@ -46,6 +48,8 @@ for variant in $VARIANTS; do
   (cd "$dir" && exec env EVENTBUS__DURABLE__DATA_DIR="$dir/data" EVENTBUS__DURABLE__FSYNC="${fsync:-always}" "$bin" \
     --grpc-addr "127.0.0.1:${PORT[$name]}" --http-addr "127.0.0.1:$(free_port)" --log-level warn \
     >"$dir.log" 2>&1) & PIDS+=($!)
+  # The subshell execs the daemon: $! is its pid.
+  SERVER[$name]=$!
 done
 wait_port "$NATS_PORT"
 for name in "${SIDES[@]}"; do wait_port "${PORT[$name]}"; done
@@ -58,10 +62,12 @@ for round in $(seq "$ROUNDS"); do
       echo "round $round/$ROUNDS: $side $workload" >&2
       if [ "$side" = jetstream ]; then
         # shellcheck disable=SC2086
-        target/release/peers --system nats --url "nats://127.0.0.1:$NATS_PORT" --json $workload
+        python3 bench/cpu.py --server "${SERVER[$side]}" -- \
+          target/release/peers --system nats --url "nats://127.0.0.1:$NATS_PORT" --json $workload
       else
         # shellcheck disable=SC2086
-        target/release/eventbus --server "http://127.0.0.1:${PORT[$side]}" --json bench $workload
+        python3 bench/cpu.py --server "${SERVER[$side]}" -- \
+          target/release/eventbus --server "http://127.0.0.1:${PORT[$side]}" --json bench $workload
       fi | python3 -c "import json,sys; r=json.load(sys.stdin); r['side']='$side'; print(json.dumps(r))" >>"$RESULTS"
     done
   done
@@ -88,4 +94,13 @@ for mode, by_side in runs.items():
         med = {s: statistics.median(get(r) for r in by_side[s]) for s in sides}
         ratios = [f"{med[s] / med['jetstream']:.2f}×" if med["jetstream"] else "" for s in sides if s != "jetstream"]
         print(f"| {mode} | {label} | " + " | ".join(f"{med[s]:,.0f}" for s in sides) + " | " + " | ".join(ratios) + " |")
+print("\nCPU per event, µs (server process / load generator; publishing and consuming):\n")
+print("| mode | " + " | ".join(sides) + " |")
+print("|---|" + "---:|" * len(sides))
+for mode, by_side in runs.items():
+    cells = []
+    for s in sides:
+        per = lambda side: statistics.median(r["cpu"][side] / r["params"]["count"] * 1e6 for r in by_side[s])
+        cells.append(f"{per('server_s'):.1f} / {per('client_s'):.1f}")
+    print(f"| {mode} | " + " | ".join(cells) + " |")
 PY

@@ -4,6 +4,7 @@
 //! times opening the store (reading it whole) and starting the engine on it.
 //!
 //!   cargo run --release -p eventbus-durable --example recovery [EVENTS] [CONSUMERS] [DIR]
+//!   STORE=redb cargo run --release -p eventbus-durable --example recovery   # the redb store on disk
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use std::time::{Instant, SystemTime};
 use eventbus_core::Event;
 use eventbus_core::durable::{ConsumerConfig, DurableOptions, Retention};
 use eventbus_durable::store::StoreOp;
-use eventbus_durable::{Durable, FjallStore, Fsync, Store};
+use eventbus_durable::{Durable, FjallStore, Fsync, RedbStore, Store};
 
 const RETENTION: Retention = Retention { max_entries: 100_000, max_age_ms: 86_400_000 };
 const GROUP: u64 = 4096;
@@ -41,6 +42,14 @@ fn options() -> DurableOptions {
     }
 }
 
+/// The store under test: fjall, or redb with `STORE=redb`.
+fn open(dir: &std::path::Path, fsync: Fsync) -> Result<Arc<dyn Store>, eventbus_durable::StoreError> {
+    Ok(match std::env::var("STORE").as_deref() {
+        Ok("redb") => Arc::new(RedbStore::open(dir, fsync, RETENTION)?),
+        _ => Arc::new(FjallStore::open(dir, fsync, RETENTION)?),
+    })
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let events: u64 = args.next().map_or(Ok(1_000_000), |a| a.parse())?;
@@ -51,7 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let names: Vec<Arc<str>> = (0..consumers).map(|i| Arc::from(format!("consumer-{i}"))).collect();
     let started = Instant::now();
     {
-        let store = FjallStore::open(&dir, Fsync::Batch, RETENTION)?;
+        let store = open(&dir, Fsync::Batch)?;
         let configs = names.iter().map(|n| StoreOp::PutConsumer(ConsumerConfig::new(&**n, vec![format!("{n}.>")])));
         store.apply(&configs.collect::<Vec<_>>())?;
         let mut seq = 1;
@@ -86,10 +95,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let (rss_before, _) = memory_mib();
     let started = Instant::now();
-    let store = FjallStore::open(&dir, Fsync::Always, RETENTION)?;
+    let store = open(&dir, Fsync::Always)?;
     let opened = started.elapsed();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let durable = runtime.block_on(async { Durable::start(Arc::new(store), options()) })?;
+    let durable = runtime.block_on(async { Durable::start(store, options()) })?;
     let ready = started.elapsed();
     let pending: u64 = durable.list_consumers().iter().map(|c| c.pending).sum();
     let (rss, peak) = memory_mib();

@@ -14,7 +14,7 @@ fn capture(seq: u64, consumers: &[&Arc<str>]) -> StoreOp {
     StoreOp::Capture {
         seq,
         event: event(&format!("e{seq}")),
-        ordering_key: (seq % 2 == 0).then(|| "k".into()),
+        ordering_key: seq.is_multiple_of(2).then(|| "k".into()),
         consumers: consumers.iter().map(|c| Arc::clone(c)).collect(),
         dedup: Some(DedupRecord { key: format!("key-{seq}"), event_id: format!("e{seq}"), expires_ms: u64::MAX }),
     }
