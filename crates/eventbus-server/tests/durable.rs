@@ -722,7 +722,7 @@ async fn publishers_killed_mid_stream_strand_no_durable_event() {
 }
 
 /// A data directory as the previous release left it (its redb store, written here by
-/// that store's engine: acked, dead-lettered, nacked and pending events, a pause) is
+/// that store's engine: acked, dead-lettered, nacked and in-flight events, a pause) is
 /// migrated when the binary first starts on it, and everything carries on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_migrates_a_redb_data_directory() {
@@ -761,9 +761,9 @@ async fn the_binary_migrates_a_redb_data_directory() {
         let requests: Vec<CaptureRequest> =
             events.iter().map(|e| CaptureRequest { event: e, ordering_key: None, idempotency_key: None }).collect();
         assert!(DurableBackend::capture_many(&engine, &requests).await.iter().all(Result::is_ok));
-        let mut a = engine.attach("inbox", ClientOptions { max_in_flight: 3, max_batch: 3 }, None).await.unwrap();
+        let mut a = engine.attach("inbox", ClientOptions { max_in_flight: 5, max_batch: 5 }, None).await.unwrap();
         let mut got = Vec::new();
-        while got.len() < 3 {
+        while got.len() < 5 {
             got.extend(within(a.deliveries.recv()).await.unwrap());
         }
         let ids: Vec<String> = got.iter().map(|d| d.event.id.clone()).collect();
@@ -774,7 +774,10 @@ async fn the_binary_migrates_a_redb_data_directory() {
         engine.set_paused("inbox", true).await.unwrap();
         engine.flush().await.unwrap();
     }
-    assert!(dir.path().join("eventbus.redb").exists());
+    // The old engine's writer and sync threads release the file once they have drained.
+    let retention = eventbus_core::durable::Retention { max_entries: 1_000, max_age_ms: 86_400_000 };
+    let reopen = || eventbus_durable::RedbStore::open(dir.path(), eventbus_durable::Fsync::Always, retention);
+    eventually("the old store to be closed", || std::future::ready(reopen().is_ok())).await;
 
     let (_child, addr) = daemon(dir.path()).await;
     assert!(dir.path().join("store").is_dir() && dir.path().join("eventbus.redb.migrated").exists());
@@ -798,5 +801,9 @@ async fn the_binary_migrates_a_redb_data_directory() {
         .map(|d| (String::from_utf8_lossy(&d.event.as_ref().unwrap().payload).into_owned(), d.attempt))
         .collect();
     payloads.sort();
-    assert_eq!(payloads, [("o3".to_owned(), 1), ("o4".to_owned(), 1)], "pending ones; o2 waits out its nack delay");
+    assert_eq!(
+        payloads,
+        [("o3".to_owned(), 2), ("o4".to_owned(), 2)],
+        "in flight when the old store closed: attempt + 1; o2 waits out its nack delay"
+    );
 }
