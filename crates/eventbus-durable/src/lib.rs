@@ -44,8 +44,8 @@ pub use client::{Attached, ClientHandle};
 pub use engine::Durable;
 pub use eventbus_core::durable::Retention;
 pub use fjall_store::FjallStore;
-pub use redb_store::{BATCH_FLUSH_MS, Fsync, RedbStore};
-pub use store::{Store, StoreError};
+pub use redb_store::RedbStore;
+pub use store::{BATCH_FLUSH_MS, Fsync, Store, StoreError};
 
 /// Opens the store for `durable.data_dir`: in memory when it is empty (nothing survives
 /// a restart), else the fjall store under it (migrating a redb file left by an older

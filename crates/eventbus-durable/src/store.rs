@@ -13,6 +13,20 @@ use eventbus_core::Event;
 use eventbus_core::durable::{BoxError, ConsumerConfig, DurableError, Failure, LogEntry, LogStatus};
 use serde::{Deserialize, Serialize};
 
+/// How hard commits push to disk (`durable.fsync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fsync {
+    /// Every commit is on disk before it is answered.
+    Always,
+    /// Commits are answered once the operating system has them (a crash of the
+    /// process loses nothing) and synced within [`BATCH_FLUSH_MS`]: a crash of the
+    /// machine can lose the last ones.
+    Batch,
+}
+
+/// With [`Fsync::Batch`], the longest a commit waits to be made durable.
+pub const BATCH_FLUSH_MS: u64 = 100;
+
 /// Why the store failed. Publishes and acks that hit it are refused, never faked; the
 /// wire layers answer it as an internal error and log its cause.
 #[derive(Debug, thiserror::Error)]
@@ -217,6 +231,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Makes every [`Store::write`] so far durable, per the fsync policy.
     fn sync(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// True while some [`Store::write`] is not yet synced (with `fsync: batch`, the
+    /// sync thread then calls [`Store::sync`] again within [`crate::BATCH_FLUSH_MS`]).
+    fn unsynced(&self) -> bool {
+        false
     }
 
     /// True when commits are cheap, in-process memory writes: the engine then applies

@@ -621,3 +621,23 @@ async fn an_unpublished_dead_letter_survives_a_restart_and_is_published() {
     assert_eq!(channel, "dlq.orders.created");
     assert_eq!(&payload[..], b"inbox|1|poison");
 }
+
+/// With `fsync: batch`, a commit is answered before its sync; the sync thread syncs it
+/// within the flush interval even when nothing else is written after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_fsync_syncs_the_last_commit_without_further_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention = Retention { max_entries: 100, max_age_ms: 86_400_000 };
+    let store = Arc::new(FjallStore::open(dir.path(), Fsync::Batch, retention).unwrap());
+    let (bus, durable) = bus_with(store.clone(), Duration::from_secs(1));
+    durable.create_consumer(consumer("inbox", &["orders"])).await.unwrap();
+    // Commits in a burst: the later ones land within the interval of the first sync.
+    for i in 0..20 {
+        publish(&bus, "orders", &format!("o{i}")).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while store.unsynced() {
+        assert!(tokio::time::Instant::now() < deadline, "the last commits were never synced");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

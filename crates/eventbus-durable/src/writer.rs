@@ -2,12 +2,14 @@
 //! transaction, so concurrent publishes share one commit (and one fsync).
 
 use std::sync::Arc;
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
 
 use eventbus_core::durable::DurableError;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::store::{Store, StoreError, StoreOp};
+use crate::store::{BATCH_FLUSH_MS, Store, StoreError, StoreOp};
 
 /// Most changes one group commit takes.
 const MAX_GROUP: usize = 4096;
@@ -125,14 +127,33 @@ pub(crate) fn writer_loop(
 
 /// The sync thread: makes every group appended so far durable with one sync
 /// ([`Store::sync`]), then completes them, in commit order, in the runtime's context
-/// (work that follows a commit may spawn tasks). Ends when the writer does.
+/// (work that follows a commit may spawn tasks). With `fsync: batch`, writes left
+/// unsynced are synced within [`BATCH_FLUSH_MS`]. Ends when the writer does.
 pub(crate) fn sync_loop(
     store: Arc<dyn Store>,
     rx: std::sync::mpsc::Receiver<Written>,
     runtime: Option<Handle>,
 ) -> impl FnOnce() + Send + 'static {
     move || {
-        while let Ok(first) = rx.recv() {
+        loop {
+            // Writes left unsynced (`fsync: batch`) are synced within the flush
+            // interval even when nothing else is written; an idle store sleeps.
+            let first = match store.unsynced() {
+                true => match rx.recv_timeout(Duration::from_millis(BATCH_FLUSH_MS)) {
+                    Ok(group) => group,
+                    Err(RecvTimeoutError::Timeout) => {
+                        if let Err(err) = store.sync() {
+                            tracing::error!(error = %eventbus_core::error_chain(&err), "durable store sync failed");
+                        }
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                },
+                false => match rx.recv() {
+                    Ok(group) => group,
+                    Err(_) => break,
+                },
+            };
             let mut groups = vec![first];
             groups.extend(rx.try_iter());
             let synced = match groups.iter().any(|g| g.result.is_ok()) {

@@ -33,10 +33,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::{decode_dead_letter, decode_event, encode_dead_letter, encode_event};
 use crate::store::{
-    DedupRecord, EntryRecord, FRESH_ENTRY, Loaded, LogPage, RedriveSelection, RedrivenEvent, Store, StoreError,
-    StoreOp, StoredEvent,
+    BATCH_FLUSH_MS, DedupRecord, EntryRecord, FRESH_ENTRY, Fsync, Loaded, LogPage, RedriveSelection, RedrivenEvent,
+    Store, StoreError, StoreOp, StoredEvent,
 };
-use crate::{BATCH_FLUSH_MS, Fsync};
 
 /// The store's directory under `durable.data_dir`.
 pub const STORE_DIR: &str = "store";
@@ -141,6 +140,8 @@ pub struct FjallStore {
     /// Set when a commit failed half-way: the index may no longer match the disk, so
     /// every later write is refused.
     broken: AtomicBool,
+    /// Written since the last sync.
+    dirty: AtomicBool,
     last_sync_ms: AtomicU64,
 }
 
@@ -200,6 +201,7 @@ impl FjallStore {
             index: Mutex::new(Index::default()),
             opened: Mutex::new(None),
             broken: AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
             last_sync_ms: AtomicU64::new(0),
         })
     }
@@ -293,6 +295,7 @@ impl FjallStore {
     /// Commits `batch`, appended to the journal and handed to the operating system
     /// (a crash of this process loses nothing; the machine's, what is not synced).
     fn commit(&self, batch: OwnedWriteBatch) -> Result<(), StoreError> {
+        self.dirty.store(true, Ordering::Release);
         batch.durability(Some(PersistMode::Buffer)).commit().map_err(|e| {
             self.broken.store(true, Ordering::Relaxed);
             io(e)
@@ -300,6 +303,8 @@ impl FjallStore {
     }
 
     fn persist(&self) -> Result<(), StoreError> {
+        // Cleared first: a commit racing this sync marks the store dirty again.
+        self.dirty.store(false, Ordering::Release);
         self.db.persist(PersistMode::SyncData).map_err(|e| {
             self.broken.store(true, Ordering::Relaxed);
             io(e)
@@ -513,6 +518,10 @@ impl Store for FjallStore {
                 Ok(())
             }
         }
+    }
+
+    fn unsynced(&self) -> bool {
+        self.dirty.load(Ordering::Acquire) && !self.broken.load(Ordering::Relaxed)
     }
 
     fn redrive(

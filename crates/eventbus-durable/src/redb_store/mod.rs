@@ -28,7 +28,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::{decode_dead_letter, decode_event, encode_dead_letter, encode_event, set_refs};
 use crate::store::{
-    DedupRecord, FRESH_ENTRY, Loaded, LogPage, RedriveSelection, RedrivenEvent, Store, StoreError, StoreOp, StoredEvent,
+    BATCH_FLUSH_MS, DedupRecord, FRESH_ENTRY, Fsync, Loaded, LogPage, RedriveSelection, RedrivenEvent, Store,
+    StoreError, StoreOp, StoredEvent,
 };
 
 const CONSUMERS: TableDefinition<&str, &str> = TableDefinition::new("consumers");
@@ -57,19 +58,6 @@ const SCHEMA_VERSION: u64 = 1;
 pub const FILE_NAME: &str = "eventbus.redb";
 /// `location` of an in-memory store.
 const MEMORY: &str = "(memory)";
-
-/// How hard commits push to disk (`durable.fsync`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fsync {
-    /// Every commit is on disk before it returns.
-    Always,
-    /// Commits are flushed together at most every [`BATCH_FLUSH_MS`]; a crash can lose
-    /// the last ones.
-    Batch,
-}
-
-/// With [`Fsync::Batch`], the longest a commit waits to be made durable.
-pub const BATCH_FLUSH_MS: u64 = 100;
 
 /// The redb-backed [`Store`].
 #[derive(Debug)]
