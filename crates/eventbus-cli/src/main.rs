@@ -82,8 +82,15 @@ fn main() -> ExitCode {
 /// words: a plain-text client at a TLS port, a certificate from an unknown CA.
 fn hint(message: &str, server: &str) -> Option<&'static str> {
     // A TLS port answers a plain-text HTTP/2 preface with a TLS alert, which the
-    // transport reports as one of these.
-    let plain_at_tls = ["h2 protocol error", "frame with invalid size", "operation was canceled", "connection reset"];
+    // transport reports as one of these (which one depends on timing: a connection
+    // closed before the call's answer is a bare "transport error").
+    let plain_at_tls = [
+        "h2 protocol error",
+        "frame with invalid size",
+        "operation was canceled",
+        "connection reset",
+        "transport error",
+    ];
     if server.starts_with("http://") && plain_at_tls.iter().any(|m| message.contains(m)) {
         return Some("if the broker serves TLS on this port, use an https:// address in --server");
     }
@@ -116,5 +123,26 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Log(args) => durable::log(&client, json, args).await,
         Command::Bench { workload } => bench(&client, json, &workload).await,
         Command::Auth { .. } | Command::Relay(_) => unreachable!("answered above"),
+    }
+}
+
+#[cfg(test)]
+mod hint_tests {
+    use super::hint;
+
+    /// Each way the transport reports a plain-text client at a TLS port gets the hint,
+    /// whichever one the timing of the connection's close produced.
+    #[test]
+    fn plain_text_at_a_tls_port_is_hinted_in_every_wording() {
+        for message in [
+            "status: Unknown, message: \"h2 protocol error: http2 error\"",
+            "transport error (Unknown)",
+            "status: Unavailable, message: \"error trying to connect: connection reset by peer\"",
+            "operation was canceled",
+        ] {
+            let got = hint(message, "http://127.0.0.1:50051");
+            assert!(got.is_some_and(|h| h.contains("https://")), "{message}");
+            assert!(hint(message, "https://127.0.0.1:50051").is_none(), "{message}");
+        }
     }
 }
