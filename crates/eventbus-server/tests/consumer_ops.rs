@@ -327,10 +327,7 @@ async fn a_pause_survives_a_restart() {
     // A copy: in-process, the stopped server's connection tasks may hold the store
     // open a little longer; a real process would have exited.
     let copy = tempfile::tempdir().unwrap();
-    for file in std::fs::read_dir(data.path()).unwrap() {
-        let file = file.unwrap();
-        std::fs::copy(file.path(), copy.path().join(file.file_name())).unwrap();
-    }
+    copy_dir(data.path(), copy.path());
     let dir = copy.path().to_string_lossy().into_owned();
     let server = start_with(move |s| s.durable.data_dir = dir).await;
     let rest = Rest::new(&server);

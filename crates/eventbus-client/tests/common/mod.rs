@@ -66,10 +66,7 @@ impl Broker {
         data: &std::path::Path,
     ) -> (Self, tempfile::TempDir) {
         let restarted = tempfile::tempdir().unwrap();
-        for file in std::fs::read_dir(data).unwrap() {
-            let file = file.unwrap();
-            std::fs::copy(file.path(), restarted.path().join(file.file_name())).unwrap();
-        }
+        copy_dir(data, restarted.path());
         settings.server.grpc_addr = addr;
         settings.durable.data_dir = restarted.path().to_string_lossy().into_owned();
         (Self::start_with(settings).await, restarted)
@@ -133,5 +130,20 @@ pub async fn settled(client: &Client, name: &str) -> pb::ConsumerInfo {
         }
         assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {name} to settle: {info:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Copies the directory `from` into `to`, recursively (a data directory holds the
+/// store's own directory tree).
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
     }
 }

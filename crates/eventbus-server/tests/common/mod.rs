@@ -187,3 +187,18 @@ pub async fn slow_subscriber(
     let req = pb::SubscribeRequest { queue_capacity: capacity, overflow: overflow as i32, ..sub(&[pattern]) };
     subscribe_on(&mut EventBusClient::new(channel), req).await
 }
+
+/// Copies the directory `from` into `to`, recursively (a data directory holds the
+/// store's own directory tree).
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
