@@ -88,6 +88,36 @@ pub struct EntryRecord {
     pub due_ms: Option<u64>,
 }
 
+/// A dead-lettered event kept for redrive (its event stays stored), as both stores
+/// keep it.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct DeadRecord {
+    pub(crate) event_id: String,
+    pub(crate) channel: String,
+    pub(crate) attempts: u32,
+    pub(crate) at_ms: u64,
+}
+
+impl DeadRecord {
+    /// The record of the event its `DeadLettered` log line names.
+    pub(crate) fn of(log: &LogEntry, at_ms: u64) -> Self {
+        Self { event_id: log.event_id.clone(), channel: log.channel.clone(), attempts: log.attempts, at_ms }
+    }
+
+    /// The `Redriven` log line of putting it back.
+    pub(crate) fn redriven(self, now_ms: u64) -> LogEntry {
+        LogEntry {
+            event_id: self.event_id,
+            channel: self.channel,
+            status: LogStatus::Redriven,
+            attempts: self.attempts,
+            first_delivered_ms: None,
+            finished_ms: now_ms,
+            failures: Vec::new(),
+        }
+    }
+}
+
 /// An idempotency key seen, and the event it named.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DedupRecord {

@@ -29,12 +29,11 @@ use fjall::{Database, Keyspace, KeyspaceCreateOptions, OwnedWriteBatch, PersistM
 use parking_lot::Mutex;
 
 use eventbus_core::durable::{LogEntry, LogStatus, Retention, epoch_ms};
-use serde::{Deserialize, Serialize};
 
 use crate::codec::{decode_dead_letter, decode_event, encode_dead_letter, encode_event};
 use crate::store::{
-    BATCH_FLUSH_MS, DedupRecord, EntryRecord, FRESH_ENTRY, Fsync, Loaded, LogPage, RedriveSelection, RedrivenEvent,
-    Store, StoreError, StoreOp, StoredEvent,
+    BATCH_FLUSH_MS, DeadRecord, DedupRecord, EntryRecord, FRESH_ENTRY, Fsync, Loaded, LogPage, RedriveSelection,
+    RedrivenEvent, Store, StoreError, StoreOp, StoredEvent,
 };
 
 /// The store's directory under `durable.data_dir`.
@@ -44,15 +43,6 @@ const SCHEMA_KEY: &str = "socle-eventbus-schema";
 const SCHEMA_VERSION: u64 = 2;
 const NEXT_SEQ: &str = "next_seq";
 const NEXT_LOG: &str = "next_log";
-
-/// A dead-lettered event kept for redrive (its event stays in `events`).
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct DeadRecord {
-    pub(crate) event_id: String,
-    pub(crate) channel: String,
-    pub(crate) attempts: u32,
-    pub(crate) at_ms: u64,
-}
 
 fn io(e: fjall::Error) -> StoreError {
     StoreError::Io(e.into())
@@ -447,12 +437,7 @@ impl FjallStore {
         log: &LogEntry,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        let record = DeadRecord {
-            event_id: log.event_id.clone(),
-            channel: log.channel.clone(),
-            attempts: log.attempts,
-            at_ms: now_ms,
-        };
+        let record = DeadRecord::of(log, now_ms);
         let json = serde_json::to_vec(&record).map_err(corrupt)?;
         batch.insert(&self.ks.dead, pair_key(consumer, seq), json);
         index.keep_dead(consumer, seq, now_ms);
@@ -559,15 +544,7 @@ impl Store for FjallStore {
             index.hold(consumer, seq);
             index.unkeep_dead(consumer, old);
             self.release(&mut index, &mut batch, old);
-            let line = LogEntry {
-                event_id: record.event_id,
-                channel: record.channel,
-                status: LogStatus::Redriven,
-                attempts: record.attempts,
-                first_delivered_ms: None,
-                finished_ms: now_ms,
-                failures: Vec::new(),
-            };
+            let line = record.redriven(now_ms);
             self.append_log(&mut index, &mut batch, consumer, &line, now_ms)?;
             index.max_seq = index.max_seq.max(seq);
             out.push(RedrivenEvent { seq, event, ordering_key });

@@ -24,12 +24,11 @@ use parking_lot::Mutex;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
 use eventbus_core::durable::{LogEntry, LogStatus, Retention, epoch_ms};
-use serde::{Deserialize, Serialize};
 
 use crate::codec::{decode_dead_letter, decode_event, encode_dead_letter, encode_event, set_refs};
 use crate::store::{
-    BATCH_FLUSH_MS, DedupRecord, FRESH_ENTRY, Fsync, Loaded, LogPage, RedriveSelection, RedrivenEvent, Store,
-    StoreError, StoreOp, StoredEvent,
+    BATCH_FLUSH_MS, DeadRecord, DedupRecord, FRESH_ENTRY, Fsync, Loaded, LogPage, RedriveSelection, RedrivenEvent,
+    Store, StoreError, StoreOp, StoredEvent,
 };
 
 const CONSUMERS: TableDefinition<&str, &str> = TableDefinition::new("consumers");
@@ -41,15 +40,6 @@ const DEAD_LETTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("dead_let
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const DEAD: TableDefinition<(&str, u64), &str> = TableDefinition::new("dead");
 const PAUSED: TableDefinition<&str, u64> = TableDefinition::new("paused");
-
-/// A dead-lettered event kept for redrive (its event stays in `events`).
-#[derive(Debug, Serialize, Deserialize)]
-struct DeadRecord {
-    event_id: String,
-    channel: String,
-    attempts: u32,
-    at_ms: u64,
-}
 
 /// Marks a file as ours (value = schema version).
 const SCHEMA_KEY: &str = "socle-eventbus-schema";
@@ -303,12 +293,7 @@ impl RedbStore {
         log: &LogEntry,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        let record = DeadRecord {
-            event_id: log.event_id.clone(),
-            channel: log.channel.clone(),
-            attempts: log.attempts,
-            at_ms: now_ms,
-        };
+        let record = DeadRecord::of(log, now_ms);
         let json = serde_json::to_string(&record).map_err(corrupt)?;
         let dead = t.dead()?;
         dead.insert((consumer, seq), json.as_str()).map_err(io)?;
@@ -459,15 +444,7 @@ impl Store for RedbStore {
                 release_event(&mut t, old)?;
                 t.dead()?.remove((consumer, old)).map_err(io)?;
                 t.entries()?.insert((consumer, seq), FRESH_ENTRY).map_err(io)?;
-                let line = LogEntry {
-                    event_id: record.event_id,
-                    channel: record.channel,
-                    status: LogStatus::Redriven,
-                    attempts: record.attempts,
-                    first_delivered_ms: None,
-                    finished_ms: now_ms,
-                    failures: Vec::new(),
-                };
+                let line = record.redriven(now_ms);
                 self.append_log(&mut t, consumer, &line, now_ms)?;
                 t.max_seq = t.max_seq.max(seq);
                 out.push(RedrivenEvent { seq, event, ordering_key });

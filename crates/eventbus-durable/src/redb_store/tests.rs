@@ -1,23 +1,8 @@
 use std::time::SystemTime;
 
-use eventbus_core::durable::Failure;
-
 use super::*;
 use crate::store::EntryRecord;
-
-fn log_entry(id: &str, status: LogStatus, finished_ms: u64) -> LogEntry {
-    LogEntry {
-        event_id: id.into(),
-        channel: "orders.created".into(),
-        status,
-        attempts: 1,
-        first_delivered_ms: Some(finished_ms),
-        finished_ms,
-        failures: vec![Failure { at_ms: finished_ms, reason: "x".into() }],
-    }
-}
-
-const RETAIN: Retention = Retention { max_entries: 3, max_age_ms: 86_400_000 };
+use crate::store_tests::{RETAIN, log_entry};
 
 #[test]
 fn a_fresh_entry_is_the_default_record() {
