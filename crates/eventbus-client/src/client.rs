@@ -7,7 +7,7 @@ use eventbus_proto::pb::{self, admin_client::AdminClient, event_bus_client::Even
 use crate::Error;
 use crate::consume::ConsumeStream;
 use crate::options::{AuthChannel, ClientOptions, Connector, MAX_MESSAGE};
-use crate::publish::{self, PublishAnswers, PublishSender};
+use crate::publish::{self, AckMode, PublishAnswers, PublishSender};
 use crate::subscribe::{self, SubscribeOptions, Subscription};
 
 /// A connection to eventbusd. Cheap to clone: clones share the connection (HTTP/2
@@ -118,7 +118,39 @@ impl Client {
     /// (one per publish, in order) from the other half. At most `window` publishes wait
     /// to be sent before [`PublishSender::send`] waits.
     pub async fn publish_stream(&self, window: usize) -> Result<(PublishSender, PublishAnswers), Error> {
-        publish::open(self.channel(), window).await
+        publish::open(self.channel(), window, AckMode::Each).await
+    }
+
+    /// [`publish_stream`](Self::publish_stream) in the given [`AckMode`]: with
+    /// `Cumulative` the answers are running totals, with `None` only refusals (each
+    /// with its position) and the totals at the end; a refused publish does not stop
+    /// the ones after it. With `None`, `window` bounds only what waits to be sent.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: eventbus_client::Client) -> Result<(), eventbus_client::Error> {
+    /// use eventbus_client::{AckMode, PublishAnswer, pb};
+    ///
+    /// let (sender, mut answers) = client.publish_stream_with(1024, AckMode::None).await?;
+    /// for i in 0..1000 {
+    ///     let payload = format!("{{\"id\":{i}}}").into_bytes().into();
+    ///     sender.send(pb::PublishRequest { channel: "orders.created".into(), payload, ..Default::default() }).await?;
+    /// }
+    /// sender.close();
+    /// while let Some(answer) = answers.next_answer().await? {
+    ///     match answer {
+    ///         PublishAnswer::Refused { position, error } => eprintln!("event {position} refused: {error}"),
+    ///         PublishAnswer::Totals(t) if t.end => println!("{} published, {} refused", t.count, t.refused),
+    ///         _ => {}
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn publish_stream_with(
+        &self,
+        window: usize,
+        ack: AckMode,
+    ) -> Result<(PublishSender, PublishAnswers), Error> {
+        publish::open(self.channel(), window, ack).await
     }
 
     /// Subscribes, and waits until the subscription is live: anything published after

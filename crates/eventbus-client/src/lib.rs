@@ -102,7 +102,7 @@ pub use error::Error;
 /// The wire types (`eventbus.v1`), generated from `proto/eventbus/v1/eventbus.proto`.
 pub use eventbus_proto::pb;
 pub use options::ClientOptions;
-pub use publish::{PublishAnswers, PublishSender};
+pub use publish::{AckMode, PublishAnswer, PublishAnswers, PublishSender};
 pub use subscribe::{SubscribeOptions, Subscription, SubscriptionItem};
 pub use worker::{Delivery, Handler, IntoOutcome, Outcome, Worker, WorkerMetrics, WorkerStats};
 /// The PostgreSQL crates the `postgres` feature is built on, for matching versions.

@@ -28,24 +28,109 @@ impl PublishSender {
     pub fn close(self) {}
 }
 
-/// The answering half of a `PublishStream`: one answer per publish, in order.
+/// The answering half of a `PublishStream`, in the stream's [`AckMode`]: with `Each`,
+/// one answer per publish, in order; with `Cumulative`, running totals per chunk the
+/// broker read; with `None`, nothing for an accepted publish. In the last two, refused
+/// publishes are answered on their own, and the stream ends with its totals.
 #[derive(Debug)]
 pub struct PublishAnswers {
     responses: tonic::Streaming<pb::PublishResponse>,
 }
 
+/// One answer read from a `PublishStream` ([`PublishAnswers::next_answer`]).
+#[derive(Debug)]
+pub enum PublishAnswer {
+    /// `Each`: the answer to the next publish, in order.
+    Published(pb::PublishResponse),
+    /// `Cumulative` and `None`: the publish at `position` (from 0, in the order sent)
+    /// was refused; the ones after it are published all the same.
+    Refused { position: u64, error: Error },
+    /// `Cumulative` and `None`: the stream's running totals, covering every publish
+    /// before it; the last one has `end` set.
+    Totals(pb::PublishAck),
+}
+
 impl PublishAnswers {
-    /// The next answer; `None` once every publish was answered and the senders are gone.
-    /// An invalid publish ends the stream with its error (earlier ones stay published).
+    /// The next raw response; `None` once the stream has ended. With `Each`, an invalid
+    /// publish ends the stream with its error (earlier ones stay published).
     pub async fn next(&mut self) -> Result<Option<pb::PublishResponse>, Error> {
         Ok(self.responses.message().await?)
     }
+
+    /// The next answer, by kind; `None` once the stream has ended.
+    pub async fn next_answer(&mut self) -> Result<Option<PublishAnswer>, Error> {
+        Ok(self.next().await?.map(answer))
+    }
 }
 
-pub(crate) async fn open(channel: AuthChannel, window: usize) -> Result<(PublishSender, PublishAnswers), Error> {
+/// A response by kind.
+fn answer(mut response: pb::PublishResponse) -> PublishAnswer {
+    if let Some(totals) = response.ack.take() {
+        return PublishAnswer::Totals(totals);
+    }
+    match response.error.take() {
+        Some(error) => PublishAnswer::Refused { position: response.position, error: refusal(error) },
+        None => PublishAnswer::Published(response),
+    }
+}
+
+/// A refused event's error, typed like the call's status would be.
+fn refusal(error: pb::PublishError) -> Error {
+    tonic::Status::new(tonic::Code::from_i32(error.code), error.message).into()
+}
+
+/// The call metadata that chooses the ack mode.
+const ACK_METADATA: &str = "eventbus-ack";
+
+pub(crate) async fn open(
+    channel: AuthChannel,
+    window: usize,
+    ack: AckMode,
+) -> Result<(PublishSender, PublishAnswers), Error> {
     let (tx, rx) = mpsc::channel(window.max(1));
-    let responses = codec::streaming(channel, Method::PublishStream, ReceiverStream::new(rx)).await?;
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(mode) = ack.metadata() {
+        request.metadata_mut().insert(ACK_METADATA, tonic::metadata::MetadataValue::from_static(mode));
+    }
+    let responses = codec::streaming(channel, Method::PublishStream, request).await?;
     Ok((PublishSender { tx }, PublishAnswers { responses }))
+}
+
+/// What a `PublishStream`'s publisher waits for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AckMode {
+    /// One answer per publish, in order (the default). A refused publish ends the stream.
+    #[default]
+    Each,
+    /// Running totals ([`pb::PublishAck`]) per chunk of publishes the broker read
+    /// together; refused publishes answered on their own.
+    Cumulative,
+    /// Fire and forget: only refused publishes are answered, then the totals at the end.
+    None,
+}
+
+impl AckMode {
+    /// The `eventbus-ack` value; `None` for the default.
+    fn metadata(self) -> Option<&'static str> {
+        match self {
+            Self::Each => None,
+            Self::Cumulative => Some("cumulative"),
+            Self::None => Some("none"),
+        }
+    }
+}
+
+impl std::str::FromStr for AckMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "each" => Ok(Self::Each),
+            "cumulative" => Ok(Self::Cumulative),
+            "none" => Ok(Self::None),
+            _ => Err(format!("{s:?} is not an ack mode (expected each, cumulative or none)")),
+        }
+    }
 }
 
 /// The answers of a `PublishBatch` of `sent` events: each event's response, or its
@@ -64,7 +149,7 @@ pub(crate) fn batch_results(
 fn batch_result(mut response: pb::PublishResponse) -> Result<pb::PublishResponse, Error> {
     match response.error.take() {
         None => Ok(response),
-        Some(error) => Err(tonic::Status::new(tonic::Code::from_i32(error.code), error.message).into()),
+        Some(error) => Err(refusal(error)),
     }
 }
 
@@ -85,5 +170,21 @@ mod tests {
         );
         let short = batch_results(3, pb::PublishBatchResponse { results: vec![] });
         assert!(matches!(short, Err(Error::Protocol(_))));
+    }
+
+    #[test]
+    fn stream_answers_are_told_apart() {
+        let published = pb::PublishResponse { event_id: "e1".into(), ..Default::default() };
+        assert!(matches!(answer(published), PublishAnswer::Published(p) if p.event_id == "e1"));
+        let refused = pb::PublishResponse {
+            error: Some(pb::PublishError { code: tonic::Code::PermissionDenied as i32, message: "no".into() }),
+            position: 7,
+            ..Default::default()
+        };
+        assert!(matches!(answer(refused), PublishAnswer::Refused { position: 7, error: Error::PermissionDenied(_) }));
+        let totals = pb::PublishResponse { ack: Some(pb::PublishAck { count: 3, end: true, ..Default::default() }), ..Default::default() };
+        assert!(matches!(answer(totals), PublishAnswer::Totals(t) if t.count == 3 && t.end));
+        assert_eq!("NONE".parse::<AckMode>(), Ok(AckMode::None));
+        assert!("some".parse::<AckMode>().is_err());
     }
 }

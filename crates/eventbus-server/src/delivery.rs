@@ -39,7 +39,8 @@ use tonic::{Request, Response, Status, Streaming};
 use tower_service::Service;
 
 use crate::convert;
-use crate::grpc::{Answers, BatchAnswer, EventBusService};
+use crate::grpc::{BatchAnswer, EventBusService};
+use crate::publish_stream::{Answers, StreamAnswer};
 use crate::metrics::Metrics;
 use crate::request_limit::PayloadLimit;
 
@@ -347,11 +348,15 @@ fn encode_published(p: &Published, buf: &mut impl BufMut) {
 pub(crate) struct AnswerEncoder;
 
 impl Encoder for AnswerEncoder {
-    type Item = Published;
+    type Item = StreamAnswer;
     type Error = Status;
 
-    fn encode(&mut self, item: Published, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        encode_published(&item, buf);
+    fn encode(&mut self, item: StreamAnswer, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        match item {
+            StreamAnswer::Published(p) => encode_published(&p, buf),
+            // Refusals and totals are rare (at most one of totals per chunk): prost.
+            other => other.into_pb().encode_raw(buf),
+        }
         Ok(())
     }
 }
@@ -539,7 +544,7 @@ where
 struct PublishHandler(EventBusService);
 
 impl StreamingService<pb::PublishRequest> for PublishHandler {
-    type Response = Published;
+    type Response = StreamAnswer;
     type ResponseStream = Answers;
     type Future = std::future::Ready<Result<Response<Answers>, Status>>;
 

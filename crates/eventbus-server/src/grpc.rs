@@ -15,15 +15,10 @@ use crate::convert::{self, EdgeError, status};
 use crate::delivery::{Frame, Frames, Streamer, next_batch};
 use crate::listener::PeerInfo;
 use crate::metrics::Metrics;
+use crate::publish_stream::StreamAnswer;
 use crate::request_limit::PayloadLimit;
 
-/// Most `PublishStream` requests published together.
-const PUBLISH_CHUNK: usize = 256;
-
-type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
-
-/// A `PublishStream`'s answers, before encoding.
-pub(crate) type Answers = RpcStream<Published>;
+pub(crate) type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// The answer to one event of a `PublishBatch`, before encoding.
 #[derive(Debug, Clone)]
@@ -49,12 +44,12 @@ impl BatchAnswer {
 }
 
 /// Where a request came from, for `Event.source` and `SubscriptionInfo.peer`.
-fn peer<T>(req: &Request<T>) -> String {
+pub(crate) fn peer<T>(req: &Request<T>) -> String {
     req.extensions().get::<PeerInfo>().map(|p| p.addr_text().to_owned()).unwrap_or_default()
 }
 
 /// Who sent the request, as [`Authenticate`] found.
-fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
+pub(crate) fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
     req.extensions().get::<Caller>().cloned().ok_or_else(|| Status::unauthenticated("no credentials were checked"))
 }
 
@@ -77,11 +72,11 @@ impl tonic::service::Interceptor for Authenticate {
 /// Implements `eventbus.v1.EventBus`.
 #[derive(Debug, Clone)]
 pub(crate) struct EventBusService {
-    bus: Bus,
-    access: Access,
-    metrics: Option<Arc<Metrics>>,
+    pub(crate) bus: Bus,
+    pub(crate) access: Access,
+    pub(crate) metrics: Option<Arc<Metrics>>,
     /// Turns the decode-limit status of an oversized `PublishStream` request into ours.
-    limit: PayloadLimit,
+    pub(crate) limit: PayloadLimit,
     /// Most events in one `PublishBatch` (`eventbus.max_publish_batch`).
     max_publish_batch: usize,
 }
@@ -116,65 +111,8 @@ fn respond(metrics: Option<&Metrics>, published: Published) -> pb::PublishRespon
     convert::publish_response(published)
 }
 
-/// Reads and decodes a `PublishStream`'s requests in a task of their own, a chunk (the
-/// requests that arrived together) at a time, at most two chunks ahead of the publishing:
-/// decoding overlaps publishing and answering, on another core when one is free. The
-/// task ends with the request stream, or as soon as the answers are no longer wanted.
-fn read_ahead<S>(inbound: S) -> ReadAhead
-where
-    S: Stream<Item = Result<pb::PublishRequest, Status>> + Send + 'static,
-{
-    let (tx, chunks) = tokio::sync::mpsc::channel(2);
-    let mut inbound = Box::pin(inbound.ready_chunks(PUBLISH_CHUNK));
-    let reader = tokio::spawn(async move {
-        loop {
-            let chunk = tokio::select! {
-                () = tx.closed() => return,
-                chunk = inbound.next() => chunk,
-            };
-            let Some(chunk) = chunk else { return };
-            if tx.send(chunk).await.is_err() {
-                return;
-            }
-        }
-    });
-    ReadAhead { chunks, reader: Some(reader) }
-}
-
-/// The receiving end of [`read_ahead`].
-struct ReadAhead {
-    chunks: tokio::sync::mpsc::Receiver<Vec<Result<pb::PublishRequest, Status>>>,
-    reader: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl ReadAhead {
-    /// The next chunk; `None` once the request stream has ended. A reader that died
-    /// (it cannot, short of a bug) ends the stream with INTERNAL rather than as if the
-    /// publisher had finished.
-    async fn recv(&mut self) -> Option<Vec<Result<pb::PublishRequest, Status>>> {
-        if let Some(chunk) = self.chunks.recv().await {
-            return Some(chunk);
-        }
-        match self.reader.take()?.await {
-            Ok(()) => None,
-            Err(err) => {
-                tracing::error!(error = %err, "a publish stream's reader failed");
-                Some(vec![Err(Status::internal("the broker stopped reading this stream"))])
-            }
-        }
-    }
-}
-
-impl Drop for ReadAhead {
-    fn drop(&mut self) {
-        if let Some(reader) = &self.reader {
-            reader.abort();
-        }
-    }
-}
-
 /// Records a publish's duration.
-fn observe(metrics: Option<&Metrics>, published: &Published) {
+pub(crate) fn observe(metrics: Option<&Metrics>, published: &Published) {
     if let Some(metrics) = metrics {
         metrics.observe_publish(published.duration);
     }
@@ -200,7 +138,7 @@ impl pb::event_bus_server::EventBus for EventBusService {
         req: Request<Streaming<pb::PublishRequest>>,
     ) -> Result<Response<Self::PublishStreamStream>, Status> {
         let answers = self.answer_publishes(req)?;
-        Ok(Response::new(Box::pin(answers.map(|answer| answer.map(convert::publish_response)))))
+        Ok(Response::new(Box::pin(answers.map(|answer| answer.map(StreamAnswer::into_pb)))))
     }
 
     /// Served by [`crate::delivery::EncodedStreams`], which writes the answers without
@@ -235,57 +173,6 @@ impl pb::event_bus_server::EventBus for EventBusService {
 }
 
 impl EventBusService {
-    /// Publishes a `PublishStream`'s requests and answers each, in order. The requests
-    /// that arrived together are published together (one durable capture round trip
-    /// for all of them). An error ends the stream: a refused request, or one tonic
-    /// could not read, is answered with its status and nothing after it is published.
-    pub(crate) fn answer_publishes(&self, req: Request<Streaming<pb::PublishRequest>>) -> Result<Answers, Status> {
-        let peer = peer(&req);
-        let caller = caller(&req)?;
-        // Registered like the other streams: a reload that removes the principal, or
-        // its credential's expiry, ends it UNAUTHENTICATED, and each chunk is checked
-        // against the principal's rights of the moment.
-        let guard = self.access.open_stream(&caller, StreamUse::Publish)?;
-        let watch = guard.watch(caller);
-        let inbound = read_ahead(req.into_inner());
-        let state = Some((inbound, self.clone(), (peer, watch)));
-        let answers = stream::unfold(state, |state| async move {
-            let (mut inbound, svc, (peer, mut watch)) = state?;
-            let chunk = inbound.recv().await?;
-            let caller = watch.current();
-            let mut inputs = Vec::with_capacity(chunk.len());
-            let mut broken = None;
-            for req in chunk {
-                match req {
-                    Ok(req) => {
-                        if let Err(refused) = svc.access.check_publish(caller, [req.channel.as_str()]) {
-                            broken = Some(refused.into());
-                            break;
-                        }
-                        inputs.push(convert::publish_input(req, peer.clone(), caller.name()));
-                    }
-                    Err(status) => {
-                        broken = Some(svc.limit.translate(status));
-                        break;
-                    }
-                }
-            }
-            let mut answers = Vec::with_capacity(inputs.len() + 1);
-            let metrics = svc.metrics.as_deref();
-            for published in svc.bus.publish_many(inputs).await {
-                answers.push(published.map_err(status).inspect(|p| observe(metrics, p)));
-            }
-            let failed = answers.last().is_some_and(Result::is_err);
-            if let Some(status) = broken.filter(|_| !failed) {
-                answers.push(Err(status));
-            }
-            let ended = answers.last().is_some_and(Result::is_err);
-            Some((stream::iter(answers), (!ended).then_some((inbound, svc, (peer, watch)))))
-        })
-        .flatten();
-        Ok(Box::pin(guard.guard(answers)))
-    }
-
     /// Publishes a `PublishBatch`, every event answered in its slot: the ones refused at
     /// the edge (no right on their channel) or by the bus get their error, and do not
     /// stop the others. Only what concerns the whole call (size, rate, shutdown) fails it.
@@ -529,69 +416,5 @@ impl AdminService {
         self.access.check_manage_consumer(caller, name)?;
         let info = convert::durable(&self.bus)?.set_paused(name, paused).await.map_err(status)?;
         Ok(Response::new(convert::consumer_info(&info)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Duration;
-
-    use super::*;
-
-    fn request(n: usize) -> Result<pb::PublishRequest, Status> {
-        Ok(pb::PublishRequest { channel: format!("c.{n}"), ..Default::default() })
-    }
-
-    /// Sets its flag when dropped: the reader let go of the request stream.
-    struct Dropped(Arc<AtomicBool>);
-
-    impl Drop for Dropped {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
-
-    async fn within<T>(fut: impl Future<Output = T>) -> T {
-        tokio::time::timeout(Duration::from_secs(10), fut).await.expect("timed out")
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_reader_keeps_the_order_and_ends_with_the_requests() {
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
-        let mut chunks = read_ahead(tokio_stream::wrappers::ReceiverStream::new(rx));
-        let sender = tokio::spawn(async move {
-            for n in 0..2_000 {
-                tx.send(request(n)).await.unwrap();
-            }
-        });
-        let mut seen = Vec::new();
-        while let Some(chunk) = within(chunks.recv()).await {
-            assert!(!chunk.is_empty() && chunk.len() <= PUBLISH_CHUNK);
-            seen.extend(chunk.into_iter().map(|r| r.unwrap().channel));
-        }
-        within(sender).await.unwrap();
-        assert_eq!(seen, (0..2_000).map(|n| format!("c.{n}")).collect::<Vec<_>>());
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_reader_whose_answers_are_not_wanted_lets_go_of_the_requests() {
-        let released = Arc::new(AtomicBool::new(false));
-        let guard = Dropped(Arc::clone(&released));
-        // A request stream that never ends: one request, then nothing, ever.
-        let inbound = stream::once(async { request(0) }).chain(stream::pending()).map(move |r| {
-            let _held = &guard;
-            r
-        });
-        let mut chunks = read_ahead(inbound);
-        assert_eq!(within(chunks.recv()).await.map(|c| c.len()), Some(1));
-        assert!(!released.load(Ordering::SeqCst), "still reading");
-        drop(chunks);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !released.load(Ordering::SeqCst) {
-            assert!(tokio::time::Instant::now() < deadline, "the reader still holds the request stream");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
     }
 }

@@ -15,6 +15,8 @@
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz` and the admin REST routes.
 //! - [`metrics`]: Prometheus registry; reads the bus's own counters at scrape time.
 //! - `grpc`: the `EventBus` and `Admin` services, thin adapters over the bus.
+//! - `publish_stream`: `PublishStream`'s requests read ahead and answered in the
+//!   publisher's ack mode (each event, running totals, or refusals only).
 //! - `delivery`: the subscribe stream's writer: batches encoded straight from the
 //!   shared events, no per-subscriber conversion to the generated types.
 //! - `convert`: the wire edge: every core ↔ protobuf and core → JSON conversion, and
@@ -38,6 +40,7 @@ mod delivery;
 mod grpc;
 mod http_server;
 mod listener;
+mod publish_stream;
 mod request_limit;
 mod tls;
 

@@ -4,7 +4,9 @@ use super::*;
 
 /// A publish from the wire; `scope` is the publisher's idempotency scope (its name).
 pub(crate) fn publish_input(req: pb::PublishRequest, peer: String, scope: &str) -> PublishInput {
-    let pb::PublishRequest { channel, payload, metadata, content_type, source, ordering_key, idempotency_key } = req;
+    // `ack` is the stream's, read before this.
+    let pb::PublishRequest { channel, payload, metadata, content_type, source, ordering_key, idempotency_key, ack: _ } =
+        req;
     let idempotency_scope = if idempotency_key.is_empty() { String::new() } else { scope.to_owned() };
     PublishInput {
         channel,
@@ -61,8 +63,8 @@ pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
         failed_count: failed,
         duration: Some(duration(took)),
         duplicate,
-        error: None,
         captured_count: captured,
+        ..Default::default()
     }
 }
 

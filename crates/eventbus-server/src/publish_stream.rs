@@ -1,0 +1,463 @@
+//! `PublishStream`: requests read ahead a chunk at a time, published together, and
+//! answered as the publisher chose (`AckMode`): each event (EACH), running totals per
+//! chunk (CUMULATIVE), or nothing but refusals (NONE). In the last two, a refused event
+//! is answered on its own with its position and does not stop the stream, and the
+//! stream ends with its totals.
+
+use eventbus_core::Published;
+use eventbus_proto::pb;
+use futures::{Stream, StreamExt, stream};
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Status, Streaming};
+
+use crate::access::{CallerWatch, StreamUse};
+use crate::convert::{self, status};
+use crate::grpc::{EventBusService, RpcStream, caller, observe, peer};
+
+/// Most `PublishStream` requests published together.
+pub(crate) const PUBLISH_CHUNK: usize = 256;
+
+/// The call metadata that chooses the ack mode, when the first request does not.
+pub(crate) const ACK_METADATA: &str = "eventbus-ack";
+
+/// A `PublishStream`'s answers, before encoding.
+pub(crate) type Answers = RpcStream<StreamAnswer>;
+
+/// One answer of a `PublishStream`.
+#[derive(Debug, Clone)]
+pub(crate) enum StreamAnswer {
+    /// An accepted event, in EACH mode.
+    Published(Published),
+    /// A refused event, in CUMULATIVE and NONE modes.
+    Refused { position: u64, error: pb::PublishError },
+    /// The stream's running totals, in CUMULATIVE and NONE modes.
+    Totals(pb::PublishAck),
+}
+
+impl StreamAnswer {
+    /// The generated message with the same bytes.
+    pub(crate) fn into_pb(self) -> pb::PublishResponse {
+        match self {
+            Self::Published(p) => convert::publish_response(p),
+            Self::Refused { position, error } => {
+                pb::PublishResponse { error: Some(error), position, ..Default::default() }
+            }
+            Self::Totals(ack) => pb::PublishResponse { ack: Some(ack), ..Default::default() },
+        }
+    }
+}
+
+/// What a publisher waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AckMode {
+    Each,
+    Cumulative,
+    None,
+}
+
+impl AckMode {
+    /// The mode of a request's `ack` field; `None` when it is not set.
+    fn from_request(value: i32) -> Result<Option<Self>, Status> {
+        match pb::AckMode::try_from(value) {
+            Ok(pb::AckMode::Unspecified) => Ok(None),
+            Ok(pb::AckMode::Each) => Ok(Some(Self::Each)),
+            Ok(pb::AckMode::Cumulative) => Ok(Some(Self::Cumulative)),
+            Ok(pb::AckMode::None) => Ok(Some(Self::None)),
+            Err(_) => Err(Status::invalid_argument(format!(
+                "unknown ack mode {value} in the first request (expected ACK_MODE_EACH, ACK_MODE_CUMULATIVE or ACK_MODE_NONE)"
+            ))),
+        }
+    }
+
+    /// The mode of the call's `eventbus-ack` metadata; `None` when there is none.
+    fn from_metadata(metadata: &MetadataMap) -> Result<Option<Self>, Status> {
+        let Some(value) = metadata.get(ACK_METADATA) else { return Ok(None) };
+        let text = value.to_str().unwrap_or_default().trim();
+        let mode = match text.to_ascii_lowercase().trim_start_matches("ack_mode_") {
+            "each" => Self::Each,
+            "cumulative" => Self::Cumulative,
+            "none" => Self::None,
+            _ => {
+                return Err(Status::invalid_argument(format!(
+                    "{ACK_METADATA} metadata {:?} is not an ack mode (expected each, cumulative or none)",
+                    String::from_utf8_lossy(value.as_bytes())
+                )));
+            }
+        };
+        Ok(Some(mode))
+    }
+
+    /// The stream's mode: the first request's, else the metadata's, else EACH; both
+    /// given and different is an error.
+    fn resolve(metadata: Option<Self>, first: Option<Self>) -> Result<Self, Status> {
+        match (metadata, first) {
+            (Some(m), Some(f)) if m != f => Err(Status::invalid_argument(format!(
+                "the first request asks for ack mode {} but the {ACK_METADATA} metadata for {}",
+                f.name(),
+                m.name()
+            ))),
+            (m, f) => Ok(f.or(m).unwrap_or(Self::Each)),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Each => "each",
+            Self::Cumulative => "cumulative",
+            Self::None => "none",
+        }
+    }
+}
+
+/// Reads and decodes a `PublishStream`'s requests in a task of their own, a chunk (the
+/// requests that arrived together) at a time, at most two chunks ahead of the publishing:
+/// decoding overlaps publishing and answering, on another core when one is free. The
+/// task ends with the request stream, or as soon as the answers are no longer wanted.
+pub(crate) fn read_ahead<S>(inbound: S) -> ReadAhead
+where
+    S: Stream<Item = Result<pb::PublishRequest, Status>> + Send + 'static,
+{
+    let (tx, chunks) = tokio::sync::mpsc::channel(2);
+    let mut inbound = Box::pin(inbound.ready_chunks(PUBLISH_CHUNK));
+    let reader = tokio::spawn(async move {
+        loop {
+            let chunk = tokio::select! {
+                () = tx.closed() => return,
+                chunk = inbound.next() => chunk,
+            };
+            let Some(chunk) = chunk else { return };
+            if tx.send(chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    ReadAhead { chunks, reader: Some(reader) }
+}
+
+/// The receiving end of [`read_ahead`].
+pub(crate) struct ReadAhead {
+    chunks: tokio::sync::mpsc::Receiver<Vec<Result<pb::PublishRequest, Status>>>,
+    reader: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ReadAhead {
+    /// The next chunk; `None` once the request stream has ended. A reader that died
+    /// (it cannot, short of a bug) ends the stream with INTERNAL rather than as if the
+    /// publisher had finished.
+    pub(crate) async fn recv(&mut self) -> Option<Vec<Result<pb::PublishRequest, Status>>> {
+        if let Some(chunk) = self.chunks.recv().await {
+            return Some(chunk);
+        }
+        match self.reader.take()?.await {
+            Ok(()) => None,
+            Err(err) => {
+                tracing::error!(error = %err, "a publish stream's reader failed");
+                Some(vec![Err(Status::internal("the broker stopped reading this stream"))])
+            }
+        }
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        if let Some(reader) = &self.reader {
+            reader.abort();
+        }
+    }
+}
+
+/// A refusal as the answer's error: what the call's status would have been.
+fn publish_error(status: &Status) -> pb::PublishError {
+    pb::PublishError { code: status.code() as i32, message: status.message().to_owned() }
+}
+
+/// Answers a refused event on its own, and counts it.
+fn refuse(totals: &mut pb::PublishAck, answers: &mut Vec<Result<StreamAnswer, Status>>, position: u64, status: &Status) {
+    totals.refused += 1;
+    answers.push(Ok(StreamAnswer::Refused { position, error: publish_error(status) }));
+}
+
+/// An open `PublishStream`, between chunks.
+struct Publishing {
+    inbound: ReadAhead,
+    svc: EventBusService,
+    peer: String,
+    watch: CallerWatch,
+    /// The metadata's mode until the first request is read, then the stream's.
+    mode: Option<AckMode>,
+    resolved: bool,
+    /// Requests read so far: the position of the next one.
+    position: u64,
+    totals: pb::PublishAck,
+}
+
+/// What one step of the stream yields, and whether it goes on.
+type Step = (Vec<Result<StreamAnswer, Status>>, bool);
+
+impl Publishing {
+    fn mode(&self) -> AckMode {
+        self.mode.unwrap_or(AckMode::Each)
+    }
+
+    /// The answers to the next chunk; `None` once the stream is over.
+    async fn step(&mut self) -> Option<Step> {
+        let Some(chunk) = self.inbound.recv().await else {
+            // The publisher closed its side and everything was read.
+            return match self.mode() {
+                AckMode::Each => None,
+                AckMode::Cumulative | AckMode::None => {
+                    self.totals.end = true;
+                    Some((vec![Ok(StreamAnswer::Totals(self.totals.clone()))], false))
+                }
+            };
+        };
+        if !self.resolved {
+            self.resolved = true;
+            let first = match chunk.first() {
+                Some(Ok(req)) => AckMode::from_request(req.ack),
+                _ => Ok(None),
+            };
+            match first.and_then(|first| AckMode::resolve(self.mode, first)) {
+                Ok(mode) => self.mode = Some(mode),
+                Err(refused) => return Some((vec![Err(refused)], false)),
+            }
+        }
+        Some(match self.mode() {
+            AckMode::Each => self.each(chunk).await,
+            AckMode::Cumulative | AckMode::None => self.lenient(chunk).await,
+        })
+    }
+
+    /// EACH: every event answered in order; a refused request, or one tonic could not
+    /// read, is answered with its status and nothing after it is published.
+    async fn each(&mut self, chunk: Vec<Result<pb::PublishRequest, Status>>) -> Step {
+        let svc = &self.svc;
+        let caller = self.watch.current();
+        let mut inputs = Vec::with_capacity(chunk.len());
+        let mut broken = None;
+        for req in chunk {
+            match req {
+                Ok(req) => {
+                    if let Err(refused) = svc.access.check_publish(caller, [req.channel.as_str()]) {
+                        broken = Some(refused.into());
+                        break;
+                    }
+                    inputs.push(convert::publish_input(req, self.peer.clone(), caller.name()));
+                }
+                Err(status) => {
+                    broken = Some(svc.limit.translate(status));
+                    break;
+                }
+            }
+        }
+        let mut answers = Vec::with_capacity(inputs.len() + 1);
+        let metrics = svc.metrics.as_deref();
+        for published in svc.bus.publish_many(inputs).await {
+            answers.push(published.map_err(status).map(|p| {
+                observe(metrics, &p);
+                StreamAnswer::Published(p)
+            }));
+        }
+        let failed = answers.last().is_some_and(Result::is_err);
+        if let Some(status) = broken.filter(|_| !failed) {
+            answers.push(Err(status));
+        }
+        let ended = answers.last().is_some_and(Result::is_err);
+        (answers, !ended)
+    }
+
+    /// CUMULATIVE and NONE: refused events answered on their own, with their position,
+    /// the others published all the same; then the totals (CUMULATIVE). A request that
+    /// does not decode, or the broker shutting down, ends the stream after the totals.
+    async fn lenient(&mut self, chunk: Vec<Result<pb::PublishRequest, Status>>) -> Step {
+        let svc = &self.svc;
+        let mut answers = Vec::new();
+        if svc.bus.is_shutting_down() {
+            answers.push(Ok(StreamAnswer::Totals(self.totals.clone())));
+            answers.push(Err(status(eventbus_core::Error::ShuttingDown)));
+            return (answers, false);
+        }
+        let caller = self.watch.current();
+        let mut inputs = Vec::with_capacity(chunk.len());
+        // The position of each event handed to the bus, and the refusals at the edge,
+        // both in stream order.
+        let mut positions = Vec::with_capacity(chunk.len());
+        let mut refused_here: Vec<(u64, Status)> = Vec::new();
+        let mut broken = None;
+        for req in chunk {
+            let position = self.position;
+            self.position += 1;
+            match req {
+                Ok(req) => match svc.access.check_publish(caller, [req.channel.as_str()]) {
+                    Ok(()) => {
+                        inputs.push(convert::publish_input(req, self.peer.clone(), caller.name()));
+                        positions.push(position);
+                    }
+                    Err(refused) => refused_here.push((position, refused.into())),
+                },
+                Err(status) => {
+                    broken = Some(svc.limit.translate(status));
+                    break;
+                }
+            }
+        }
+        let metrics = svc.metrics.as_deref();
+        let mut edge = refused_here.into_iter().peekable();
+        let published = if inputs.is_empty() { Vec::new() } else { svc.bus.publish_each(inputs).await };
+        let totals = &mut self.totals;
+        for (position, published) in positions.into_iter().zip(published) {
+            while let Some((at, status)) = edge.next_if(|(at, _)| *at < position) {
+                refuse(totals, &mut answers, at, &status);
+            }
+            match published {
+                Ok(p) => {
+                    observe(metrics, &p);
+                    totals.count += 1;
+                    totals.delivered += u64::from(p.delivered);
+                    totals.failed += u64::from(p.failed);
+                    totals.captured += u64::from(p.captured);
+                    totals.duplicates += u64::from(p.duplicate);
+                    totals.last_event_id = p.event_id;
+                }
+                Err(err) => refuse(totals, &mut answers, position, &status(err)),
+            }
+        }
+        for (at, status) in edge {
+            refuse(totals, &mut answers, at, &status);
+        }
+        let report = self.mode == Some(AckMode::Cumulative) || broken.is_some();
+        if report {
+            answers.push(Ok(StreamAnswer::Totals(self.totals.clone())));
+        }
+        match broken {
+            Some(status) => {
+                answers.push(Err(status));
+                (answers, false)
+            }
+            None => (answers, true),
+        }
+    }
+}
+
+impl EventBusService {
+    /// Publishes a `PublishStream`'s requests and answers them as the publisher chose.
+    /// The requests that arrived together are published together (one durable capture
+    /// round trip for all of them).
+    pub(crate) fn answer_publishes(&self, req: Request<Streaming<pb::PublishRequest>>) -> Result<Answers, Status> {
+        let peer = peer(&req);
+        let caller = caller(&req)?;
+        let mode = AckMode::from_metadata(req.metadata())?;
+        // Registered like the other streams: a reload that removes the principal, or
+        // its credential's expiry, ends it UNAUTHENTICATED, and each chunk is checked
+        // against the principal's rights of the moment.
+        let guard = self.access.open_stream(&caller, StreamUse::Publish)?;
+        let watch = guard.watch(caller);
+        let publishing = Publishing {
+            inbound: read_ahead(req.into_inner()),
+            svc: self.clone(),
+            peer,
+            watch,
+            mode,
+            resolved: false,
+            position: 0,
+            totals: pb::PublishAck::default(),
+        };
+        let answers = stream::unfold(Some(publishing), |state| async move {
+            let mut publishing = state?;
+            let (answers, more) = publishing.step().await?;
+            Some((stream::iter(answers), more.then_some(publishing)))
+        })
+        .flatten();
+        Ok(Box::pin(guard.guard(answers)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    fn request(n: usize) -> Result<pb::PublishRequest, Status> {
+        Ok(pb::PublishRequest { channel: format!("c.{n}"), ..Default::default() })
+    }
+
+    /// Sets its flag when dropped: the reader let go of the request stream.
+    struct Dropped(Arc<AtomicBool>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    async fn within<T>(fut: impl Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(10), fut).await.expect("timed out")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_reader_keeps_the_order_and_ends_with_the_requests() {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let mut chunks = read_ahead(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let sender = tokio::spawn(async move {
+            for n in 0..2_000 {
+                tx.send(request(n)).await.unwrap();
+            }
+        });
+        let mut seen = Vec::new();
+        while let Some(chunk) = within(chunks.recv()).await {
+            assert!(!chunk.is_empty() && chunk.len() <= PUBLISH_CHUNK);
+            seen.extend(chunk.into_iter().map(|r| r.unwrap().channel));
+        }
+        within(sender).await.unwrap();
+        assert_eq!(seen, (0..2_000).map(|n| format!("c.{n}")).collect::<Vec<_>>());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_whose_answers_are_not_wanted_lets_go_of_the_requests() {
+        let released = Arc::new(AtomicBool::new(false));
+        let guard = Dropped(Arc::clone(&released));
+        // A request stream that never ends: one request, then nothing, ever.
+        let inbound = stream::once(async { request(0) }).chain(stream::pending()).map(move |r| {
+            let _held = &guard;
+            r
+        });
+        let mut chunks = read_ahead(inbound);
+        assert_eq!(within(chunks.recv()).await.map(|c| c.len()), Some(1));
+        assert!(!released.load(Ordering::SeqCst), "still reading");
+        drop(chunks);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !released.load(Ordering::SeqCst) {
+            assert!(tokio::time::Instant::now() < deadline, "the reader still holds the request stream");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[test]
+    fn the_mode_comes_from_the_first_request_or_the_metadata() {
+        let mut metadata = MetadataMap::new();
+        assert_eq!(AckMode::from_metadata(&metadata).ok(), Some(None));
+        for (text, mode) in [("none", AckMode::None), ("Cumulative", AckMode::Cumulative), ("ACK_MODE_EACH", AckMode::Each)]
+        {
+            metadata.insert(ACK_METADATA, text.parse().unwrap());
+            assert_eq!(AckMode::from_metadata(&metadata).ok(), Some(Some(mode)), "{text}");
+        }
+        metadata.insert(ACK_METADATA, "some".parse().unwrap());
+        let refused = AckMode::from_metadata(&metadata).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+        assert!(refused.message().contains("\"some\""), "{}", refused.message());
+
+        assert_eq!(AckMode::from_request(0).ok(), Some(None));
+        assert_eq!(AckMode::from_request(pb::AckMode::None as i32).ok(), Some(Some(AckMode::None)));
+        assert_eq!(AckMode::from_request(9).unwrap_err().code(), tonic::Code::InvalidArgument);
+
+        assert_eq!(AckMode::resolve(None, None).ok(), Some(AckMode::Each));
+        assert_eq!(AckMode::resolve(Some(AckMode::None), None).ok(), Some(AckMode::None));
+        assert_eq!(AckMode::resolve(None, Some(AckMode::Cumulative)).ok(), Some(AckMode::Cumulative));
+        assert_eq!(AckMode::resolve(Some(AckMode::None), Some(AckMode::None)).ok(), Some(AckMode::None));
+        let conflict = AckMode::resolve(Some(AckMode::None), Some(AckMode::Each)).unwrap_err();
+        assert!(conflict.message().contains("each") && conflict.message().contains("none"), "{}", conflict.message());
+    }
+}
