@@ -74,13 +74,25 @@ PIDS+=("$CLUSTER_EVENTBUSD_PID")
 wait_port "$CGRPC_PORT"
 wait_port "$NATS_PORT"; wait_port "$REDIS_PORT"; wait_port "$GRPC_PORT"; wait_port "$AOF_PORT"; wait_port "$RGRPC_PORT"
 
+# `--ack` is what an eventbus stream publisher waits for (each answer, running totals,
+# nothing but refusals); NATS and Redis answer no publish and run these rows as always,
+# so each mode has its own same-round peer figures.
 WORKLOADS=(
   "fanout --publishers 1 --subscribers 16 --payload 128 --count 200000 --mode stream"
   "fanout --publishers 1 --subscribers 1 --payload 128 --count 300000 --mode stream"
+  "fanout --publishers 1 --subscribers 1 --payload 128 --count 300000 --mode stream --ack cumulative"
+  "fanout --publishers 1 --subscribers 1 --payload 128 --count 300000 --mode stream --ack none"
   "latency --rate 10000 --duration 5 --subscribers 1 --payload 128"
   "pubonly --publishers 1 --payload 128 --count 300000 --mode stream"
+  "pubonly --publishers 1 --payload 128 --count 300000 --mode stream --ack cumulative"
+  "pubonly --publishers 1 --payload 128 --count 300000 --mode stream --ack none"
   "pubonly --publishers 1 --payload 128 --count 300000 --mode batch --batch 256"
 )
+DURABLES=("durable --publishers 16 --count 20000 --payload 128 --mode unary"
+          "durable --publishers 16 --count 60000 --payload 128 --mode stream")
+# SYSTEMS="eventbus nats" and DURABLE=0 narrow a run to what is being looked at.
+read -r -a SYSTEMS <<<"${SYSTEMS:-eventbus nats redis eventbus-cluster}"
+if [ "${DURABLE:-1}" = 0 ]; then DURABLES=(); fi
 
 # The CPU time each side spends (bench/cpu.py): the load generator, and the servers
 # that carry the run (the daemon, plus its Redis in redis mode).
@@ -102,12 +114,10 @@ run() { # system workload...
 tag() { # round [system]
   python3 -c "import json,sys; r=json.load(sys.stdin); r['round']=$1; r['system']='${2:-}' or r['system']; print(json.dumps(r))"
 }
-DURABLES=("durable --publishers 16 --count 20000 --payload 128 --mode unary"
-          "durable --publishers 16 --count 60000 --payload 128 --mode stream")
 
 for round in $(seq "$ROUNDS"); do
   for workload in "${WORKLOADS[@]}"; do
-    for system in eventbus nats redis eventbus-cluster; do
+    for system in "${SYSTEMS[@]}"; do
       echo "round $round/$ROUNDS: $system $workload" >&2
       # shellcheck disable=SC2086
       run "$system" $workload | tag "$round" "$system" >>"$RESULTS"
@@ -115,7 +125,7 @@ for round in $(seq "$ROUNDS"); do
   done
   # Durable: eventbus (embedded store, fsync always), eventbus in redis mode (Redis
   # Streams, AOF) and JetStream (file storage).
-  for durable in "${DURABLES[@]}"; do
+  for durable in "${DURABLES[@]+"${DURABLES[@]}"}"; do
     echo "round $round/$ROUNDS: $durable" >&2
     # shellcheck disable=SC2086
     run eventbus $durable | tag "$round" >>"$RESULTS"

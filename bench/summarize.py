@@ -11,8 +11,10 @@ def key(r):
     if r["workload"] == "durable":
         return f"durable {p['publishers']} pub, {p['payload']} B, {p.get('mode', 'unary')}"
     if r["workload"] == "latency":
-        return f"latency {p['rate']}/s, {p['subscribers']} sub, {p['payload']} B"
+        return f"latency {p['rate']}/s, {p['subscribers']} sub, {p['payload']} B" + (f", ack {p['ack']}" if "ack" in p else "")
     mode = f"{p['mode']} {p['batch']}" if "batch" in p else p["mode"]
+    if "ack" in p:
+        mode += f", ack {p['ack']}"  # eventbus's choice; the peers answer no publish
     if r["workload"] == "fanout":
         return f"fanout {p['publishers']}→{p['subscribers']}, {p['payload']} B, {mode}"
     return f"pubonly {p['publishers']} pub, {p['payload']} B, {mode}"

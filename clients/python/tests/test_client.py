@@ -14,6 +14,7 @@ from socle_eventbus import (
     Gap,
     InvalidArgument,
     NotFound,
+    PublishRefused,
     Term,
     Unavailable,
     Worker,
@@ -46,6 +47,34 @@ async def test_publish_stream_answers_in_order(daemon: Daemon, name: str) -> Non
 
         answers = [r async for r in client.publish_stream(requests())]
         assert len(answers) == 100 and len({a.event_id for a in answers}) == 100
+
+
+async def test_publish_stream_ack_modes_answer_refusals_in_place(daemon: Daemon, name: str) -> None:
+    async with await Client.connect(daemon.url) as client:
+        sub = client.subscribe(f"{name}.*")
+        nxt = asyncio.ensure_future(sub.__anext__())
+        await sub.started()
+        bad = {3: f"{name}.*", 7: ""}
+        requests = [publish_request(bad.get(i, f"{name}.ok"), str(i)) for i in range(20)]
+        for ack in ("cumulative", "none"):
+            answers = [a async for a in client.publish_stream(requests, ack=ack, window=4)]
+            refused = [a for a in answers if isinstance(a, PublishRefused)]
+            assert [(r.position, type(r.error)) for r in refused] == [(3, InvalidArgument), (7, InvalidArgument)]
+            assert f"{name}.*" in refused[0].error.message
+            totals = [a for a in answers if isinstance(a, pb.PublishAck)]
+            assert answers[-1] is totals[-1] and totals[-1].end, answers
+            assert (totals[-1].count, totals[-1].refused, totals[-1].delivered) == (18, 2, 18)
+            if ack == "none":
+                assert len(totals) == 1 and len(answers) == 3
+        got = [await asyncio.wait_for(nxt, 10)]
+        while len(got) < 36:
+            got.append(await asyncio.wait_for(sub.__anext__(), 10))
+        expected = [str(i) for i in range(20) if i not in bad] * 2
+        assert [e.payload.decode() for e in got] == expected
+        assert got[-1].id == totals[-1].last_event_id
+        await sub.aclose()
+        with pytest.raises(ValueError, match="ack must be one of"):
+            [a async for a in client.publish_stream(requests, ack="sometimes")]
 
 
 async def test_publish_batch_answers_each_event_in_order(daemon: Daemon, name: str) -> None:

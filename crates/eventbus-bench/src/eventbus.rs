@@ -4,10 +4,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::target::{PublishMode, Publisher, Publishing, Subscriber, Target};
+use crate::target::{Ack, PublishMode, Publisher, Publishing, Subscriber, Target};
 use anyhow::Context;
 use bytes::Bytes;
-use eventbus_client::{Client, PublishSender, SubscribeOptions, Subscription, SubscriptionItem, pb};
+use eventbus_client::{
+    AckMode, Client, PublishAnswer, PublishAnswers, PublishSender, SubscribeOptions, Subscription, SubscriptionItem, pb,
+};
 use tokio::sync::{Mutex, Notify};
 use tokio::task::JoinSet;
 
@@ -48,27 +50,10 @@ impl Target for EventBusTarget {
                 Ok(EventBusPublisher::Batch { client, size, pending: Vec::with_capacity(size), calls: JoinSet::new() })
             }
             PublishMode::Stream => {
-                let (tx, mut answers) = client.publish_stream(STREAM_WINDOW).await?;
+                let (tx, answers) = client.publish_stream_with(STREAM_WINDOW, ack_mode(how.ack)).await?;
                 let acks = Arc::new(Acks::default());
-                let reader = Arc::clone(&acks);
-                tokio::spawn(async move {
-                    loop {
-                        match answers.next().await {
-                            Ok(Some(_)) => {
-                                reader.acked.fetch_add(1, Ordering::Release);
-                                reader.changed.notify_waiters();
-                            }
-                            Ok(None) => break,
-                            Err(e) => {
-                                *reader.error.lock().await = Some(e);
-                                break;
-                            }
-                        }
-                    }
-                    reader.ended.store(true, Ordering::Release);
-                    reader.changed.notify_waiters();
-                });
-                Ok(EventBusPublisher::Stream { tx, sent: 0, acks })
+                tokio::spawn(read_answers(answers, Arc::clone(&acks)));
+                Ok(EventBusPublisher::Stream { tx: Some(tx), sent: 0, acks, ack: how.ack })
             }
         }
     }
@@ -84,21 +69,59 @@ impl Target for EventBusTarget {
     }
 }
 
+fn ack_mode(ack: Ack) -> AckMode {
+    match ack {
+        Ack::Each => AckMode::Each,
+        Ack::Cumulative => AckMode::Cumulative,
+        Ack::None => AckMode::None,
+    }
+}
+
+/// Counts what the broker answered on a publish stream: each answer (EACH), or the
+/// running totals (CUMULATIVE, NONE). A refused publish fails the run.
+async fn read_answers(mut answers: PublishAnswers, acks: Arc<Acks>) {
+    loop {
+        let covered = match answers.next_answer().await {
+            Ok(Some(PublishAnswer::Published(_))) => acks.acked.load(Ordering::Acquire) + 1,
+            Ok(Some(PublishAnswer::Totals(totals))) if totals.refused == 0 => totals.count,
+            Ok(Some(PublishAnswer::Totals(totals))) => {
+                *acks.error.lock().await = Some(anyhow::anyhow!("{} publishes were refused", totals.refused));
+                break;
+            }
+            Ok(Some(PublishAnswer::Refused { position, error })) => {
+                *acks.error.lock().await = Some(anyhow::anyhow!("publish {position} was refused: {error}"));
+                break;
+            }
+            Ok(None) => break,
+            Err(e) => {
+                *acks.error.lock().await = Some(e.into());
+                break;
+            }
+        };
+        acks.acked.store(covered, Ordering::Release);
+        acks.changed.notify_waiters();
+    }
+    acks.ended.store(true, Ordering::Release);
+    acks.changed.notify_waiters();
+}
+
 #[derive(Debug, Default)]
 pub struct Acks {
     acked: AtomicU64,
     changed: Notify,
     ended: AtomicBool,
-    error: Mutex<Option<eventbus_client::Error>>,
+    error: Mutex<Option<anyhow::Error>>,
 }
 
 #[derive(Debug)]
 pub enum EventBusPublisher {
     Unary(Client),
     Stream {
-        tx: PublishSender,
+        /// Taken by `flush` with `Ack::None`: closing the stream is what gets its totals.
+        tx: Option<PublishSender>,
         sent: u64,
         acks: Arc<Acks>,
+        ack: Ack,
     },
     /// Events gathered `size` at a time, sent in one `PublishBatch`, up to
     /// [`BATCH_WINDOW`] calls in flight.
@@ -141,6 +164,7 @@ impl Publisher for EventBusPublisher {
                 client.publish(req).await?;
             }
             Self::Stream { tx, sent, .. } => {
+                let tx = tx.as_ref().context("the publish stream was closed by flush")?;
                 tx.send(req).await.context("the publish stream ended")?;
                 *sent += 1;
             }
@@ -164,7 +188,10 @@ impl Publisher for EventBusPublisher {
             }
             return Ok(());
         }
-        let Self::Stream { sent, acks, .. } = self else { return Ok(()) };
+        let Self::Stream { tx, sent, acks, ack } = self else { return Ok(()) };
+        if *ack == Ack::None {
+            drop(tx.take());
+        }
         loop {
             let changed = acks.changed.notified();
             if let Some(e) = acks.error.lock().await.take() {

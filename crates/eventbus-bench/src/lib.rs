@@ -17,5 +17,5 @@ pub mod eventbus;
 pub mod target;
 pub mod workload;
 
-pub use target::{PublishMode, Publisher, Publishing, Subscriber, Target};
+pub use target::{Ack, PublishMode, Publisher, Publishing, Subscriber, Target};
 pub use workload::{BenchCommand, Report, run};

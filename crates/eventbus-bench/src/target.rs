@@ -29,12 +29,38 @@ impl PublishMode {
     }
 }
 
+/// What a streaming publisher waits for (eventbus `PublishStream` ack modes). Systems
+/// without the choice (NATS core and Redis answer no publish) publish as they always do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Ack {
+    /// One answer per publish.
+    #[default]
+    Each,
+    /// Running totals per chunk of publishes the broker read.
+    Cumulative,
+    /// Only refusals, and the totals at the end.
+    None,
+}
+
+impl Ack {
+    /// The mode's name in reports and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Each => "each",
+            Self::Cumulative => "cumulative",
+            Self::None => "none",
+        }
+    }
+}
+
 /// How a publisher is to publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Publishing {
     pub mode: PublishMode,
     /// Events per call in [`PublishMode::Batch`] (at least 1).
     pub batch: usize,
+    /// What a [`PublishMode::Stream`] publisher waits for.
+    pub ack: Ack,
 }
 
 /// A system under test.

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-use crate::target::{PublishMode, Publisher, Publishing, Subscriber, Target};
+use crate::target::{Ack, PublishMode, Publisher, Publishing, Subscriber, Target};
 
 /// A run ends when no delivery has arrived for this long.
 const IDLE: Duration = Duration::from_secs(2);
@@ -50,6 +50,10 @@ pub struct Load {
     /// Events per call with `--mode batch`.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub batch: u32,
+    /// What a `--mode stream` publisher waits for (eventbus; NATS and Redis answer no
+    /// publish and publish as always).
+    #[arg(long, value_enum, default_value_t = Ack::Each)]
+    pub ack: Ack,
 }
 
 impl Load {
@@ -60,12 +64,22 @@ impl Load {
         if self.mode == PublishMode::Batch {
             params["batch"] = json!(self.batch);
         }
+        if self.ack != Ack::Each {
+            params["ack"] = json!(self.ack.name());
+        }
         params
     }
 
-    fn publishing(&self) -> Publishing {
-        Publishing { mode: self.mode, batch: self.batch as usize }
+    fn publishing(&self) -> anyhow::Result<Publishing> {
+        check_ack(self.mode, self.ack)?;
+        Ok(Publishing { mode: self.mode, batch: self.batch as usize, ack: self.ack })
     }
+}
+
+/// `--ack` chooses what a stream publisher waits for: other modes have no choice.
+fn check_ack(mode: PublishMode, ack: Ack) -> anyhow::Result<()> {
+    anyhow::ensure!(ack == Ack::Each || mode == PublishMode::Stream, "--ack applies to --mode stream only");
+    Ok(())
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -97,6 +111,9 @@ pub struct LatencyArgs {
     /// Publish mode.
     #[arg(long, value_enum, default_value_t = PublishMode::Stream)]
     pub mode: PublishMode,
+    /// What a `--mode stream` publisher waits for.
+    #[arg(long, value_enum, default_value_t = Ack::Each)]
+    pub ack: Ack,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -324,7 +341,7 @@ async fn fanout<T: Target>(target: &T, a: &FanoutArgs, progress: bool) -> anyhow
         subs.push(target.subscriber(&subject, group).await?);
     }
     let load = &a.load;
-    let pubs = publishers(target, load.publishers, load.publishing()).await?;
+    let pubs = publishers(target, load.publishers, load.publishing()?).await?;
     let expected = if a.subscribers == 0 {
         0
     } else if a.group {
@@ -369,7 +386,7 @@ async fn fanout<T: Target>(target: &T, a: &FanoutArgs, progress: bool) -> anyhow
 async fn pubonly<T: Target>(target: &T, a: &PubonlyArgs) -> anyhow::Result<Report> {
     let subject = subject("pubonly");
     let load = &a.load;
-    let pubs = publishers(target, load.publishers, load.publishing()).await?;
+    let pubs = publishers(target, load.publishers, load.publishing()?).await?;
     let start = Instant::now();
     publish_all(pubs, &subject, Bytes::from(vec![0xAB; load.payload]), load.count).await?;
     let publish_secs = start.elapsed().as_secs_f64();
@@ -397,7 +414,8 @@ async fn latency<T: Target>(target: &T, a: &LatencyArgs, progress: bool) -> anyh
     for _ in 0..a.subscribers {
         subs.push(target.subscriber(&subject, None).await?);
     }
-    let mut publisher = target.publisher(Publishing { mode: a.mode, batch: 1 }).await?;
+    check_ack(a.mode, a.ack)?;
+    let mut publisher = target.publisher(Publishing { mode: a.mode, batch: 1, ack: a.ack }).await?;
     let count = (a.rate as f64 * a.duration).round() as u64;
     let tally = Tally::new(count * a.subscribers as u64);
     let epoch = Instant::now();
@@ -458,10 +476,13 @@ async fn latency<T: Target>(target: &T, a: &LatencyArgs, progress: bool) -> anyh
     let us = |q: f64| merged.value_at_quantile(q) as f64 / 1000.0;
     let latency =
         Percentiles { p50: us(0.5), p90: us(0.9), p99: us(0.99), p999: us(0.999), max: merged.max() as f64 / 1000.0 };
-    let params = json!({
+    let mut params = json!({
         "rate": a.rate, "duration": a.duration, "subscribers": a.subscribers,
         "payload": size, "mode": a.mode.name(),
     });
+    if a.ack != Ack::Each {
+        params["ack"] = json!(a.ack.name());
+    }
     Ok(Report {
         system: target.name(),
         workload: "latency",

@@ -338,6 +338,17 @@ pub(crate) struct PublishArgs {
     /// refused line is reported and the others are published.
     #[arg(long, value_name = "N", requires = "lines", value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) batch: Option<u32>,
+    /// With `--lines`: what to wait for, `each` (an answer per line; a refused line
+    /// stops the stream), `cumulative` (running totals) or `none` (only refusals). With
+    /// the last two a refused line is reported and the others are published.
+    #[arg(long, value_name = "MODE", default_value = "each", requires = "lines", conflicts_with = "batch",
+          value_parser = parse_ack)]
+    pub(crate) ack: eventbus_client::AckMode,
+}
+
+/// `--ack`: `each`, `cumulative` or `none`.
+pub(crate) fn parse_ack(s: &str) -> Result<eventbus_client::AckMode, String> {
+    s.parse()
 }
 
 #[derive(Debug, Args)]

@@ -3,7 +3,7 @@
 use std::io::Read as _;
 
 use anyhow::{Context, bail};
-use eventbus_client::{Client, pb};
+use eventbus_client::{AckMode, Client, PublishAnswer, PublishSender, pb};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -26,9 +26,10 @@ pub(crate) async fn run(client: &Client, json: bool, args: PublishArgs) -> anyho
         if args.payload.as_deref() != Some("-") {
             bail!("--lines reads standard input: give `-` as the payload");
         }
-        return match args.batch {
-            Some(size) => publish_line_batches(client, json, template, size as usize).await,
-            None => publish_lines(client, json, template).await,
+        return match (args.batch, args.ack) {
+            (Some(size), _) => publish_line_batches(client, json, template, size as usize).await,
+            (None, AckMode::Each) => publish_lines(client, json, template).await,
+            (None, ack) => publish_lines_acked(client, json, template, ack).await,
         };
     }
     let payload = match args.payload.as_deref() {
@@ -83,16 +84,7 @@ fn print_published(json: bool, channel: &str, resp: &pb::PublishResponse) {
 async fn publish_lines(client: &Client, json: bool, template: pb::PublishRequest) -> anyhow::Result<()> {
     let channel = template.channel.clone();
     let (tx, mut responses) = client.publish_stream(LINES_IN_FLIGHT).await?;
-    let reader = tokio::spawn(async move {
-        let mut lines = BufReader::new(tokio::io::stdin()).lines();
-        while let Some(line) = lines.next_line().await? {
-            let req = pb::PublishRequest { payload: line.into_bytes().into(), ..template.clone() };
-            if tx.send(req).await.is_err() {
-                break; // the stream ended early (an error), reported below
-            }
-        }
-        Ok::<_, std::io::Error>(())
-    });
+    let reader = send_lines(tx, template);
     let (mut events, mut delivered, mut failed) = (0u64, 0u64, 0u64);
     while let Some(resp) = responses.next().await? {
         events += 1;
@@ -107,6 +99,80 @@ async fn publish_lines(client: &Client, json: bool, template: pb::PublishRequest
         println!("published {events} events: {delivered} deliveries, {failed} failed");
     }
     Ok(())
+}
+
+/// Sends one event per stdin line on `tx`, then closes it.
+fn send_lines(
+    tx: PublishSender,
+    template: pb::PublishRequest,
+) -> tokio::task::JoinHandle<Result<(), std::io::Error>> {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(tokio::io::stdin()).lines();
+        while let Some(line) = lines.next_line().await? {
+            let req = pb::PublishRequest { payload: line.into_bytes().into(), ..template.clone() };
+            if tx.send(req).await.is_err() {
+                break; // the stream ended early (an error), reported by the caller
+            }
+        }
+        Ok(())
+    })
+}
+
+/// One event per stdin line over a single PublishStream in `ack` mode (cumulative or
+/// none): refused lines are reported as they are answered (on stderr, or as JSON lines
+/// with their `error`) without stopping the others, and make the command fail at the
+/// end; the stream's totals are printed last.
+async fn publish_lines_acked(
+    client: &Client,
+    json: bool,
+    template: pb::PublishRequest,
+    ack: AckMode,
+) -> anyhow::Result<()> {
+    let channel = template.channel.clone();
+    let (tx, mut answers) = client.publish_stream_with(LINES_IN_FLIGHT, ack).await?;
+    let reader = send_lines(tx, template);
+    let mut last = None;
+    while let Some(answer) = answers.next_answer().await? {
+        match answer {
+            PublishAnswer::Refused { position, error } => report_refused(json, &channel, position + 1, &error),
+            PublishAnswer::Totals(totals) => last = Some(totals),
+            // Not sent in these modes; counted in the totals all the same.
+            PublishAnswer::Published(_) => {}
+        }
+    }
+    reader.await.context("stdin reader failed")?.context("cannot read standard input")?;
+    let totals = last.filter(|t| t.end).context("the publish stream ended without its totals")?;
+    if json {
+        let line = json!({
+            "channel": channel,
+            "published": totals.count,
+            "refused": totals.refused,
+            "delivered": totals.delivered,
+            "failed": totals.failed,
+            "captured": totals.captured,
+            "duplicates": totals.duplicates,
+            "last_event_id": totals.last_event_id,
+        });
+        println!("{line}");
+    } else {
+        let pb::PublishAck { count, delivered, failed, refused, .. } = totals;
+        println!("published {count} events: {delivered} deliveries, {failed} failed, {refused} refused");
+    }
+    if totals.refused > 0 {
+        bail!("{} of {} lines were refused", totals.refused, totals.refused + totals.count);
+    }
+    Ok(())
+}
+
+/// Reports a refused line (counted from 1).
+fn report_refused(json: bool, channel: &str, line: u64, err: &eventbus_client::Error) {
+    if json {
+        let code = err.status().map_or(0, |s| s.code() as i32);
+        let message = err.status().map_or_else(|| err.to_string(), |s| s.message().to_owned());
+        println!("{}", json!({"channel": channel, "line": line, "error": {"code": code, "message": message}}));
+    } else {
+        eprintln!("line {line} refused: {err}");
+    }
 }
 
 /// One event per stdin line, in `PublishBatch` calls of up to `size` lines: a refused
@@ -171,16 +237,7 @@ impl BatchTally {
             Err(err) => {
                 let line = self.events + self.refused + 1;
                 self.refused += 1;
-                if json {
-                    let code = err.status().map_or(0, |s| s.code() as i32);
-                    let message = err.status().map_or_else(|| err.to_string(), |s| s.message().to_owned());
-                    println!(
-                        "{}",
-                        json!({"channel": channel, "line": line, "error": {"code": code, "message": message}})
-                    );
-                } else {
-                    eprintln!("line {line} refused: {err}");
-                }
+                report_refused(json, channel, line, &err);
             }
         }
     }

@@ -58,6 +58,20 @@ class Gap:
     reconnects: int
 
 
+# What a `publish_stream` waits for, by name (the `ack` argument).
+ACK_MODES = {"each": pb.ACK_MODE_EACH, "cumulative": pb.ACK_MODE_CUMULATIVE, "none": pb.ACK_MODE_NONE}
+
+
+@dataclass(frozen=True)
+class PublishRefused:
+    """Yielded by `Client.publish_stream` with `ack="cumulative"` or `"none"`: the request
+    at `position` (counted from 0, in the order sent) was refused with `error`; the ones
+    after it were published all the same."""
+
+    position: int
+    error: EventBusError
+
+
 @dataclass(frozen=True)
 class Backoff:
     """Capped exponential backoff with jitter (seconds), for reconnecting."""
@@ -240,17 +254,30 @@ class Client:
         requests: Union[AsyncIterable[pb.PublishRequest], Iterable[pb.PublishRequest]],
         *,
         window: Optional[int] = 1024,
-    ) -> AsyncIterator[pb.PublishResponse]:
-        """Publishes a stream of requests (see `publish_request`), pipelined on one stream;
-        yields one response per request, in order. At most `window` requests are
-        unanswered at a time (None: no bound). An invalid request ends the stream with its
-        error (earlier events stay published).
+        ack: str = "each",
+    ) -> AsyncIterator[Union[pb.PublishResponse, pb.PublishAck, PublishRefused]]:
+        """Publishes a stream of requests (see `publish_request`), pipelined on one stream.
+        What it yields depends on `ack`, what the publisher waits for:
+
+        - `"each"` (default): one `PublishResponse` per request, in order. An invalid
+          request ends the stream with its error (earlier events stay published).
+        - `"cumulative"`: a `PublishAck` (running totals: `count` accepted, `refused`,
+          `last_event_id`...) per chunk of requests the broker read, and a
+          `PublishRefused` for each refused request, the others published all the same.
+        - `"none"`: only the `PublishRefused`s, then the final `PublishAck`.
+
+        With `"cumulative"` and `"none"` the last item is a `PublishAck` with `end` set:
+        the stream's totals. At most `window` requests are unanswered at a time (None: no
+        bound); with `"none"` nothing is answered before the end, so the window does not
+        apply and HTTP/2 flow control alone paces the sender.
 
         The window bounds what a fast producer keeps queued, here and on the broker: past
         the broker's HTTP/2 stream window the sends wait on flow control anyway, and a
         connection whose streams together leave too many small frames unread is cut
         (docs/limits.md, HTTP/2 framing)."""
-        room = asyncio.Semaphore(window) if window else None
+        if ack not in ACK_MODES:
+            raise ValueError(f"ack must be one of {', '.join(ACK_MODES)}, not {ack!r}")
+        room = asyncio.Semaphore(window) if window and ack != "none" else None
 
         async def paced() -> AsyncIterator[pb.PublishRequest]:
             if isinstance(requests, AsyncIterable):
@@ -264,12 +291,23 @@ class Client:
                         await room.acquire()
                     yield req
 
-        call = self.bus.PublishStream(paced(), metadata=self._metadata)
+        metadata = self._metadata if ack == "each" else self._metadata + (("eventbus-ack", ack),)
+        call = self.bus.PublishStream(paced(), metadata=metadata)
+        covered = 0  # requests answered so far, for the window
         try:
             async for resp in call:
-                if room is not None:
-                    room.release()
-                yield resp
+                if resp.HasField("ack"):
+                    answered = resp.ack.count + resp.ack.refused
+                    for _ in range(answered - covered if room is not None else 0):
+                        room.release()
+                    covered = max(covered, answered)
+                    yield resp.ack
+                elif resp.HasField("error"):
+                    yield PublishRefused(resp.position, from_status(resp.error.code, resp.error.message))
+                else:
+                    if room is not None:
+                        room.release()
+                    yield resp
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
         finally:
