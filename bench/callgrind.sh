@@ -8,7 +8,7 @@
 #   bash bench/callgrind.sh pubonly                 # one workload
 #   BIN=/tmp/old/eventbusd COUNT=20000 bash bench/callgrind.sh fanout1x1 latency
 #
-# Workloads: pubonly pubonly_batch fanout1x1 fanout1x16 latency unary durable_unary durable_stream.
+# Workloads: pubonly pubonly_none pubonly_cumulative pubonly_batch fanout1x1 fanout1x1_none fanout1x16 latency unary durable_unary durable_stream.
 # BIN: the daemon (default target/release/eventbusd); CLI: the load generator
 # (default: next to BIN, else target/release/eventbus); OUT: where callgrind files go.
 set -euo pipefail
@@ -30,6 +30,9 @@ source bench/lib.sh
 RATE=${RATE:-1000}
 declare -A WORKLOAD=(
   [pubonly]="pubonly --publishers 1 --payload 128 --count COUNT --mode stream"
+  [pubonly_none]="pubonly --publishers 1 --payload 128 --count COUNT --mode stream --ack none"
+  [pubonly_cumulative]="pubonly --publishers 1 --payload 128 --count COUNT --mode stream --ack cumulative"
+  [fanout1x1_none]="fanout --publishers 1 --subscribers 1 --payload 128 --count COUNT --mode stream --ack none"
   [pubonly_batch]="pubonly --publishers 1 --payload 128 --count COUNT --mode batch --batch ${BATCH:-256}"
   [fanout1x1]="fanout --publishers 1 --subscribers 1 --payload 128 --count COUNT --mode stream"
   [fanout1x16]="fanout --publishers 1 --subscribers 16 --payload 128 --count COUNT --mode stream"

@@ -190,6 +190,43 @@ async fn lines_in_batches_are_published_in_order_and_a_refused_line_is_reported(
 }
 
 #[tokio::test]
+async fn lines_without_answers_report_refusals_and_the_totals() {
+    let broker = broker().await;
+    let sub = subscriber(&broker, &["--json", "subscribe", "quiet.in", "--count", "3"]).await;
+    let big = "x".repeat(1_100_000);
+    let mut cmd = eventbus(&broker, &["publish", "quiet.in", "-", "--lines", "--ack", "none"]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(format!("one\n{big}\ntwo\nthree\n").as_bytes()).await.unwrap();
+    let out = tokio::time::timeout(DEADLINE, child.wait_with_output()).await.expect("timed out").unwrap();
+    assert!(!out.status.success(), "a refused line fails the command");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.trim(), "published 3 events: 3 deliveries, 0 failed, 1 refused");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("line 2 refused") && stderr.contains("1 of 4 lines were refused"), "{stderr}");
+    let payloads: Vec<String> = sub
+        .finish()
+        .await
+        .0
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(payloads, ["one", "two", "three"]);
+
+    // Running totals, as JSON: the last line is the stream's.
+    let mut cmd = eventbus(&broker, &["--json", "publish", "quiet.json", "-", "--lines", "--ack", "cumulative"]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(b"a\nb\n").await.unwrap();
+    let totals: serde_json::Value = serde_json::from_str(finish(child).await.trim()).unwrap();
+    assert_eq!((totals["published"].as_u64(), totals["refused"].as_u64()), (Some(2), Some(0)), "{totals}");
+    assert!(totals["last_event_id"].as_str().is_some_and(|id| id.len() == 36), "{totals}");
+
+    let out = run(eventbus(&broker, &["publish", "x.y", "-", "--lines", "--ack", "sometimes"])).await;
+    assert!(!out.ok && out.stderr.contains("not an ack mode"), "{}", out.stderr);
+}
+
+#[tokio::test]
 async fn admin_commands_show_the_subscription_and_close_it() {
     let broker = broker().await;
     let sub = subscriber(&broker, &["subscribe", "adm.>", "--name", "watcher", "--group", "g1"]).await;
