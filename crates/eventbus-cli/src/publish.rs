@@ -102,10 +102,7 @@ async fn publish_lines(client: &Client, json: bool, template: pb::PublishRequest
 }
 
 /// Sends one event per stdin line on `tx`, then closes it.
-fn send_lines(
-    tx: PublishSender,
-    template: pb::PublishRequest,
-) -> tokio::task::JoinHandle<Result<(), std::io::Error>> {
+fn send_lines(tx: PublishSender, template: pb::PublishRequest) -> tokio::task::JoinHandle<Result<(), std::io::Error>> {
     tokio::spawn(async move {
         let mut lines = BufReader::new(tokio::io::stdin()).lines();
         while let Some(line) = lines.next_line().await? {

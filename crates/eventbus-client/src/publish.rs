@@ -182,7 +182,10 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(answer(refused), PublishAnswer::Refused { position: 7, error: Error::PermissionDenied(_) }));
-        let totals = pb::PublishResponse { ack: Some(pb::PublishAck { count: 3, end: true, ..Default::default() }), ..Default::default() };
+        let totals = pb::PublishResponse {
+            ack: Some(pb::PublishAck { count: 3, end: true, ..Default::default() }),
+            ..Default::default()
+        };
         assert!(matches!(answer(totals), PublishAnswer::Totals(t) if t.count == 3 && t.end));
         assert_eq!("NONE".parse::<AckMode>(), Ok(AckMode::None));
         assert!("some".parse::<AckMode>().is_err());

@@ -23,13 +23,14 @@ pub const MAX_METADATA_VALUE_BYTES: usize = 4096;
 #[derive(Debug, Clone)]
 pub struct Event {
     /// UUIDv7: unique across instances and restarts, and sorted by time.
-    pub id: String,
+    pub id: std::sync::Arc<str>,
     /// Exact channel it was published on.
     pub channel: String,
     /// When the broker accepted it.
     pub timestamp: SystemTime,
-    /// The publisher's `source`, else its peer address.
-    pub source: String,
+    /// The publisher's `source`, else its peer address (shared by the events of one
+    /// connection's stream, not copied per event).
+    pub source: Arc<str>,
     /// Opaque payload.
     pub payload: Bytes,
     /// Free-form key/value pairs.
@@ -79,10 +80,10 @@ impl Event {
         content_type: String,
     ) -> Self {
         Self {
-            id,
+            id: id.into(),
             channel,
             timestamp,
-            source,
+            source: source.into(),
             payload,
             metadata,
             content_type,
@@ -116,8 +117,8 @@ pub struct PublishInput {
     pub content_type: String,
     /// Publisher-given source; empty means `peer`.
     pub source: String,
-    /// The publisher's address, the fallback source.
-    pub peer: String,
+    /// The publisher's address, the fallback source (shared, not copied per event).
+    pub peer: Arc<str>,
     /// Durable consumers deliver events of one key one at a time, in order (docs/durable.md).
     pub ordering_key: String,
     /// A key seen within the dedup window makes this publish a no-op duplicate.
@@ -168,7 +169,7 @@ impl PublishInput {
                 message: format!("keys are at most {MAX_METADATA_VALUE_BYTES} bytes"),
             });
         }
-        let source = if self.source.is_empty() { self.peer } else { self.source };
+        let source = if self.source.is_empty() { self.peer } else { Arc::from(self.source) };
         Ok(Event {
             id: new_id(),
             channel: self.channel,
@@ -209,7 +210,7 @@ static LAST_ID_STAMP: AtomicU64 = AtomicU64::new(0);
 /// steps back, and the 4,097th id of a millisecond borrows the next one. One atomic
 /// read-modify-write, no lock: `uuid`'s own generator takes a process-wide mutex for
 /// each id, on every publish.
-pub fn new_id() -> String {
+pub fn new_id() -> Arc<str> {
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let fresh = now_ms << 12;
     let next = |last: u64| if fresh > last { fresh } else { last + 1 };
@@ -219,7 +220,7 @@ pub fn new_id() -> String {
     id_from(stamp, rand::random())
 }
 
-fn id_from(stamp: u64, random: u64) -> String {
+fn id_from(stamp: u64, random: u64) -> Arc<str> {
     let ms = stamp >> 12;
     let counter = (stamp & 0xfff) as u16;
     let mut bytes = [0u8; 16];
@@ -229,7 +230,7 @@ fn id_from(stamp: u64, random: u64) -> String {
     // Into a stack buffer, then one exact allocation: `to_string` would go through the
     // formatting machinery and grow its string.
     let mut buf = uuid::Uuid::encode_buffer();
-    uuid::Uuid::from_bytes(bytes).hyphenated().encode_lower(&mut buf).to_owned()
+    Arc::from(&*uuid::Uuid::from_bytes(bytes).hyphenated().encode_lower(&mut buf))
 }
 
 #[cfg(test)]
@@ -243,10 +244,10 @@ mod tests {
     #[test]
     fn source_defaults_to_peer() {
         let ev = input("a.b").into_event(10, ChannelCheck::Needed).unwrap();
-        assert_eq!(ev.source, "127.0.0.1:1");
+        assert_eq!(&*ev.source, "127.0.0.1:1");
         let ev =
             PublishInput { source: "billing".into(), ..input("a.b") }.into_event(10, ChannelCheck::Needed).unwrap();
-        assert_eq!(ev.source, "billing");
+        assert_eq!(&*ev.source, "billing");
     }
 
     #[test]
@@ -288,7 +289,7 @@ mod tests {
         assert_ne!(a, b);
         assert!(a < b, "UUIDv7 sorts by creation time");
         let parsed = uuid::Uuid::parse_str(&a).unwrap();
-        assert_eq!(parsed.hyphenated().to_string(), a, "lower-case, hyphenated");
+        assert_eq!(parsed.hyphenated().to_string(), &*a, "lower-case, hyphenated");
         assert_eq!(parsed.get_version_num(), 7);
         assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122);
     }
@@ -307,14 +308,14 @@ mod tests {
 
     #[test]
     fn ids_from_many_threads_are_unique_and_each_thread_sees_them_rise() {
-        let per_thread: Vec<Vec<String>> = std::thread::scope(|scope| {
+        let per_thread: Vec<Vec<Arc<str>>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..4).map(|_| scope.spawn(|| (0..20_000).map(|_| new_id()).collect())).collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         for ids in &per_thread {
             assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids rise within a thread");
         }
-        let all: std::collections::HashSet<&String> = per_thread.iter().flatten().collect();
+        let all: std::collections::HashSet<&Arc<str>> = per_thread.iter().flatten().collect();
         assert_eq!(all.len(), 80_000);
     }
 }

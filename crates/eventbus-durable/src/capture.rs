@@ -141,8 +141,8 @@ impl Durable {
                     return Ok(Err(Captured::Duplicate(original.clone())));
                 }
                 let expires_ms = epoch_ms(event.timestamp) + window.as_millis() as u64;
-                d.insert(key.to_owned(), event.id.clone(), now + window);
-                Some(DedupRecord { key: key.to_owned(), event_id: event.id.clone(), expires_ms })
+                d.insert(key.to_owned(), event.id.to_string(), now + window);
+                Some(DedupRecord { key: key.to_owned(), event_id: event.id.to_string(), expires_ms })
             }
             None => None,
         };

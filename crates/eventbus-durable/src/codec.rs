@@ -15,7 +15,7 @@ pub(crate) fn encode_event(event: &Event, ordering_key: Option<&str>, refs: u32)
     out.extend_from_slice(&refs.to_le_bytes());
     let micros = event.timestamp.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
     out.extend_from_slice(&micros.to_le_bytes());
-    for s in [&event.id, &event.channel, &event.source, &event.content_type] {
+    for s in [&*event.id, event.channel.as_str(), &*event.source, event.content_type.as_str()] {
         put(&mut out, s.as_bytes());
     }
     match ordering_key {

@@ -55,7 +55,7 @@ impl Durable {
                     payload,
                     content_type,
                     consumer: dl.consumer,
-                    event_id: dl.event.id.clone(),
+                    event_id: dl.event.id.to_string(),
                 };
                 ops.push(StoreOp::PutDeadLetter { id, record: record.clone() });
                 (id, record)

@@ -140,7 +140,7 @@ pub(crate) fn add_entry(
             EState::Ready
         }
     };
-    st.by_id.insert(event.id.as_str().into(), seq);
+    st.by_id.insert(Arc::clone(&event.id), seq);
     if st.entries.insert(seq, Entry { event, key, record, state }).is_none() {
         consumer.held.fetch_add(1, Ordering::Relaxed);
     }
@@ -233,7 +233,7 @@ pub(crate) fn dead_letter(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, f
 pub(crate) fn finish(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, status: LogStatus, fx: &mut Effects) {
     let Some(entry) = st.entries.remove(&seq) else { return };
     consumer.held.fetch_sub(1, Ordering::Relaxed);
-    st.by_id.remove(entry.event.id.as_str());
+    st.by_id.remove(&*entry.event.id);
     st.ready.remove(&seq);
     if let Some(key) = &entry.key
         && let Some(q) = st.key_queues.get_mut(key)
@@ -259,7 +259,7 @@ pub(crate) fn finish(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, status
         LogStatus::Redriven => consumer.redriven.fetch_add(1, Ordering::Relaxed),
     };
     let log = LogEntry {
-        event_id: entry.event.id.clone(),
+        event_id: entry.event.id.to_string(),
         channel: entry.event.channel.clone(),
         status,
         attempts: entry.record.attempts,

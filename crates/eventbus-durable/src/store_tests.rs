@@ -132,10 +132,10 @@ fn dead_letters_are_kept_for_redrive_within_the_bounds_and_moved_once(open: Open
     let next = AtomicU64::new(10);
     let ids = ["e2".to_owned(), "e4".to_owned()];
     let moved = store.redrive("c", RedriveSelection::Ids(&ids), &next).unwrap();
-    assert_eq!(moved.iter().map(|m| (m.seq, m.event.id.as_str())).collect::<Vec<_>>(), [(10, "e4")], "e2 was dropped");
+    assert_eq!(moved.iter().map(|m| (m.seq, &*m.event.id)).collect::<Vec<_>>(), [(10, "e4")], "e2 was dropped");
     assert!(store.redrive("c", RedriveSelection::Ids(&ids), &next).unwrap().is_empty(), "moved once");
     let rest = store.redrive("c", RedriveSelection::Oldest(10), &next).unwrap();
-    assert_eq!(rest.iter().map(|m| m.event.id.as_str()).collect::<Vec<_>>(), ["e3", "e5"]);
+    assert_eq!(rest.iter().map(|m| &*m.event.id).collect::<Vec<_>>(), ["e3", "e5"]);
     assert_eq!(store.redrivable("c"), 0);
     let loaded = store.load().unwrap();
     let entries: Vec<u64> = loaded.entries.iter().map(|(_, seq, _)| *seq).collect();

@@ -96,7 +96,7 @@ async fn captures_while_nobody_is_attached_then_pushes() {
     let batch = next(&mut attached.deliveries).await;
     assert_eq!(payloads(&batch), ["a", "b", "c"]);
     assert!(batch.iter().all(|d| d.attempt == 1));
-    let ids: Vec<String> = batch.iter().map(|d| d.event.id.clone()).collect();
+    let ids: Vec<String> = batch.iter().map(|d| d.event.id.to_string()).collect();
     attached.client.ack(&ids);
     attached.client.ack(&ids); // a second ack is a no-op
     let info = durable.get_consumer("inbox").unwrap();
@@ -161,7 +161,7 @@ async fn expired_deadlines_and_disconnects_count_as_failures() {
     assert_eq!(first[0].event.id, second[0].event.id);
 
     // Extend keeps it in flight past the deadline.
-    a.client.extend(&[second[0].event.id.clone()], Duration::from_secs(10));
+    a.client.extend(&[second[0].event.id.to_string()], Duration::from_secs(10));
     tokio::time::advance(Duration::from_secs(5)).await;
     assert_eq!(durable.get_consumer("d").unwrap().in_flight, 1);
 
@@ -211,7 +211,7 @@ async fn competing_clients_never_hold_the_same_event() {
     assert_eq!((x.len(), y.len()), (1, 1), "max_in_flight 1 each");
     assert_ne!(x[0].event.id, y[0].event.id);
     assert_eq!(durable.get_consumer("w").unwrap().in_flight, 2);
-    a.client.ack(&[x[0].event.id.clone()]);
+    a.client.ack(&[x[0].event.id.to_string()]);
     let z = next(&mut a.deliveries).await;
     let seen = [&x[0].event.id, &y[0].event.id];
     assert!(!seen.contains(&&z[0].event.id));
@@ -227,11 +227,11 @@ async fn ordering_keys_hold_order_without_blocking_other_keys() {
     let mut a = durable.attach("o", ClientOptions::default(), None).await.unwrap();
     let batch = next(&mut a.deliveries).await;
     assert_eq!(payloads(&batch), ["k1-first", "k2-only"], "one in flight per key; k2 not blocked by k1");
-    a.client.ack(&[batch[1].event.id.clone()]);
+    a.client.ack(&[batch[1].event.id.to_string()]);
     a.client.nack(&batch[0].event.id, "slow", None);
     let again = next(&mut a.deliveries).await;
     assert_eq!(payloads(&again), ["k1-first"], "a nacked event keeps its key's turn");
-    a.client.ack(&[again[0].event.id.clone()]);
+    a.client.ack(&[again[0].event.id.to_string()]);
     assert_eq!(payloads(&next(&mut a.deliveries).await), ["k1-second"]);
 }
 
@@ -346,7 +346,7 @@ mod model {
                         Op::Publish(key) => {
                             let key = key.map(|k| format!("k{k}")).unwrap_or_default();
                             let p = publish_keyed(&bus, "m", "x", &key, "").await;
-                            keys.insert(p.event_id, (!key.is_empty()).then_some(key));
+                            keys.insert(p.event_id.to_string(), (!key.is_empty()).then_some(key));
                             published += 1;
                         }
                         Op::Ack => {
@@ -373,10 +373,10 @@ mod model {
                     tokio::task::yield_now().await;
                     while let Ok(batch) = a.deliveries.try_recv() {
                         for d in batch {
-                            assert!(!finished.contains(&d.event.id), "a finished event came back");
-                            assert!(in_flight.iter().all(|(id, _, _)| *id != d.event.id), "in flight twice");
+                            assert!(!finished.contains(&*d.event.id), "a finished event came back");
+                            assert!(in_flight.iter().all(|(id, _, _)| **id != *d.event.id), "in flight twice");
                             assert!(d.attempt <= 3, "attempt bound");
-                            in_flight.push((d.event.id.clone(), keys[&d.event.id].clone(), d.attempt));
+                            in_flight.push((d.event.id.to_string(), keys[&*d.event.id].clone(), d.attempt));
                         }
                     }
                     assert!(in_flight.len() <= 2, "max_in_flight");

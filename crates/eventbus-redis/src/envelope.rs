@@ -74,10 +74,10 @@ fn encode_json(event: &Event) -> Vec<u8> {
     };
     let json = JsonEvent {
         eventbus: JSON_VERSION,
-        id: event.id.as_str().into(),
+        id: (*event.id).into(),
         channel: event.channel.as_str().into(),
         timestamp: prost_types::Timestamp::from(event.timestamp).to_string(),
-        source: event.source.as_str().into(),
+        source: (*event.source).into(),
         content_type: event.content_type.as_str().into(),
         metadata: event.metadata.clone(),
         payload,
@@ -136,10 +136,10 @@ pub(crate) const FOREIGN_SOURCE: &str = "redis";
 
 pub(crate) fn encode(event: &Event) -> Vec<u8> {
     let wire = pb::Event {
-        id: event.id.clone(),
+        id: event.id.to_string(),
         channel: event.channel.clone(),
         timestamp: Some(event.timestamp.into()),
-        source: event.source.clone(),
+        source: event.source.to_string(),
         payload: event.payload.clone(),
         metadata: event.metadata.clone(),
         content_type: event.content_type.clone(),
@@ -201,7 +201,7 @@ pub(crate) fn decode(channel: &str, message: Bytes) -> Event {
     }
     let now = SystemTime::now();
     Event::from_parts(
-        new_id(),
+        new_id().to_string(),
         channel.to_owned(),
         now,
         FOREIGN_SOURCE.to_owned(),
@@ -218,7 +218,7 @@ mod tests {
     #[test]
     fn own_events_round_trip() {
         let event = Event::from_parts(
-            new_id(),
+            new_id().to_string(),
             "orders.created".into(),
             SystemTime::UNIX_EPOCH + std::time::Duration::from_micros(1_700_000_000_123_456),
             "billing".into(),
@@ -235,7 +235,7 @@ mod tests {
 
     fn sample(payload: &'static [u8]) -> Event {
         Event::from_parts(
-            new_id(),
+            new_id().to_string(),
             "orders.created".into(),
             SystemTime::UNIX_EPOCH + std::time::Duration::from_micros(1_700_000_000_123_456),
             "billing".into(),
@@ -266,7 +266,7 @@ mod tests {
             v,
             serde_json::json!({
                 "eventbus": 1,
-                "id": event.id,
+                "id": &*event.id,
                 "channel": "orders.created",
                 "timestamp": "2023-11-14T22:13:20.123456Z",
                 "source": "billing",
@@ -288,7 +288,7 @@ mod tests {
             b"{\"eventbus\":",
         ] {
             let event = decode("orders.created", Bytes::copy_from_slice(raw));
-            assert_eq!((event.payload.as_ref(), event.source.as_str()), (raw, FOREIGN_SOURCE));
+            assert_eq!((event.payload.as_ref(), &*event.source), (raw, FOREIGN_SOURCE));
         }
     }
 
@@ -297,7 +297,7 @@ mod tests {
         let raw = Bytes::from_static(b"{\"id\":1}");
         let event = decode("orders.created", raw.clone());
         assert_eq!(event.payload, raw);
-        assert_eq!(event.source, FOREIGN_SOURCE);
+        assert_eq!(&*event.source, FOREIGN_SOURCE);
         assert!(!event.id.is_empty());
         // Magic bytes followed by garbage are still delivered, raw.
         let odd = Bytes::from([&MAGIC[..], &[0xFF, 0xFF, 0xFF]].concat());

@@ -58,7 +58,7 @@ type Others = Vec<(String, u32)>;
 /// payload stand in for it.
 fn pick_key(event: &Event) -> u16 {
     let mut crc = crc16::State::<crc16::XMODEM>::new();
-    if event.source == FOREIGN_SOURCE {
+    if &*event.source == FOREIGN_SOURCE {
         crc.update(event.channel.as_bytes());
         crc.update(&event.payload);
     } else {
@@ -83,7 +83,7 @@ impl FleetGroups {
     pub(crate) fn new(prefix: &str) -> Arc<Self> {
         Arc::new(Self {
             prefix: prefix.to_owned(),
-            instance: new_id(),
+            instance: new_id().to_string(),
             local: Mutex::default(),
             others: RwLock::default(),
             changed: Notify::new(),

@@ -40,8 +40,8 @@ use tower_service::Service;
 
 use crate::convert;
 use crate::grpc::{BatchAnswer, EventBusService};
-use crate::publish_stream::{Answers, StreamAnswer};
 use crate::metrics::Metrics;
+use crate::publish_stream::{Answers, StreamAnswer};
 use crate::request_limit::PayloadLimit;
 
 /// One message of a subscribe stream, before encoding.
@@ -118,7 +118,7 @@ fn delimited_len(tag: u32, len: usize) -> usize {
 /// `pb::Event`'s fields as the generated code writes them: in field order, empty
 /// strings, bytes and maps left out, the timestamp always present.
 fn event_len(e: &Event, timestamp: &prost_types::Timestamp) -> usize {
-    let string = |tag, s: &String| if s.is_empty() { 0 } else { encoding::string::encoded_len(tag, s) };
+    let string = |tag, s: &str| if s.is_empty() { 0 } else { delimited_len(tag, s.len()) };
     string(1, &e.id)
         + string(2, &e.channel)
         + delimited_len(3, timestamp_len(timestamp))
@@ -365,7 +365,7 @@ impl Encoder for AnswerEncoder {
 fn published_len(p: &Published) -> usize {
     let uint =
         |tag, value: u64| if value == 0 { 0 } else { encoding::key_len(tag) + encoding::encoded_len_varint(value) };
-    let id = if p.event_id.is_empty() { 0 } else { encoding::string::encoded_len(1, &p.event_id) };
+    let id = if p.event_id.is_empty() { 0 } else { delimited_len(1, p.event_id.len()) };
     let duration = seconds_nanos_len(p.duration.as_secs() as i64, p.duration.subsec_nanos() as i32);
     id + uint(2, u64::from(p.delivered))
         + uint(3, u64::from(p.failed))
@@ -652,7 +652,7 @@ mod tests {
     #[test]
     fn answers_encode_to_the_bytes_prost_writes() {
         let published = |id: &str, delivered, failed, duration, duplicate, captured| Published {
-            event_id: id.to_owned(),
+            event_id: id.into(),
             delivered,
             failed,
             duration,

@@ -101,7 +101,7 @@ async fn publish_one(
     peer: String,
     caller: &Caller,
 ) -> Result<pb::PublishResponse, Status> {
-    let published = bus.publish(convert::publish_input(req, peer, caller.name())).await.map_err(status)?;
+    let published = bus.publish(convert::publish_input(req, peer.into(), caller.name())).await.map_err(status)?;
     Ok(respond(metrics, published))
 }
 
@@ -177,7 +177,7 @@ impl EventBusService {
     /// the edge (no right on their channel) or by the bus get their error, and do not
     /// stop the others. Only what concerns the whole call (size, rate, shutdown) fails it.
     pub(crate) async fn answer_batch(&self, req: Request<pb::PublishBatchRequest>) -> Result<Vec<BatchAnswer>, Status> {
-        let peer = peer(&req);
+        let peer: Arc<str> = peer(&req).into();
         let caller = caller(&req)?;
         let events = req.into_inner().events;
         if events.len() > self.max_publish_batch {

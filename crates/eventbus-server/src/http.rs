@@ -438,7 +438,7 @@ async fn publish(
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<convert::PublishedJson>, ApiError> {
-    let input = convert::publish_input_json(&body(&state, &headers, raw)?, peer.0.addr.to_string())?;
+    let input = convert::publish_input_json(&body(&state, &headers, raw)?, peer.0.addr.to_string().into())?;
     state.access.check_publish(&caller, [input.channel.as_str()])?;
     let published = state.bus.publish(input).await?;
     if let Some(metrics) = &state.metrics {

@@ -4,6 +4,8 @@
 //! is answered on its own with its position and does not stop the stream, and the
 //! stream ends with its totals.
 
+use std::sync::Arc;
+
 use eventbus_core::Published;
 use eventbus_proto::pb;
 use futures::{Stream, StreamExt, stream};
@@ -172,7 +174,12 @@ fn publish_error(status: &Status) -> pb::PublishError {
 }
 
 /// Answers a refused event on its own, and counts it.
-fn refuse(totals: &mut pb::PublishAck, answers: &mut Vec<Result<StreamAnswer, Status>>, position: u64, status: &Status) {
+fn refuse(
+    totals: &mut pb::PublishAck,
+    answers: &mut Vec<Result<StreamAnswer, Status>>,
+    position: u64,
+    status: &Status,
+) {
     totals.refused += 1;
     answers.push(Ok(StreamAnswer::Refused { position, error: publish_error(status) }));
 }
@@ -181,7 +188,7 @@ fn refuse(totals: &mut pb::PublishAck, answers: &mut Vec<Result<StreamAnswer, St
 struct Publishing {
     inbound: ReadAhead,
     svc: EventBusService,
-    peer: String,
+    peer: Arc<str>,
     watch: CallerWatch,
     /// The metadata's mode until the first request is read, then the stream's.
     mode: Option<AckMode>,
@@ -317,7 +324,7 @@ impl Publishing {
                     totals.failed += u64::from(p.failed);
                     totals.captured += u64::from(p.captured);
                     totals.duplicates += u64::from(p.duplicate);
-                    totals.last_event_id = p.event_id;
+                    totals.last_event_id.replace_range(.., &p.event_id);
                 }
                 Err(err) => refuse(totals, &mut answers, position, &status(err)),
             }
@@ -355,7 +362,7 @@ impl EventBusService {
         let publishing = Publishing {
             inbound: read_ahead(req.into_inner()),
             svc: self.clone(),
-            peer,
+            peer: peer.into(),
             watch,
             mode,
             resolved: false,
@@ -439,7 +446,8 @@ mod tests {
     fn the_mode_comes_from_the_first_request_or_the_metadata() {
         let mut metadata = MetadataMap::new();
         assert_eq!(AckMode::from_metadata(&metadata).ok(), Some(None));
-        for (text, mode) in [("none", AckMode::None), ("Cumulative", AckMode::Cumulative), ("ACK_MODE_EACH", AckMode::Each)]
+        for (text, mode) in
+            [("none", AckMode::None), ("Cumulative", AckMode::Cumulative), ("ACK_MODE_EACH", AckMode::Each)]
         {
             metadata.insert(ACK_METADATA, text.parse().unwrap());
             assert_eq!(AckMode::from_metadata(&metadata).ok(), Some(Some(mode)), "{text}");

@@ -37,7 +37,9 @@ where
 }
 
 /// Every response until the stream ends, and its final status.
-async fn drain(responses: &mut Streaming<pb::PublishResponse>) -> (Vec<pb::PublishResponse>, Result<(), tonic::Status>) {
+async fn drain(
+    responses: &mut Streaming<pb::PublishResponse>,
+) -> (Vec<pb::PublishResponse>, Result<(), tonic::Status>) {
     let mut out = Vec::new();
     loop {
         match within(responses.message()).await {
@@ -284,10 +286,8 @@ async fn events_published_without_answers_are_captured_durably() {
     let deliveries = c.deliveries(32).await;
     let got: Vec<String> =
         deliveries.iter().map(|d| String::from_utf8_lossy(&d.event.as_ref().unwrap().payload).into_owned()).collect();
-    let expected: Vec<String> = (0..40u64)
-        .filter(|i| *i != 11 && !refused.iter().any(|(at, _)| at == i))
-        .map(|i| i.to_string())
-        .collect();
+    let expected: Vec<String> =
+        (0..40u64).filter(|i| *i != 11 && !refused.iter().any(|(at, _)| at == i)).map(|i| i.to_string()).collect();
     assert_eq!(got, expected, "captured in publish order, the duplicate once");
     assert_eq!(ids(&deliveries).last(), Some(&last.last_event_id));
     drop(c);

@@ -177,10 +177,10 @@ impl Harness {
     /// consumer's state once the ack counts, and the event's log entry, which must
     /// say completed after as many attempts as `d` was.
     async fn complete_first(&self, name: &str, client: &dyn ConsumerClient, d: &Delivery) -> (ConsumerInfo, LogEntry) {
-        client.ack(vec![d.event.id.clone()]).await;
+        client.ack(vec![d.event.id.to_string()]).await;
         let info = self.wait_info(name, "the ack", |i| i.acked == 1).await;
         let log = self.log(name, None).await;
-        assert_eq!(logged(&log), std::slice::from_ref(&d.event.id));
+        assert_eq!(logged(&log), [d.event.id.to_string()]);
         let entry = log.into_iter().next().expect("one entry");
         assert_eq!((entry.status, entry.attempts), (LogStatus::Completed, d.attempt), "{entry:?}");
         (info, entry)
@@ -206,7 +206,7 @@ impl Harness {
 /// A fresh event, as the bus would hand it over.
 fn new_event(channel: &str, payload: &str) -> Arc<Event> {
     Arc::new(Event::from_parts(
-        eventbus_core::event::new_id(),
+        eventbus_core::event::new_id().to_string(),
         channel.into(),
         SystemTime::now(),
         "conformance".into(),
@@ -257,7 +257,7 @@ fn payload(d: &Delivery) -> String {
 }
 
 fn ids(d: &[Delivery]) -> Vec<String> {
-    d.iter().map(|d| d.event.id.clone()).collect()
+    d.iter().map(|d| d.event.id.to_string()).collect()
 }
 
 /// The event ids of log entries.
@@ -373,22 +373,22 @@ async fn ack(h: &mut Harness) {
     let mut a = h.attach("inbox").await;
     h.publish("jobs", "first").await;
     let first = one(&mut a.deliveries).await;
-    a.client.ack(vec![first.event.id.clone()]).await;
-    a.client.ack(vec![first.event.id.clone()]).await; // a second ack is a no-op
+    a.client.ack(vec![first.event.id.to_string()]).await;
+    a.client.ack(vec![first.event.id.to_string()]).await; // a second ack is a no-op
     a.client.ack(vec!["not-an-event".into()]).await; // unknown ids are ignored
     // Failing a finished event does nothing (a zero delay would bring it straight back).
-    a.client.nack(first.event.id.clone(), "too late".into(), Some(Duration::ZERO)).await;
+    a.client.nack(first.event.id.to_string(), "too late".into(), Some(Duration::ZERO)).await;
     let info = h.wait_info("inbox", "the ack", |i| i.acked == 1).await;
     assert_eq!((info.pending, info.in_flight, info.redelivered), (0, 0, 0), "nothing left to redeliver");
     // Well past the first one's ack deadline, the only delivery is the next event.
     h.publish("jobs", "second").await;
     let second = one(&mut a.deliveries).await;
     assert_eq!((payload(&second), second.attempt), ("second".into(), 1));
-    a.client.ack(vec![second.event.id.clone()]).await;
+    a.client.ack(vec![second.event.id.to_string()]).await;
     h.wait_info("inbox", "the second ack", |i| i.acked == 2).await;
     assert_nothing_delivered(&mut a.deliveries, "an acked event is never redelivered");
     let log = h.log("inbox", None).await;
-    assert_eq!(logged(&log), [first.event.id.clone(), second.event.id.clone()]);
+    assert_eq!(logged(&log), [first.event.id.to_string(), second.event.id.to_string()]);
     for entry in &log {
         assert_eq!((entry.status, entry.attempts, entry.channel.as_str()), (LogStatus::Completed, 1, "jobs"));
         assert!(entry.failures.is_empty());
@@ -405,7 +405,7 @@ async fn nack_with_delay(h: &mut Harness) {
     let first = one(&mut a.deliveries).await;
     let delay = Duration::from_millis(300);
     let nacked = Instant::now();
-    a.client.nack(first.event.id.clone(), "try later".into(), Some(delay)).await;
+    a.client.nack(first.event.id.to_string(), "try later".into(), Some(delay)).await;
     let again = one(&mut a.deliveries).await;
     assert!(nacked.elapsed() + GRANULARITY >= delay, "redelivered after {:?}, before the delay", nacked.elapsed());
     assert_eq!((&again.event.id, again.attempt), (&first.event.id, 2));
@@ -436,7 +436,7 @@ async fn backoff(h: &mut Harness) {
     for (attempt, wait_ms) in [(1, 200), (2, 400)] {
         assert_eq!(d.attempt, attempt);
         let nacked = Instant::now();
-        a.client.nack(d.event.id.clone(), format!("boom {attempt}"), None).await;
+        a.client.nack(d.event.id.to_string(), format!("boom {attempt}"), None).await;
         d = one(&mut a.deliveries).await;
         let waited = nacked.elapsed();
         assert!(waited + GRANULARITY >= Duration::from_millis(wait_ms), "attempt {attempt}: back after {waited:?}");
@@ -453,7 +453,7 @@ async fn max_attempts_dead_letter(h: &mut Harness) {
     for attempt in 1..=2 {
         let d = one(&mut a.deliveries).await;
         assert_eq!((&d.event.id, d.attempt), (&sent.id, attempt));
-        a.client.nack(d.event.id.clone(), format!("boom {attempt}"), None).await;
+        a.client.nack(d.event.id.to_string(), format!("boom {attempt}"), None).await;
     }
     let letter = h.letter().await;
     assert_eq!(letter, ("dlq.jobs.run".into(), "inbox|2|boom 1;boom 2".into(), "text/plain".into()));
@@ -461,7 +461,7 @@ async fn max_attempts_dead_letter(h: &mut Harness) {
     assert_eq!((info.pending, info.in_flight, info.acked, info.redelivered), (0, 0, 0, 1));
     let log = h.log("inbox", Some(LogStatus::DeadLettered)).await;
     assert_eq!(log.len(), 1);
-    assert_eq!((&log[0].event_id, log[0].attempts), (&sent.id, 2));
+    assert_eq!((log[0].event_id.as_str(), log[0].attempts), (&*sent.id, 2));
     assert_eq!(reasons(&log[0]), ["boom 1", "boom 2"]);
     assert!(h.log("inbox", Some(LogStatus::Completed)).await.is_empty());
     assert_nothing_delivered(&mut a.deliveries, "a dead letter is not redelivered");
@@ -478,9 +478,9 @@ async fn term(h: &mut Harness) {
     h.publish("jobs", "one").await;
     h.publish("jobs", "two").await;
     let got = take(&mut a.deliveries, 2).await;
-    a.client.term(got[0].event.id.clone(), "bad input".into()).await;
+    a.client.term(got[0].event.id.to_string(), "bad input".into()).await;
     assert_eq!(h.letter().await, ("dead.jobs".into(), "inbox|1|bad input".into(), "text/plain".into()));
-    a.client.term(got[1].event.id.clone(), String::new()).await;
+    a.client.term(got[1].event.id.to_string(), String::new()).await;
     assert_eq!(h.letter().await, ("dead.jobs".into(), format!("inbox|1|{REASON_TERM}"), "text/plain".into()));
     let info = h.wait_info("inbox", "both dead letters counted", |i| i.dead_lettered == 2).await;
     assert_eq!((info.pending, info.in_flight, info.redelivered), (0, 0, 0));
@@ -496,7 +496,7 @@ async fn dead_letter_of_a_sixteen_token_channel(h: &mut Harness) {
     let mut a = h.attach("deep").await;
     h.publish(&channel, "x").await;
     let got = one(&mut a.deliveries).await;
-    a.client.term(got.event.id.clone(), "too deep".into()).await;
+    a.client.term(got.event.id.to_string(), "too deep".into()).await;
     let (letter_channel, body, _) = h.letter().await;
     assert_eq!(letter_channel, eventbus_core::durable::default_dead_letter_channel(&channel));
     assert!(eventbus_core::name::validate_channel(&letter_channel).is_ok(), "{letter_channel}");
@@ -514,21 +514,21 @@ async fn ordering_keys(h: &mut Harness) {
     // The first of each key; "b" is not held up by "a".
     let mut first = take(&mut a.deliveries, 2).await;
     first.sort_by_key(payload);
-    assert_eq!(ids(&first), [a1.id.clone(), b1.id.clone()]);
+    assert_eq!(ids(&first), [a1.id.to_string(), b1.id.to_string()]);
     // Acking b1 frees nothing of "a": a2 still waits behind a1.
-    a.client.ack(vec![b1.id.clone()]).await;
+    a.client.ack(vec![b1.id.to_string()]).await;
     let info = h.wait_info("inbox", "the ack of b1", |i| i.acked == 1).await;
     assert_eq!((info.in_flight, info.pending), (1, 2), "a2 and a3 wait behind their key");
     assert_nothing_delivered(&mut a.deliveries, "a2 before a1 is finished");
     // A nack does not let a2 overtake a1 either.
-    a.client.nack(a1.id.clone(), "again".into(), None).await;
+    a.client.nack(a1.id.to_string(), "again".into(), None).await;
     let again = one(&mut a.deliveries).await;
     assert_eq!((&again.event.id, again.attempt), (&a1.id, 2), "a1 again before a2");
-    a.client.ack(vec![a1.id.clone()]).await;
+    a.client.ack(vec![a1.id.to_string()]).await;
     let next = one(&mut a.deliveries).await;
     assert_eq!((&next.event.id, next.attempt), (&a2.id, 1));
     // A dead letter frees its key too.
-    a.client.term(a2.id.clone(), "bad".into()).await;
+    a.client.term(a2.id.to_string(), "bad".into()).await;
     let last = one(&mut a.deliveries).await;
     assert_eq!((&last.event.id, last.attempt), (&a3.id, 1));
 }
@@ -538,14 +538,14 @@ async fn idempotency(h: &mut Harness) {
     let (original, captured) = h.publish_keyed("orders", "first", None, Some("order-1")).await;
     assert_eq!(stored(&captured), 1);
     let (_, again) = h.publish_keyed("orders", "second", None, Some("order-1")).await;
-    assert_eq!(again, Captured::Duplicate(original.id.clone()));
+    assert_eq!(again, Captured::Duplicate(original.id.to_string()));
     // Keys are global, not per channel, and remembered with no consumer matching.
     let (_, elsewhere) = h.publish_keyed("users", "third", None, Some("order-1")).await;
-    assert_eq!(elsewhere, Captured::Duplicate(original.id.clone()));
+    assert_eq!(elsewhere, Captured::Duplicate(original.id.to_string()));
     let (unmatched, captured) = h.publish_keyed("users", "fourth", None, Some("user-1")).await;
     assert_eq!(stored(&captured), 0);
     let (_, again) = h.publish_keyed("users", "fifth", None, Some("user-1")).await;
-    assert_eq!(again, Captured::Duplicate(unmatched.id.clone()));
+    assert_eq!(again, Captured::Duplicate(unmatched.id.to_string()));
     // Within one batch too.
     let events: Vec<Arc<Event>> = (0..2).map(|_| new_event("orders", "batch")).collect();
     let batch: Vec<CaptureRequest<'_>> = events
@@ -555,11 +555,11 @@ async fn idempotency(h: &mut Harness) {
     let answers: Vec<Captured> =
         within(h.engine.capture_many(&batch)).await.into_iter().map(|a| a.expect("captured")).collect();
     assert_eq!(stored(&answers[0]), 1);
-    assert_eq!(answers[1], Captured::Duplicate(events[0].id.clone()));
+    assert_eq!(answers[1], Captured::Duplicate(events[0].id.to_string()));
     assert_eq!(h.info("inbox").await.pending, 2, "one stored per key");
     let mut a = h.attach("inbox").await;
     let got = take(&mut a.deliveries, 2).await;
-    assert_eq!(ids(&got), [original.id.clone(), events[0].id.clone()]);
+    assert_eq!(ids(&got), [original.id.to_string(), events[0].id.to_string()]);
 }
 
 async fn log_paging(h: &mut Harness) {
@@ -572,14 +572,14 @@ async fn log_paging(h: &mut Harness) {
         let d = one(&mut a.deliveries).await;
         assert_eq!(d.event.id, sent.id);
         if i % 3 == 2 {
-            a.client.term(sent.id.clone(), "no".into()).await;
+            a.client.term(sent.id.to_string(), "no".into()).await;
             h.letter().await;
         } else {
-            a.client.ack(vec![sent.id.clone()]).await;
+            a.client.ack(vec![sent.id.to_string()]).await;
         }
         let done = i + 1;
         h.wait_info("inbox", "the event to finish", |info| info.acked + info.dead_lettered == done).await;
-        finished.push(sent.id.clone());
+        finished.push(sent.id.to_string());
     }
     let mut walked = Vec::new();
     let mut token = String::new();
@@ -651,7 +651,7 @@ async fn late_ack(h: &mut Harness) {
     let mut a = h.attach("inbox").await;
     h.publish("jobs", "x").await;
     let d = one(&mut a.deliveries).await;
-    a.client.nack(d.event.id.clone(), "later".into(), Some(Duration::from_secs(60))).await;
+    a.client.nack(d.event.id.to_string(), "later".into(), Some(Duration::from_secs(60))).await;
     h.wait_info("inbox", "the nack", |i| i.in_flight == 0 && i.pending == 1).await;
     let (info, entry) = h.complete_first("inbox", &*a.client, &d).await;
     assert_eq!((info.pending, info.in_flight), (0, 0), "nothing left to redeliver");
@@ -665,7 +665,7 @@ async fn extend(h: &mut Harness) {
     let d = one(&mut a.deliveries).await;
     // Without the extension it would be back after 300 + 200 ms.
     let extended = Instant::now();
-    a.client.extend(vec![d.event.id.clone()], Duration::from_millis(700)).await;
+    a.client.extend(vec![d.event.id.to_string()], Duration::from_millis(700)).await;
     let again = one(&mut a.deliveries).await;
     let waited = extended.elapsed();
     assert!(waited + GRANULARITY >= Duration::from_millis(700 + 200), "back after {waited:?}: extension ignored");
@@ -758,18 +758,18 @@ async fn ack_by_another_client(h: &mut Harness) {
     // B acks what A holds, then A acks it too. The embedded engine completes it on
     // B's ack, the Redis engine on A's (docs/durable.md "Mode differences"): either way it
     // completes exactly once and A's slot is free again.
-    b.client.ack(vec![sent.id.clone()]).await;
-    a.client.ack(vec![sent.id.clone()]).await;
+    b.client.ack(vec![sent.id.to_string()]).await;
+    a.client.ack(vec![sent.id.to_string()]).await;
     let info = h.wait_info("inbox", "the ack", |i| i.acked == 1).await;
     assert_eq!((info.pending, info.in_flight, info.redelivered), (0, 0, 0));
     drop(b);
     h.wait_info("inbox", "B to leave", |i| i.clients == 1).await;
     let next = h.publish("jobs", "y").await;
     assert_eq!(one(&mut a.deliveries).await.event.id, next.id, "A has room again");
-    a.client.ack(vec![next.id.clone()]).await;
+    a.client.ack(vec![next.id.to_string()]).await;
     h.wait_info("inbox", "the second ack", |i| i.acked == 2).await;
     let log = h.log("inbox", None).await;
-    assert_eq!(logged(&log), [sent.id.clone(), next.id.clone()]);
+    assert_eq!(logged(&log), [sent.id.to_string(), next.id.to_string()]);
 }
 
 // ---- consumer operations (docs/consumer-operations.md) ----
@@ -833,8 +833,8 @@ async fn list_pending(h: &mut Harness) {
     );
     assert!(before.iter().all(|e| e.attempt == 0 && e.next_delivery_ms.is_none() && e.failures.is_empty()));
     assert_eq!(
-        pending(h, "inbox", 1).await.iter().map(|e| e.event.id.clone()).collect::<Vec<_>>(),
-        before.iter().map(|e| e.event.id.clone()).collect::<Vec<_>>(),
+        pending(h, "inbox", 1).await.iter().map(|e| e.event.id.to_string()).collect::<Vec<_>>(),
+        before.iter().map(|e| e.event.id.to_string()).collect::<Vec<_>>(),
         "pages of one add up to the list"
     );
     // One client with room for one: a1 goes out first.
@@ -855,7 +855,7 @@ async fn list_pending(h: &mut Harness) {
     );
     // Nacked for a minute: a1 waits with its failure, x goes out, a2 stays behind a1.
     let nacked = epoch_ms(SystemTime::now());
-    c.client.nack(a1.id.clone(), "later".into(), Some(Duration::from_secs(60))).await;
+    c.client.nack(a1.id.to_string(), "later".into(), Some(Duration::from_secs(60))).await;
     assert_eq!(payload(&one(&mut c.deliveries).await), "x");
     let after =
         wait_pending(h, "inbox", "a1 delayed", |e| of_a1(e).is_some_and(|e| e.state == PendingState::Delayed)).await;
@@ -887,7 +887,7 @@ async fn linear_backoff(h: &mut Harness) {
     for attempt in 1..=2u32 {
         assert_eq!(d.attempt, attempt);
         let nacked = epoch_ms(SystemTime::now());
-        a.client.nack(d.event.id.clone(), "boom".into(), None).await;
+        a.client.nack(d.event.id.to_string(), "boom".into(), None).await;
         // The scheduled redelivery is exactly the linear delay after the failure was
         // recorded, which happened between the nack and this observation.
         let seen = wait_pending(h, "inbox", "the retry", |e| {
@@ -918,7 +918,7 @@ async fn redrive(h: &mut Harness) {
     while termed < 3 {
         let batch = within(a.deliveries.recv()).await.expect("deliveries stream open");
         for d in batch {
-            a.client.term(d.event.id.clone(), "bug".into()).await;
+            a.client.term(d.event.id.to_string(), "bug".into()).await;
             h.letter().await;
             termed += 1;
         }
@@ -928,10 +928,12 @@ async fn redrive(h: &mut Harness) {
     // A newer event of key k is in flight: the redriven ones queue behind it.
     let e4 = h.publish_keyed("jobs", "e4", Some("k"), None).await.0;
     assert_eq!(one(&mut a.deliveries).await.event.id, e4.id);
-    let done =
-        within(h.engine.redrive("inbox", &[e2.id.clone(), e1.id.clone(), "unknown".into()], 0)).await.expect("redrive");
+    let done = within(h.engine.redrive("inbox", &[e2.id.to_string(), e1.id.to_string(), "unknown".into()], 0))
+        .await
+        .expect("redrive");
     assert_eq!(done, Redriven { redriven: 2, remaining: 1 });
-    let again = within(h.engine.redrive("inbox", &[e1.id.clone(), e2.id.clone()], 0)).await.expect("redrive again");
+    let again =
+        within(h.engine.redrive("inbox", &[e1.id.to_string(), e2.id.to_string()], 0)).await.expect("redrive again");
     assert_eq!(again, Redriven { redriven: 0, remaining: 1 }, "each dead letter is redriven once");
     let waiting = wait_pending(h, "inbox", "the redriven events", |e| e.len() == 3).await;
     assert_eq!(
@@ -944,7 +946,7 @@ async fn redrive(h: &mut Harness) {
         "attempts reset: {waiting:?}"
     );
     assert_nothing_delivered(&mut a.deliveries, "redriven events wait for their key");
-    a.client.ack(vec![e4.id.clone()]).await;
+    a.client.ack(vec![e4.id.to_string()]).await;
     for e in [&e1, &e2] {
         let d = one(&mut a.deliveries).await;
         assert_eq!(
@@ -952,18 +954,22 @@ async fn redrive(h: &mut Harness) {
             (&e.id, 1, &e.payload),
             "original order, attempts reset"
         );
-        a.client.ack(vec![d.event.id.clone()]).await;
+        a.client.ack(vec![d.event.id.to_string()]).await;
     }
     // Everything else (with no ids): e3.
     let rest = within(h.engine.redrive("inbox", &[], 0)).await.expect("redrive all");
     assert_eq!(rest, Redriven { redriven: 1, remaining: 0 });
     let d = one(&mut a.deliveries).await;
     assert_eq!((&d.event.id, d.attempt), (&e3.id, 1));
-    a.client.ack(vec![d.event.id.clone()]).await;
+    a.client.ack(vec![d.event.id.to_string()]).await;
     let info = h.wait_info("inbox", "all acked", |i| i.acked == 4).await;
     assert_eq!((info.redriven, info.redrivable, info.pending, info.in_flight), (3, 0, 0, 0));
     let redriven = h.log("inbox", Some(LogStatus::Redriven)).await;
-    assert_eq!(logged(&redriven), [e1.id.clone(), e2.id.clone(), e3.id.clone()], "logged as redriven, in order");
+    assert_eq!(
+        logged(&redriven),
+        [e1.id.to_string(), e2.id.to_string(), e3.id.to_string()],
+        "logged as redriven, in order"
+    );
     let missing = within(h.engine.redrive("nope", &[], 0)).await;
     assert!(matches!(missing, Err(DurableError::UnknownConsumer(_))), "{missing:?}");
 }
@@ -978,7 +984,7 @@ async fn pause_resume(h: &mut Harness) {
     // Still captured, not delivered; what the client holds can still be acked.
     h.publish("jobs", "p1").await;
     h.publish("jobs", "p2").await;
-    a.client.ack(vec![held.id.clone()]).await;
+    a.client.ack(vec![held.id.to_string()]).await;
     let info = h.wait_info("inbox", "the ack while paused", |i| i.acked == 1).await;
     assert_eq!((info.paused, info.pending, info.in_flight, info.clients), (true, 2, 0, 1));
     let entries = pending(h, "inbox", 100).await;
@@ -1005,7 +1011,7 @@ async fn exclusive(h: &mut Harness) {
     }
     let got = take(&mut first.deliveries, 3).await;
     assert_eq!(got.iter().map(payload).collect::<Vec<_>>(), ["0", "1", "2"], "all to the first client");
-    first.client.ack(vec![got[0].event.id.clone()]).await;
+    first.client.ack(vec![got[0].event.id.to_string()]).await;
     h.wait_info("runner", "the ack", |i| i.acked == 1).await;
     assert_nothing_delivered(&mut second.deliveries, "the second client waits while the first is attached");
     // The first leaves holding two: they are released, and the second takes over.
@@ -1032,7 +1038,7 @@ async fn max_pending(h: &mut Harness) {
     let mut a = h.attach("small").await;
     let got = take(&mut a.deliveries, 2).await;
     assert_eq!(got.iter().map(payload).collect::<Vec<_>>(), ["0", "1"]);
-    a.client.ack(vec![got[0].event.id.clone()]).await;
+    a.client.ack(vec![got[0].event.id.to_string()]).await;
     h.wait_info("small", "room again", |i| i.acked == 1).await;
     h.publish("jobs", "3").await;
     assert_eq!(payload(&one(&mut a.deliveries).await), "3");
@@ -1077,7 +1083,7 @@ async fn dropped_capture_callers(h: &mut Harness) {
                 Captured::Duplicate(original) => expected.insert(original),
                 other => {
                     assert_eq!(stored(&other), 1, "a retry stored anew is stored for the consumer");
-                    expected.insert(event.id.clone())
+                    expected.insert(event.id.to_string())
                 }
             };
         }
@@ -1089,8 +1095,8 @@ async fn dropped_capture_callers(h: &mut Harness) {
     while !expected.is_subset(&received) {
         let batch = within(a.deliveries.recv()).await.expect("deliveries stream open");
         for d in batch {
-            a.client.ack(vec![d.event.id.clone()]).await;
-            received.insert(d.event.id.clone());
+            a.client.ack(vec![d.event.id.to_string()]).await;
+            received.insert(d.event.id.to_string());
         }
     }
     h.wait_info("inbox", "everything acked", |i| i.pending == 0 && i.in_flight == 0).await;
@@ -1109,13 +1115,13 @@ async fn release(h: &mut Harness) {
     }
     let held = take(&mut a.deliveries, 3).await;
     // Without drain: back at once, to the one client there is, with the same attempt.
-    a.client.release(vec![held[0].event.id.clone()], false).await;
+    a.client.release(vec![held[0].event.id.to_string()], false).await;
     let again = one(&mut a.deliveries).await;
     assert_eq!((&again.event.id, again.attempt), (&held[0].event.id, 1), "released without drain");
     // With drain: the client hears `drained` (the empty batch) and gets nothing more;
     // what it released goes to another client, unattempted.
     let mut b = h.attach("inbox").await;
-    a.client.release(vec![held[0].event.id.clone(), held[1].event.id.clone()], true).await;
+    a.client.release(vec![held[0].event.id.to_string(), held[1].event.id.to_string()], true).await;
     let marker = within(a.deliveries.recv()).await.expect("deliveries stream open");
     assert!(marker.is_empty(), "the drain's answer is an empty batch: {marker:?}");
     let mut moved = take(&mut b.deliveries, 2).await;
@@ -1125,9 +1131,9 @@ async fn release(h: &mut Harness) {
     assert_eq!(one(&mut b.deliveries).await.event.id, later.id, "new events go to the client not draining");
     assert_nothing_delivered(&mut a.deliveries, "a draining client");
     // The draining client still finishes what it started.
-    a.client.ack(vec![held[2].event.id.clone()]).await;
+    a.client.ack(vec![held[2].event.id.to_string()]).await;
     b.client.ack(ids(&moved)).await;
-    b.client.ack(vec![later.id.clone()]).await;
+    b.client.ack(vec![later.id.to_string()]).await;
     let info = h.wait_info("inbox", "every ack", |i| i.acked == 4).await;
     assert_eq!((info.pending, info.in_flight, info.dead_lettered, info.redelivered), (0, 0, 0, 0));
     let log = h.log("inbox", Some(LogStatus::Completed)).await;

@@ -766,7 +766,7 @@ async fn the_binary_migrates_a_redb_data_directory() {
         while got.len() < 5 {
             got.extend(within(a.deliveries.recv()).await.unwrap());
         }
-        let ids: Vec<String> = got.iter().map(|d| d.event.id.clone()).collect();
+        let ids: Vec<String> = got.iter().map(|d| d.event.id.to_string()).collect();
         a.client.ack(&ids[..1]);
         a.client.term(&ids[1], "poison");
         a.client.nack(&ids[2], "later", Some(std::time::Duration::from_secs(3600)));

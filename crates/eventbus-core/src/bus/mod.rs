@@ -113,8 +113,8 @@ pub struct SubscribeOptions {
 /// Outcome of an accepted publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Published {
-    /// Id given to the event.
-    pub event_id: String,
+    /// Id given to the event (shared with the event, not copied).
+    pub event_id: Arc<str>,
     /// Subscriptions (or, remotely, instances) that took it.
     pub delivered: u32,
     /// Matching subscriptions that could not take it.
@@ -217,7 +217,7 @@ impl Bus {
     /// instance sharing the transport) on return.
     pub async fn subscribe(&self, opts: SubscribeOptions) -> Result<SubscriptionHandle, Error> {
         let spec = self.inner.spec(opts)?;
-        let sub = Arc::new(Subscription::new(new_id().into(), spec, Arc::clone(&self.inner.counters)));
+        let sub = Arc::new(Subscription::new(new_id(), spec, Arc::clone(&self.inner.counters)));
         {
             let mut router = self.inner.router.write();
             // Checked under the lock so a subscription cannot slip past shutdown's drain.
@@ -427,7 +427,7 @@ impl Inner {
         Self {
             channels: ChannelTable::new(config.max_channels, config.max_channel_labels),
             config,
-            instance_id: new_id(),
+            instance_id: new_id().to_string(),
             started_at: SystemTime::now(),
             router: RwLock::default(),
             generation: AtomicU64::new(0),

@@ -342,7 +342,14 @@ fn stored_for(published: Published, consumers: usize) -> Published {
 
 /// The answer to a publish whose idempotency key names an earlier event.
 fn duplicate_of(original: String, start: Instant) -> Published {
-    Published { event_id: original, delivered: 0, failed: 0, duration: start.elapsed(), duplicate: true, captured: 0 }
+    Published {
+        event_id: original.into(),
+        delivered: 0,
+        failed: 0,
+        duration: start.elapsed(),
+        duplicate: true,
+        captured: 0,
+    }
 }
 
 /// A name within a principal's scope (an idempotency key as the durable engines keep

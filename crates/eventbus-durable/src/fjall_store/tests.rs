@@ -27,7 +27,7 @@ fn contents(store: &dyn Store) -> String {
     let events: BTreeMap<u64, (String, Option<String>, Vec<u8>)> = loaded
         .events
         .iter()
-        .map(|e| (e.seq, (e.event.id.clone(), e.ordering_key.clone(), e.event.payload.to_vec())))
+        .map(|e| (e.seq, (e.event.id.to_string(), e.ordering_key.clone(), e.event.payload.to_vec())))
         .collect();
     let dedup: BTreeMap<String, String> = loaded.dedup.iter().map(|d| (d.key.clone(), d.event_id.clone())).collect();
     let mut logs = BTreeMap::new();
@@ -98,7 +98,7 @@ fn a_redb_data_directory_is_migrated_on_first_open() {
     // And it works on: the dead-lettered event is redriven, counters continue.
     let next = AtomicU64::new(store.load().unwrap().next_seq);
     let moved = store.redrive("a", RedriveSelection::Oldest(10), &next).unwrap();
-    assert_eq!(moved.iter().map(|m| (m.seq, m.event.id.as_str())).collect::<Vec<_>>(), [(9, "e3")]);
+    assert_eq!(moved.iter().map(|m| (m.seq, &*m.event.id)).collect::<Vec<_>>(), [(9, "e3")]);
     drop(store);
     let again = FjallStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
     assert_eq!(again.load().unwrap().next_seq, 10);

@@ -660,7 +660,7 @@ impl Actor {
             let take = room.min(self.buffer.len());
             let mut batch = Vec::with_capacity(take);
             for ready in self.buffer.drain(..take) {
-                let key: Arc<str> = ready.event.id.as_str().into();
+                let key: Arc<str> = Arc::clone(&ready.event.id);
                 let first_ms = ready.first_ms.unwrap_or_else(now_ms);
                 let delivery =
                     Delivery { event: Arc::clone(&ready.event), attempt: ready.attempt, deadline: wall + deadline_in };

@@ -173,7 +173,7 @@ impl Shared {
                     names.sort_unstable();
                     names.dedup();
                     names.retain(|n| registry.by_name.contains_key(n));
-                    call.arg(&p.event.id)
+                    call.arg(&*p.event.id)
                         .arg(&p.envelope)
                         .arg(&p.published)
                         .arg(&p.event.channel)
@@ -254,7 +254,7 @@ impl Shared {
         let claims = batch.iter().enumerate().filter(|(_, p)| !p.idem.is_empty()).map(|(i, p)| {
             let mut conn = self.conn();
             let mut cmd = redis::cmd("SET");
-            cmd.arg(&p.idem).arg(&p.event.id).arg("NX").arg("GET").arg("PX").arg(window_ms);
+            cmd.arg(&p.idem).arg(&*p.event.id).arg("NX").arg("GET").arg("PX").arg(window_ms);
             async move { (i, cmd.query_async::<Option<String>>(&mut conn).await) }
         });
         for (i, claim) in join_all(claims).await {
@@ -263,7 +263,7 @@ impl Shared {
                 Ok(Some(first)) => {
                     let p = &mut batch[i];
                     let mut event = Event::clone(&p.event);
-                    event.id.clone_from(&first);
+                    event.id = Arc::from(first.as_str());
                     p.envelope = envelope::encode(&event);
                     duplicate[i] = Some(first);
                 }

@@ -41,10 +41,10 @@ fn overflow_policy(o: Overflow) -> pb::OverflowPolicy {
 
 pub(crate) fn event(e: &Arc<Event>) -> pb::Event {
     pb::Event {
-        id: e.id.clone(),
+        id: e.id.to_string(),
         channel: e.channel.clone(),
         timestamp: Some(timestamp(e.timestamp)),
-        source: e.source.clone(),
+        source: e.source.to_string(),
         payload: e.payload.clone(),
         metadata: e.metadata.clone(),
         content_type: e.content_type.clone(),

@@ -187,10 +187,10 @@ pub(crate) fn event_json(e: &Event) -> EventJson {
         .flatten();
     let base64 = json.is_none().then(|| base64::engine::general_purpose::STANDARD.encode(&e.payload));
     EventJson {
-        id: e.id.clone(),
+        id: e.id.to_string(),
         channel: e.channel.clone(),
         timestamp: rfc3339(e.timestamp),
-        source: e.source.clone(),
+        source: e.source.to_string(),
         content_type: e.content_type.clone(),
         metadata: e.metadata.clone(),
         payload: json,

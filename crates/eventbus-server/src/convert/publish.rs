@@ -3,7 +3,7 @@
 use super::*;
 
 /// A publish from the wire; `scope` is the publisher's idempotency scope (its name).
-pub(crate) fn publish_input(req: pb::PublishRequest, peer: String, scope: &str) -> PublishInput {
+pub(crate) fn publish_input(req: pb::PublishRequest, peer: Arc<str>, scope: &str) -> PublishInput {
     // `ack` is the stream's, read before this.
     let pb::PublishRequest { channel, payload, metadata, content_type, source, ordering_key, idempotency_key, ack: _ } =
         req;
@@ -35,7 +35,7 @@ pub(crate) struct PublishJson {
     source: String,
 }
 
-pub(crate) fn publish_input_json(body: &[u8], peer: String) -> Result<PublishInput, EdgeError> {
+pub(crate) fn publish_input_json(body: &[u8], peer: Arc<str>) -> Result<PublishInput, EdgeError> {
     let PublishJson { channel, payload, metadata, source } =
         serde_json::from_slice(body).map_err(|e| EdgeError::BadRequest(format!("invalid JSON body: {e}")))?;
     let payload = match payload {
@@ -58,7 +58,7 @@ pub(crate) fn publish_input_json(body: &[u8], peer: String) -> Result<PublishInp
 pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
     let Published { event_id, delivered, failed, duration: took, duplicate, captured } = p;
     pb::PublishResponse {
-        event_id,
+        event_id: event_id.to_string(),
         delivered_count: delivered,
         failed_count: failed,
         duration: Some(duration(took)),
@@ -82,7 +82,7 @@ pub(crate) struct PublishedJson {
 pub(crate) fn publish_response_json(p: Published) -> PublishedJson {
     let Published { event_id, delivered, failed, duration, duplicate, captured } = p;
     PublishedJson {
-        event_id,
+        event_id: event_id.to_string(),
         delivered_count: delivered,
         failed_count: failed,
         duration_us: duration.as_micros() as u64,

@@ -59,7 +59,7 @@ impl Actor {
                 }
                 Err(err) => error!(%channel, %consumer, %event, %err, "cannot publish a dead letter; dropped"),
             }
-            leave_outbox(conn, outbox, dl.event.id.clone()).await;
+            leave_outbox(conn, outbox, dl.event.id.to_string()).await;
         });
     }
 }
