@@ -170,10 +170,11 @@ impl PublishInput {
             });
         }
         let source = if self.source.is_empty() { self.peer } else { Arc::from(self.source) };
+        let timestamp = SystemTime::now();
         Ok(Event {
-            id: new_id(),
+            id: new_id_at(timestamp),
             channel: self.channel,
-            timestamp: SystemTime::now(),
+            timestamp,
             source,
             payload: self.payload,
             metadata: self.metadata,
@@ -211,7 +212,12 @@ static LAST_ID_STAMP: AtomicU64 = AtomicU64::new(0);
 /// read-modify-write, no lock: `uuid`'s own generator takes a process-wide mutex for
 /// each id, on every publish.
 pub fn new_id() -> Arc<str> {
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    new_id_at(SystemTime::now())
+}
+
+/// [`new_id`] for an event made at `now` (one clock read for its timestamp and its id).
+fn new_id_at(now: SystemTime) -> Arc<str> {
+    let now_ms = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let fresh = now_ms << 12;
     let next = |last: u64| if fresh > last { fresh } else { last + 1 };
     let stamp = match LAST_ID_STAMP.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| Some(next(last))) {

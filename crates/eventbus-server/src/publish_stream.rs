@@ -195,7 +195,10 @@ struct Publishing {
     resolved: bool,
     /// Requests read so far: the position of the next one.
     position: u64,
+    /// The running totals, but for `last_event_id`: see [`Publishing::totals`].
     totals: pb::PublishAck,
+    /// The last accepted event's id, copied into the totals only when they are sent.
+    last_id: Option<Arc<str>>,
 }
 
 /// What one step of the stream yields, and whether it goes on.
@@ -206,6 +209,12 @@ impl Publishing {
         self.mode.unwrap_or(AckMode::Each)
     }
 
+    /// The totals as they are sent.
+    fn totals(&self) -> StreamAnswer {
+        let last_event_id = self.last_id.as_deref().unwrap_or_default().to_owned();
+        StreamAnswer::Totals(pb::PublishAck { last_event_id, ..self.totals.clone() })
+    }
+
     /// The answers to the next chunk; `None` once the stream is over.
     async fn step(&mut self) -> Option<Step> {
         let Some(chunk) = self.inbound.recv().await else {
@@ -214,7 +223,7 @@ impl Publishing {
                 AckMode::Each => None,
                 AckMode::Cumulative | AckMode::None => {
                     self.totals.end = true;
-                    Some((vec![Ok(StreamAnswer::Totals(self.totals.clone()))], false))
+                    Some((vec![Ok(self.totals())], false))
                 }
             };
         };
@@ -280,7 +289,7 @@ impl Publishing {
         let svc = &self.svc;
         let mut answers = Vec::new();
         if svc.bus.is_shutting_down() {
-            answers.push(Ok(StreamAnswer::Totals(self.totals.clone())));
+            answers.push(Ok(self.totals()));
             answers.push(Err(status(eventbus_core::Error::ShuttingDown)));
             return (answers, false);
         }
@@ -324,7 +333,7 @@ impl Publishing {
                     totals.failed += u64::from(p.failed);
                     totals.captured += u64::from(p.captured);
                     totals.duplicates += u64::from(p.duplicate);
-                    totals.last_event_id.replace_range(.., &p.event_id);
+                    self.last_id = Some(p.event_id);
                 }
                 Err(err) => refuse(totals, &mut answers, position, &status(err)),
             }
@@ -334,7 +343,7 @@ impl Publishing {
         }
         let report = self.mode == Some(AckMode::Cumulative) || broken.is_some();
         if report {
-            answers.push(Ok(StreamAnswer::Totals(self.totals.clone())));
+            answers.push(Ok(self.totals()));
         }
         match broken {
             Some(status) => {
@@ -368,6 +377,7 @@ impl EventBusService {
             resolved: false,
             position: 0,
             totals: pb::PublishAck::default(),
+            last_id: None,
         };
         let answers = stream::unfold(Some(publishing), |state| async move {
             let mut publishing = state?;

@@ -216,16 +216,19 @@ async fn an_unreadable_request_ends_the_stream_after_the_totals() {
 async fn a_publisher_that_disconnects_mid_stream_loses_only_what_was_not_read() {
     let server = start().await;
     let mut sub = server.subscribe(sub(&["gone.>"])).await;
-    let mut client = server.client().await;
+    let mut stats = server.admin().await;
+    stats.get_stats(pb::GetStatsRequest {}).await.unwrap(); // its connection is up before counting
     let metrics = tokio::runtime::Handle::current().metrics();
     let idle = metrics.num_alive_tasks();
+    // The publisher's connection, its tasks on both sides, and its stream's: all gone
+    // once the count is back to `idle`.
+    let mut client = server.client().await;
 
     let (tx, responses) = open(&mut client, Some("none")).await;
     for i in 0..2_000 {
         tx.send(event("gone.x", i.to_string())).await.unwrap();
     }
     // Some of them reached the broker; then the publisher vanishes without closing.
-    let mut stats = server.admin().await;
     eventually("a first event published", || {
         let mut stats = stats.clone();
         async move { stats.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner().total_published > 0 }
