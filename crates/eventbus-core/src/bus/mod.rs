@@ -110,6 +110,11 @@ pub struct SubscribeOptions {
     pub owner_max_queued_bytes: usize,
 }
 
+/// The channel the publishes of one call went to last, with its entry (counters and
+/// cached targets), for the next publish of the call on the same channel.
+#[derive(Debug, Default)]
+pub(crate) struct RecentChannel(Option<Arc<ChannelEntry>>);
+
 /// Outcome of an accepted publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Published {
@@ -192,7 +197,7 @@ impl Bus {
                     PublishInput { channel, payload, content_type, source: "eventbusd".into(), ..Default::default() };
                 // A dead letter wraps an event that was within the limit; refusing it
                 // for the wrapping would lose it.
-                bus.publish_within(input, usize::MAX).await.map(drop)
+                bus.publish_within(input, usize::MAX, &mut RecentChannel::default()).await.map(drop)
             })
         }));
         let _ = self.inner.durable.set(durable);
@@ -549,14 +554,24 @@ impl Inner {
 
     /// Routes an event received from the transport to local subscriptions.
     pub(crate) async fn dispatch(&self, event: Event) -> Fanout {
-        self.dispatch_local(Arc::new(event), false).await
+        self.dispatch_local(Arc::new(event), false, &mut RecentChannel::default()).await
+    }
+
+    /// The entry of channel `name`: `recent`'s when it is that channel's (a run of
+    /// publishes on one channel looks it up once), else looked up and kept in `recent`.
+    fn entry<'a>(&self, name: &str, recent: &'a mut RecentChannel) -> &'a Arc<ChannelEntry> {
+        let entry = match recent.0.take() {
+            Some(entry) if *entry.name == *name => entry,
+            _ => self.channel(name),
+        };
+        recent.0.insert(entry)
     }
 
     /// Offers the event to every matching subscription (one member per group). Queues
     /// with room are served first; only then does the publish wait, for all full
     /// DROP_NEWEST queues at once, up to `offer_timeout`.
-    async fn dispatch_local(&self, mut event: Arc<Event>, count_publish: bool) -> Fanout {
-        let entry = self.channel(&event.channel);
+    async fn dispatch_local(&self, mut event: Arc<Event>, count_publish: bool, recent: &mut RecentChannel) -> Fanout {
+        let entry = self.entry(&event.channel, recent);
         if count_publish {
             entry.counters.mark_published(event.timestamp);
             self.counters.published.fetch_add(1, Ordering::Relaxed);
@@ -568,7 +583,7 @@ impl Inner {
         let routed = Arc::make_mut(&mut event);
         routed.counters = counters;
         routed.residency.size = size;
-        let targets = self.targets(&entry);
+        let targets = self.targets(entry);
 
         let mut fanout = Fanout::default();
         let mut full: Vec<&Arc<Subscription>> = Vec::new();
@@ -644,7 +659,7 @@ impl Inner {
         let counters = Arc::clone(&self.counters);
         tokio::spawn(async move {
             let channel = input.channel.clone();
-            match bus.publish_within(input, usize::MAX).await {
+            match bus.publish_within(input, usize::MAX, &mut RecentChannel::default()).await {
                 Ok(_) => {
                     counters.overflow_dead_lettered.fetch_add(1, Ordering::Relaxed);
                 }

@@ -22,7 +22,7 @@ impl PublishKeys {
 impl Bus {
     /// Validates and publishes one event.
     pub async fn publish(&self, input: PublishInput) -> Result<Published, Error> {
-        self.publish_within(input, self.inner.config.max_payload_bytes).await
+        self.publish_within(input, self.inner.config.max_payload_bytes, &mut RecentChannel::default()).await
     }
 
     /// [`Bus::publish`] with its own payload limit.
@@ -30,16 +30,17 @@ impl Bus {
         &self,
         input: PublishInput,
         max_payload_bytes: usize,
+        recent: &mut RecentChannel,
     ) -> Result<Published, Error> {
         let start = Instant::now();
         let (event, keys) = self.prepare(input, max_payload_bytes, ChannelCheck::Needed)?;
         let event = Arc::new(event);
         let Some(durable) = self.inner.durable.get() else {
-            return self.deliver(event, start).await;
+            return self.deliver(event, start, recent).await;
         };
         let r = keys.request(&event);
         let captured = durable.capture(r.event, r.ordering_key, r.idempotency_key).await?;
-        self.complete(event, captured, start).await
+        self.complete(event, captured, start, recent).await
     }
 
     /// Publishes several events of one publisher (the requests of a `PublishStream`
@@ -63,8 +64,9 @@ impl Bus {
                 }
                 return out;
             }
+            let mut recent = RecentChannel::default();
             for input in inputs {
-                let published = self.publish(input).await;
+                let published = self.publish_within(input, self.inner.config.max_payload_bytes, &mut recent).await;
                 let failed = published.is_err();
                 out.push(published);
                 if failed {
@@ -162,8 +164,9 @@ impl Bus {
             if self.inner.transport.is_some() {
                 return self.publish_together(inputs).await;
             }
+            let mut recent = RecentChannel::default();
             for input in inputs {
-                out.push(self.publish(input).await);
+                out.push(self.publish_within(input, self.inner.config.max_payload_bytes, &mut recent).await);
             }
             return out;
         };
@@ -216,9 +219,10 @@ impl Bus {
     ) -> Vec<Result<Published, Error>> {
         let Some(transport) = &self.inner.transport else {
             let mut out = Vec::with_capacity(captured.len());
+            let mut recent = RecentChannel::default();
             for (event, c) in captured {
                 out.push(match c {
-                    Ok(c) => self.complete(event, c, start).await,
+                    Ok(c) => self.complete(event, c, start, &mut recent).await,
                     Err(err) => Err(err.into()),
                 });
             }
@@ -306,19 +310,25 @@ impl Bus {
 
     /// Finishes a publish the durable engine has captured: a duplicate is answered as
     /// such, an event the engine forwarded is done, a stored one goes to subscribers.
-    async fn complete(&self, event: Arc<Event>, captured: Captured, start: Instant) -> Result<Published, Error> {
+    async fn complete(
+        &self,
+        event: Arc<Event>,
+        captured: Captured,
+        start: Instant,
+        recent: &mut RecentChannel,
+    ) -> Result<Published, Error> {
         match captured {
             Captured::Duplicate(original) => Ok(duplicate_of(original, start)),
             Captured::Forwarded { fanout, consumers } => Ok(stored_for(self.sent(&event, fanout, start), consumers)),
-            Captured::Stored(consumers) => self.deliver(event, start).await.map(|p| stored_for(p, consumers)),
+            Captured::Stored(consumers) => self.deliver(event, start, recent).await.map(|p| stored_for(p, consumers)),
         }
     }
 
     /// Hands an event to the local subscribers or the shared transport.
-    async fn deliver(&self, event: Arc<Event>, start: Instant) -> Result<Published, Error> {
+    async fn deliver(&self, event: Arc<Event>, start: Instant, recent: &mut RecentChannel) -> Result<Published, Error> {
         let event_id = event.id.clone();
         let fanout = match &self.inner.transport {
-            None => self.inner.dispatch_local(event, true).await,
+            None => self.inner.dispatch_local(event, true, recent).await,
             Some(transport) => {
                 let fanout = transport.publish(Arc::clone(&event)).await?;
                 return Ok(self.sent(&event, fanout, start));
