@@ -15,7 +15,7 @@ use crate::convert::{self, EdgeError, status};
 use crate::delivery::{Frame, Frames, Streamer, next_batch};
 use crate::listener::PeerInfo;
 use crate::metrics::Metrics;
-use crate::publish_stream::StreamAnswer;
+use crate::publish_stream::{StreamAnswer, count_refused};
 use crate::request_limit::PayloadLimit;
 
 pub(crate) type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -124,9 +124,12 @@ impl pb::event_bus_server::EventBus for EventBusService {
         let peer = peer(&req);
         let caller = caller(&req)?;
         let req = req.into_inner();
-        self.access.check_publish(&caller, [req.channel.as_str()])?;
-        let response = publish_one(&self.bus, self.metrics.as_deref(), req, peer, &caller).await?;
-        Ok(Response::new(response))
+        let metrics = self.metrics.as_deref();
+        let published = match self.access.check_publish(&caller, [req.channel.as_str()]) {
+            Ok(()) => publish_one(&self.bus, metrics, req, peer, &caller).await,
+            Err(refused) => Err(refused.into()),
+        };
+        published.map(Response::new).inspect_err(|refused| count_refused(metrics, refused))
     }
 
     type PublishStreamStream = RpcStream<pb::PublishResponse>;
@@ -201,7 +204,7 @@ impl EventBusService {
         self.access.take_publish_rate(&caller, u32::try_from(inputs.len()).unwrap_or(u32::MAX))?;
         let mut published = self.bus.publish_each(inputs).await.into_iter();
         let metrics = self.metrics.as_deref();
-        let answers = answers
+        let answers: Vec<BatchAnswer> = answers
             .into_iter()
             .map(|slot| match slot {
                 Some(refused) => refused,
@@ -219,6 +222,13 @@ impl EventBusService {
                 },
             })
             .collect();
+        if let Some(metrics) = metrics {
+            for answer in &answers {
+                if let BatchAnswer::Refused(error) = answer {
+                    metrics.count_refused(tonic::Code::from_i32(error.code));
+                }
+            }
+        }
         Ok(answers)
     }
 

@@ -266,19 +266,21 @@ fn is_same_origin(origin: &HeaderValue, headers: &HeaderMap, uri: &axum::http::U
 #[derive(Debug)]
 pub(crate) struct ApiError {
     status: StatusCode,
+    /// The gRPC status code of the same refusal (`UNKNOWN` for the HTTP-only ones).
+    code: tonic::Code,
     message: String,
 }
 
 impl ApiError {
     fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self { status, message: message.into() }
+        Self { status, code: tonic::Code::Unknown, message: message.into() }
     }
 }
 
 impl From<EdgeError> for ApiError {
     fn from(err: EdgeError) -> Self {
-        let (_, status) = err.codes();
-        Self::new(status, err.to_string())
+        let (code, status) = err.codes();
+        Self { status, code, message: err.to_string() }
     }
 }
 
@@ -438,13 +440,23 @@ async fn publish(
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<convert::PublishedJson>, ApiError> {
-    let input = convert::publish_input_json(&body(&state, &headers, raw)?, peer.0.addr.to_string().into())?;
-    state.access.check_publish(&caller, [input.channel.as_str()])?;
-    let published = state.bus.publish(input).await?;
-    if let Some(metrics) = &state.metrics {
-        metrics.observe_publish(published.duration);
+    let published = async {
+        let input = convert::publish_input_json(&body(&state, &headers, raw)?, peer.0.addr.to_string().into())?;
+        state.access.check_publish(&caller, [input.channel.as_str()])?;
+        Ok::<_, ApiError>(state.bus.publish(input).await?)
     }
-    Ok(Json(convert::publish_response_json(published)))
+    .await;
+    let Some(metrics) = &state.metrics else { return published.map(|p| Json(convert::publish_response_json(p))) };
+    match published {
+        Ok(published) => {
+            metrics.observe_publish(published.duration);
+            Ok(Json(convert::publish_response_json(published)))
+        }
+        Err(refused) => {
+            metrics.count_refused(refused.code);
+            Err(refused)
+        }
+    }
 }
 
 // --- durable consumers ---

@@ -35,6 +35,9 @@ const LATENCY_BUCKETS: &[f64] = &[
 pub struct Metrics {
     registry: Registry,
     publish_duration: Histogram,
+    /// Publishes refused one by one (the event was read and not published), per gRPC
+    /// status code: what a publisher that waits for no answer does not look at.
+    publish_refused: IntCounterVec,
     delivery_latency: Histogram,
     /// Per durable consumer, for the first `max_consumer_labels` consumers that ack;
     /// the others share `_other`.
@@ -80,6 +83,14 @@ impl Metrics {
         )?;
         registry.register(Box::new(ack_latency.clone()))?;
         registry.register(Box::new(publish_duration.clone()))?;
+        let publish_refused = IntCounterVec::new(
+            Opts::new(
+                format!("{prefix}_publish_refused_total"),
+                "Publishes refused (read and not published), per gRPC status code.",
+            ),
+            &["code"],
+        )?;
+        registry.register(Box::new(publish_refused.clone()))?;
         registry.register(Box::new(delivery_latency.clone()))?;
         registry.register(Box::new(BusCollector::new(prefix, limits, bus)?))?;
         #[cfg(target_os = "linux")]
@@ -87,6 +98,7 @@ impl Metrics {
         Ok(Self {
             registry,
             publish_duration,
+            publish_refused,
             delivery_latency,
             ack_latency,
             ack_labels: Mutex::default(),
@@ -109,6 +121,11 @@ impl Metrics {
 
     pub(crate) fn observe_publish(&self, took: Duration) {
         self.publish_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts a refused publish.
+    pub(crate) fn count_refused(&self, code: tonic::Code) {
+        self.publish_refused.with_label_values(&[code_label(code)]).inc();
     }
 
     pub(crate) fn observe_ack(&self, consumer: &str, latency: Duration) {
@@ -576,5 +593,29 @@ impl RedisMetrics {
             families.extend(fresh.collect());
         }
         Ok(families)
+    }
+}
+
+/// A gRPC status code as a label value (the `google.rpc.Code` name, lower case).
+fn code_label(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "ok",
+        Code::Cancelled => "cancelled",
+        Code::Unknown => "unknown",
+        Code::InvalidArgument => "invalid_argument",
+        Code::DeadlineExceeded => "deadline_exceeded",
+        Code::NotFound => "not_found",
+        Code::AlreadyExists => "already_exists",
+        Code::PermissionDenied => "permission_denied",
+        Code::ResourceExhausted => "resource_exhausted",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::Aborted => "aborted",
+        Code::OutOfRange => "out_of_range",
+        Code::Unimplemented => "unimplemented",
+        Code::Internal => "internal",
+        Code::Unavailable => "unavailable",
+        Code::DataLoss => "data_loss",
+        Code::Unauthenticated => "unauthenticated",
     }
 }

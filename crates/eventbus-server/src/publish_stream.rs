@@ -15,6 +15,7 @@ use tonic::{Request, Status, Streaming};
 use crate::access::{CallerWatch, StreamUse};
 use crate::convert::{self, status};
 use crate::grpc::{EventBusService, RpcStream, caller, observe, peer};
+use crate::metrics::Metrics;
 
 /// Most `PublishStream` requests published together.
 pub(crate) const PUBLISH_CHUNK: usize = 256;
@@ -176,12 +177,28 @@ fn publish_error(status: &Status) -> pb::PublishError {
 /// Answers a refused event on its own, and counts it.
 fn refuse(
     totals: &mut pb::PublishAck,
+    metrics: Option<&Metrics>,
     answers: &mut Vec<Result<StreamAnswer, Status>>,
     position: u64,
     status: &Status,
 ) {
     totals.refused += 1;
+    count_refused(metrics, status);
     answers.push(Ok(StreamAnswer::Refused { position, error: publish_error(status) }));
+}
+
+/// Whether a status from reading the requests refuses one (it does not decode, or is
+/// over the read limit), rather than tells that the stream failed (the publisher went
+/// away, the connection broke), which refuses no publish.
+fn refuses_a_request(status: &Status) -> bool {
+    matches!(status.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted)
+}
+
+/// Counts a refused publish in the metrics.
+pub(crate) fn count_refused(metrics: Option<&Metrics>, status: &Status) {
+    if let Some(metrics) = metrics {
+        metrics.count_refused(status.code());
+    }
 }
 
 /// An open `PublishStream`, between chunks.
@@ -250,18 +267,22 @@ impl Publishing {
         let svc = &self.svc;
         let caller = self.watch.current();
         let mut inputs = Vec::with_capacity(chunk.len());
+        // The status that ends the stream after the publishes before it, and whether it
+        // refuses a publish (rather than the stream failing under it).
         let mut broken = None;
         for req in chunk {
             match req {
                 Ok(req) => {
                     if let Err(refused) = svc.access.check_publish(caller, [req.channel.as_str()]) {
-                        broken = Some(refused.into());
+                        broken = Some((refused.into(), true));
                         break;
                     }
                     inputs.push(convert::publish_input(req, self.peer.clone(), caller.name()));
                 }
                 Err(status) => {
-                    broken = Some(svc.limit.translate(status));
+                    let status = svc.limit.translate(status);
+                    let refusal = refuses_a_request(&status);
+                    broken = Some((status, refusal));
                     break;
                 }
             }
@@ -269,17 +290,27 @@ impl Publishing {
         let mut answers = Vec::with_capacity(inputs.len() + 1);
         let metrics = svc.metrics.as_deref();
         for published in svc.bus.publish_many(inputs).await {
-            answers.push(published.map_err(status).map(|p| {
-                observe(metrics, &p);
-                StreamAnswer::Published(p)
-            }));
+            answers.push(match published {
+                Ok(p) => {
+                    observe(metrics, &p);
+                    Ok(StreamAnswer::Published(p))
+                }
+                Err(err) => {
+                    let refused = status(err);
+                    count_refused(metrics, &refused);
+                    Err(refused)
+                }
+            });
         }
         let failed = answers.last().is_some_and(Result::is_err);
-        if let Some(status) = broken.filter(|_| !failed) {
+        if let Some((status, refusal)) = broken.filter(|_| !failed) {
+            if refusal {
+                count_refused(metrics, &status);
+            }
             answers.push(Err(status));
         }
-        let ended = answers.last().is_some_and(Result::is_err);
-        (answers, !ended)
+        let more = !answers.last().is_some_and(Result::is_err);
+        (answers, more)
     }
 
     /// CUMULATIVE and NONE: refused events answered on their own, with their position,
@@ -289,8 +320,10 @@ impl Publishing {
         let svc = &self.svc;
         let mut answers = Vec::new();
         if svc.bus.is_shutting_down() {
+            let refused = status(eventbus_core::Error::ShuttingDown);
+            count_refused(svc.metrics.as_deref(), &refused);
             answers.push(Ok(self.totals()));
-            answers.push(Err(status(eventbus_core::Error::ShuttingDown)));
+            answers.push(Err(refused));
             return (answers, false);
         }
         let caller = self.watch.current();
@@ -323,7 +356,7 @@ impl Publishing {
         let totals = &mut self.totals;
         for (position, published) in positions.into_iter().zip(published) {
             while let Some((at, status)) = edge.next_if(|(at, _)| *at < position) {
-                refuse(totals, &mut answers, at, &status);
+                refuse(totals, metrics, &mut answers, at, &status);
             }
             match published {
                 Ok(p) => {
@@ -335,11 +368,11 @@ impl Publishing {
                     totals.duplicates += u64::from(p.duplicate);
                     self.last_id = Some(p.event_id);
                 }
-                Err(err) => refuse(totals, &mut answers, position, &status(err)),
+                Err(err) => refuse(totals, metrics, &mut answers, position, &status(err)),
             }
         }
         for (at, status) in edge {
-            refuse(totals, &mut answers, at, &status);
+            refuse(totals, metrics, &mut answers, at, &status);
         }
         let report = self.mode == Some(AckMode::Cumulative) || broken.is_some();
         if report {
@@ -347,6 +380,9 @@ impl Publishing {
         }
         match broken {
             Some(status) => {
+                if refuses_a_request(&status) {
+                    count_refused(metrics, &status);
+                }
                 answers.push(Err(status));
                 (answers, false)
             }

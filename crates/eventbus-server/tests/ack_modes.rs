@@ -129,6 +129,14 @@ async fn cumulative_and_none_answer_refusals_in_place_and_end_with_totals() {
         assert_eq!(payloads(&delivered), accepted, "{mode:?}: the accepted events, in order");
         assert_eq!(last.last_event_id, delivered[32].id, "{mode:?}");
     }
+    // The refusals a publisher may not look at are counted for the operator.
+    let scrape = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
+    let refused = |code: &str| {
+        let line = format!("socle_eventbus_publish_refused_total{{code=\"{code}\"}} ");
+        scrape.lines().find_map(|l| l.strip_prefix(line.as_str())).map(str::to_owned)
+    };
+    assert_eq!(refused("invalid_argument").as_deref(), Some("15"), "{scrape}");
+    assert_eq!(refused("resource_exhausted").as_deref(), Some("6"), "{scrape}");
     server.stop().await;
 }
 
@@ -216,14 +224,13 @@ async fn an_unreadable_request_ends_the_stream_after_the_totals() {
 async fn a_publisher_that_disconnects_mid_stream_loses_only_what_was_not_read() {
     let server = start().await;
     let mut sub = server.subscribe(sub(&["gone.>"])).await;
-    let mut stats = server.admin().await;
-    stats.get_stats(pb::GetStatsRequest {}).await.unwrap(); // its connection is up before counting
     let metrics = tokio::runtime::Handle::current().metrics();
     let idle = metrics.num_alive_tasks();
-    // The publisher's connection, its tasks on both sides, and its stream's: all gone
-    // once the count is back to `idle`.
+    // Everything made from here on (the publisher's connection and an admin one, their
+    // tasks on both sides, their streams' and calls') is gone once the count is back to
+    // `idle`.
     let mut client = server.client().await;
-
+    let stats = server.admin().await;
     let (tx, responses) = open(&mut client, Some("none")).await;
     for i in 0..2_000 {
         tx.send(event("gone.x", i.to_string())).await.unwrap();
@@ -234,23 +241,33 @@ async fn a_publisher_that_disconnects_mid_stream_loses_only_what_was_not_read() 
         async move { stats.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner().total_published > 0 }
     })
     .await;
-    drop((tx, responses, client));
+    drop((tx, responses, client, stats));
     eventually("the abandoned stream's tasks to end", || async { metrics.num_alive_tasks() <= idle }).await;
 
-    let published = stats.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner().total_published;
-    assert!((1..=2_000).contains(&published), "{published}");
-    let received = sub.take(published as usize).await;
-    let expected: Vec<String> = (0..published).map(|i| i.to_string()).collect();
-    assert_eq!(payloads(&received), expected, "a prefix of the stream, in order, nothing skipped");
-
-    // The broker serves the next publisher as before.
+    // The broker serves the next publisher as before; its event comes after everything
+    // the first one got published, which is a prefix of what it sent, in order.
     let mut client = server.client().await;
     let (tx, mut responses) = open(&mut client, Some("cumulative")).await;
     tx.send(event("gone.y", "after")).await.unwrap();
     drop(tx);
     let (answers, end) = drain(&mut responses).await;
     assert!(end.is_ok() && totals(&answers).last().is_some_and(|t| t.end && t.count == 1), "{answers:?}");
-    assert_eq!(payloads(&sub.take(1).await), ["after"]);
+    let mut received: Vec<pb::Event> = Vec::new();
+    while !received.iter().any(|e| e.channel == "gone.y") {
+        match within(sub.stream.message()).await {
+            Ok(Some(pb::SubscribeResponse { kind: Some(pb::subscribe_response::Kind::Events(batch)) })) => {
+                received.extend(batch.events)
+            }
+            other => panic!("expected events, got {other:?}"),
+        }
+    }
+    assert_eq!(received.pop().map(|e| e.channel), Some("gone.y".to_owned()), "the next publisher's event comes last");
+    let expected: Vec<String> = (0..received.len()).map(|i| i.to_string()).collect();
+    assert_eq!(payloads(&received), expected, "a prefix of the stream, in order, nothing skipped");
+    let mut admin = server.admin().await;
+    let published = admin.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner().total_published;
+    assert_eq!(published as usize, received.len() + 1, "every published event was delivered, and only those");
+    assert!((2..=2_001).contains(&published), "{published}");
     server.stop().await;
 }
 
@@ -318,5 +335,31 @@ async fn refusals_at_the_edge_are_answered_in_place() {
     );
     let last = *totals(&answers).last().unwrap();
     assert_eq!((last.count, last.refused, last.end), (2, 3, true));
+    server.stop().await;
+}
+
+/// Every refused publish is counted for the operator, whatever the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_publishes_are_counted_on_every_call() {
+    let server = start().await;
+    let mut client = server.client().await;
+    assert!(client.publish(event("bad.*", "unary")).await.is_err());
+    let batch = pb::PublishBatchRequest { events: vec![event("ok.x", "1"), event("bad.*", "2")] };
+    client.publish_batch(batch).await.unwrap();
+    let (tx, mut responses) = open(&mut client, None).await;
+    tx.send(event("bad.*", "each")).await.unwrap();
+    drop(tx);
+    assert!(drain(&mut responses).await.1.is_err());
+    let rest = reqwest::Client::new()
+        .post(server.url("/admin/eventbus/publish"))
+        .json(&serde_json::json!({"channel": "bad.*", "payload": "rest"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rest.status(), reqwest::StatusCode::BAD_REQUEST);
+
+    let scrape = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
+    let line = "socle_eventbus_publish_refused_total{code=\"invalid_argument\"} 4";
+    assert!(scrape.lines().any(|l| l == line), "{scrape}");
     server.stop().await;
 }
