@@ -151,14 +151,9 @@ async fn publish_lines_acked(
             "last_event_id": totals.last_event_id,
         });
         println!("{line}");
-    } else {
-        let pb::PublishAck { count, delivered, failed, refused, .. } = totals;
-        println!("published {count} events: {delivered} deliveries, {failed} failed, {refused} refused");
     }
-    if totals.refused > 0 {
-        bail!("{} of {} lines were refused", totals.refused, totals.refused + totals.count);
-    }
-    Ok(())
+    let pb::PublishAck { count: events, delivered, failed, refused, .. } = totals;
+    LineTally { events, delivered, failed, refused }.finish(json)
 }
 
 /// Reports a refused line (counted from 1).
@@ -183,7 +178,7 @@ async fn publish_line_batches(
 ) -> anyhow::Result<()> {
     let channel = template.channel.clone();
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
-    let mut tally = BatchTally::default();
+    let mut tally = LineTally::default();
     let mut batch = Vec::with_capacity(size);
     loop {
         let line = lines.next_line().await.context("cannot read standard input")?;
@@ -201,26 +196,32 @@ async fn publish_line_batches(
             break;
         }
     }
-    if !json {
-        let BatchTally { events, delivered, failed, refused } = tally;
-        println!("published {events} events: {delivered} deliveries, {failed} failed, {refused} refused");
-    }
-    if tally.refused > 0 {
-        bail!("{} of {} lines were refused", tally.refused, tally.refused + tally.events);
-    }
-    Ok(())
+    tally.finish(json)
 }
 
-/// What the answers of `--lines --batch` add up to.
+/// What the answers of `--lines` add up to, when refused lines do not stop the others.
 #[derive(Debug, Default, Clone, Copy)]
-struct BatchTally {
+struct LineTally {
     events: u64,
     delivered: u64,
     failed: u64,
     refused: u64,
 }
 
-impl BatchTally {
+impl LineTally {
+    /// Prints the summary (unless `json`, where each line was printed) and fails when a
+    /// line was refused.
+    fn finish(self, json: bool) -> anyhow::Result<()> {
+        let Self { events, delivered, failed, refused } = self;
+        if !json {
+            println!("published {events} events: {delivered} deliveries, {failed} failed, {refused} refused");
+        }
+        if refused > 0 {
+            bail!("{refused} of {} lines were refused", refused + events);
+        }
+        Ok(())
+    }
+
     fn record(&mut self, json: bool, channel: &str, answer: Result<pb::PublishResponse, eventbus_client::Error>) {
         match answer {
             Ok(resp) => {

@@ -135,6 +135,14 @@ async fn json_output_parses() {
     assert_eq!(channels[0]["channel"], "j.x");
 }
 
+/// The `payload` of each JSON line a command printed.
+fn printed_payloads(stdout: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 #[tokio::test]
 async fn lines_from_stdin_are_published_in_order() {
     let broker = broker().await;
@@ -145,13 +153,7 @@ async fn lines_from_stdin_are_published_in_order() {
     child.stdin.take().unwrap().write_all(b"one\ntwo\nthree\n").await.unwrap();
     let summary = finish(child).await;
     assert_eq!(summary.trim(), "published 3 events: 3 deliveries, 0 failed");
-    let payloads: Vec<String> = sub
-        .finish()
-        .await
-        .0
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"].as_str().unwrap().to_owned())
-        .collect();
+    let payloads = printed_payloads(&sub.finish().await.0);
     assert_eq!(payloads, ["one", "two", "three"]);
 }
 
@@ -166,10 +168,7 @@ async fn lines_in_batches_are_published_in_order_and_a_refused_line_is_reported(
     let summary = finish(child).await;
     assert_eq!(summary.trim(), "published 5 events: 5 deliveries, 0 failed, 0 refused");
     let (printed, _) = sub.finish().await;
-    let payloads: Vec<String> = printed
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"].as_str().unwrap().to_owned())
-        .collect();
+    let payloads = printed_payloads(&printed);
     assert_eq!(payloads, ["one", "two", "three", "four", "five"]);
 
     // A line over the payload limit is refused in its batch; the others are published.
@@ -204,13 +203,7 @@ async fn lines_without_answers_report_refusals_and_the_totals() {
     assert_eq!(stdout.trim(), "published 3 events: 3 deliveries, 0 failed, 1 refused");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("line 2 refused") && stderr.contains("1 of 4 lines were refused"), "{stderr}");
-    let payloads: Vec<String> = sub
-        .finish()
-        .await
-        .0
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"].as_str().unwrap().to_owned())
-        .collect();
+    let payloads = printed_payloads(&sub.finish().await.0);
     assert_eq!(payloads, ["one", "two", "three"]);
 
     // Running totals, as JSON: the last line is the stream's.
@@ -324,11 +317,7 @@ async fn durable_consumer_commands_end_to_end() {
     assert!(out.stdout.contains("\"captured_count\":0"), "{}", out.stdout);
     let out = run(eventbus(&broker, &["--json", "consume", "inbox", "--count", "3"])).await;
     assert!(out.ok, "{}", out.stderr);
-    let payloads: Vec<String> = out
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"].as_str().unwrap().to_owned())
-        .collect();
+    let payloads = printed_payloads(&out.stdout);
     assert_eq!(payloads, ["o0", "o1", "o2"], "captured before anyone consumed");
 
     // Auto-acks land; the log shows them.

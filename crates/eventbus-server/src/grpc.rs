@@ -30,8 +30,7 @@ pub(crate) enum BatchAnswer {
 
 impl BatchAnswer {
     fn refused(err: impl Into<EdgeError>) -> Self {
-        let status = Status::from(err.into());
-        Self::Refused(pb::PublishError { code: status.code() as i32, message: status.message().to_owned() })
+        Self::Refused(publish_error(&Status::from(err.into())))
     }
 
     /// The generated message with the same bytes.
@@ -41,6 +40,11 @@ impl BatchAnswer {
             Self::Refused(error) => pb::PublishResponse { error: Some(error), ..Default::default() },
         }
     }
+}
+
+/// A refused publish's answer: what the call's status would have been.
+pub(crate) fn publish_error(status: &Status) -> pb::PublishError {
+    pb::PublishError { code: status.code() as i32, message: status.message().to_owned() }
 }
 
 /// Where a request came from, for `Event.source` and `SubscriptionInfo.peer`.

@@ -14,7 +14,7 @@ use tonic::{Request, Status, Streaming};
 
 use crate::access::{CallerWatch, StreamUse};
 use crate::convert::{self, status};
-use crate::grpc::{EventBusService, RpcStream, caller, observe, peer};
+use crate::grpc::{EventBusService, RpcStream, caller, observe, peer, publish_error};
 use crate::metrics::Metrics;
 
 /// Most `PublishStream` requests published together.
@@ -167,11 +167,6 @@ impl Drop for ReadAhead {
             reader.abort();
         }
     }
-}
-
-/// A refusal as the answer's error: what the call's status would have been.
-fn publish_error(status: &Status) -> pb::PublishError {
-    pb::PublishError { code: status.code() as i32, message: status.message().to_owned() }
 }
 
 /// Answers a refused event on its own, and counts it.

@@ -82,10 +82,6 @@ fn mixed() -> (Vec<pb::PublishRequest>, Vec<(u64, Code)>) {
     (events, refused)
 }
 
-fn payloads(events: &[pb::Event]) -> Vec<String> {
-    events.iter().map(|e| String::from_utf8_lossy(&e.payload).into_owned()).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cumulative_and_none_answer_refusals_in_place_and_end_with_totals() {
     let server = start_with(|s| s.eventbus.max_payload_bytes = 1024).await;

@@ -21,10 +21,6 @@ fn codes(results: &[pb::PublishResponse]) -> Vec<Code> {
     results.iter().map(|r| r.error.as_ref().map_or(Code::Ok, |e| Code::from_i32(e.code))).collect()
 }
 
-fn payloads(events: &[pb::Event]) -> Vec<String> {
-    events.iter().map(|e| String::from_utf8_lossy(&e.payload).into_owned()).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_is_answered_per_event_and_delivered_in_order() {
     let server = start().await;

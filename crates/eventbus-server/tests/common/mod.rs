@@ -137,6 +137,11 @@ impl Subscriber {
     }
 }
 
+/// The events' payloads as text, in order.
+pub fn payloads(events: &[pb::Event]) -> Vec<String> {
+    events.iter().map(|e| String::from_utf8_lossy(&e.payload).into_owned()).collect()
+}
+
 pub fn sub(channels: &[&str]) -> pb::SubscribeRequest {
     pb::SubscribeRequest { channels: channels.iter().map(|c| c.to_string()).collect(), ..Default::default() }
 }
