@@ -37,6 +37,8 @@ pub struct Event {
     pub metadata: HashMap<String, String>,
     /// MIME type of the payload, possibly empty.
     pub content_type: String,
+    /// Its place in the channel's history, when the channel keeps one.
+    pub position: Option<crate::history::Position>,
     /// Counters of the channel on this instance, attached when the event is routed
     /// here, so a drop far from the publish (DROP_OLDEST, a closing queue) is counted
     /// against its channel without a lookup.
@@ -88,6 +90,7 @@ impl Event {
             metadata,
             content_type,
             counters: None,
+            position: None,
             residency: Residency::default(),
         }
     }
@@ -180,6 +183,7 @@ impl PublishInput {
             metadata: self.metadata,
             content_type: self.content_type,
             counters: None,
+            position: None,
             residency: Residency::default(),
         })
     }

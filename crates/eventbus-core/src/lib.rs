@@ -11,6 +11,7 @@
 //! - [`transport`]: the seam a distributed fan-out (Redis) plugs into.
 //! - [`tasks`]: the supervisor of background tasks: one that stops while needed is loud.
 //! - [`event`]: the event envelope and publish-time checks.
+//! - [`history`]: per-channel history and positions, for subscribers that recover.
 //! - [`durable`]: the durable-consumer seam ([`durable::DurableBackend`]) and its types;
 //!   the engines are in `eventbus-durable` (embedded) and `eventbus-redis`.
 //! - [`error`]: what a call can be refused for.
@@ -19,6 +20,7 @@ pub mod bus;
 pub mod durable;
 pub mod error;
 pub mod event;
+pub mod history;
 pub mod name;
 pub mod stats;
 pub mod subscription;

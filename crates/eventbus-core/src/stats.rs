@@ -207,6 +207,9 @@ pub(crate) struct ChannelEntry {
     /// Subscriptions matching this channel, valid while the router generation is
     /// unchanged. Recomputed by the first publish after a subscribe or unsubscribe.
     pub(crate) targets: RwLock<Option<Arc<Targets>>>,
+    /// The channel's `in_memory` history, resolved on its first publish (`None`: no
+    /// rule covers it).
+    pub(crate) history: std::sync::OnceLock<Option<Arc<crate::history::ChannelHistory>>>,
 }
 
 /// Every publish hashes its channel twice (shard, then map): foldhash's seeded
@@ -268,7 +271,12 @@ impl ChannelTable {
             .ok()?;
         let label = self.labels.as_ref().map(|l| l.assign(name));
         let counters = Arc::new(ChannelCounters { label, ..ChannelCounters::default() });
-        let entry = Arc::new(ChannelEntry { name: name.into(), counters, targets: RwLock::new(None) });
+        let entry = Arc::new(ChannelEntry {
+            name: name.into(),
+            counters,
+            targets: RwLock::new(None),
+            history: std::sync::OnceLock::new(),
+        });
         map.insert(name.into(), Arc::clone(&entry));
         Some(entry)
     }

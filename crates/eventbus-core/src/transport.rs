@@ -13,6 +13,7 @@ use std::sync::{Arc, Weak};
 
 use crate::bus::Inner;
 use crate::event::Event;
+use crate::history::{HistoryInfo, Recovery, Start};
 use crate::name::Pattern;
 
 /// How a publish went: subscriptions (or instances, for a remote transport) that took
@@ -67,6 +68,9 @@ pub type PublishFuture<'a> = Pin<Box<dyn Future<Output = Result<Fanout, Transpor
 /// Future returned by [`Transport::publish_all`]: one answer per event, in order.
 pub type PublishAllFuture<'a> = Pin<Box<dyn Future<Output = Vec<Result<Fanout, TransportError>>> + Send + 'a>>;
 
+/// Future returned by the history calls of a [`Transport`].
+pub type HistoryFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, TransportError>> + Send + 'a>>;
+
 /// A fan-out medium shared by several broker instances.
 pub trait Transport: Send + Sync + fmt::Debug + 'static {
     /// Short name reported as the bus mode, e.g. `redis`.
@@ -115,6 +119,26 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
     fn delivers_to_group(&self, group: &str, event: &Event) -> bool {
         let _ = (group, event);
         true
+    }
+
+    /// Reads `channel`'s history from `start`, at most `limit` events; `None` when the
+    /// channel keeps none. A transport that keeps history gives every event of such a
+    /// channel its position as it publishes it.
+    fn read_history<'a>(&'a self, channel: &'a str, start: &'a Start, limit: usize) -> HistoryFuture<'a, Option<Recovery>> {
+        let _ = (channel, start, limit);
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Channels matching `filter` that have a history now, sorted.
+    fn history_channels<'a>(&'a self, filter: &'a Pattern) -> HistoryFuture<'a, Vec<String>> {
+        let _ = filter;
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// What `channel`'s history holds; `None` when it keeps none.
+    fn history_info<'a>(&'a self, channel: &'a str) -> HistoryFuture<'a, Option<HistoryInfo>> {
+        let _ = channel;
+        Box::pin(async { Ok(None) })
     }
 }
 

@@ -181,7 +181,7 @@ async fn expired_deadlines_and_disconnects_count_as_failures() {
 #[tokio::test(start_paused = true)]
 async fn dead_letters_after_max_attempts_with_every_reason() {
     let (bus, durable) = bus_with(memory(), Duration::from_secs(1));
-    let dlq = bus.subscribe(SubscribeOptions { channels: vec!["dlq.>".into()], ..Default::default() }).await.unwrap();
+    let mut dlq = bus.subscribe(SubscribeOptions { channels: vec!["dlq.>".into()], ..Default::default() }).await.unwrap();
     durable.create_consumer(ConsumerConfig { max_attempts: 3, ..consumer("m", &["pay"]) }).await.unwrap();
     let mut a = durable.attach("m", ClientOptions::default(), None).await.unwrap();
     publish(&bus, "pay", "p").await;

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::durable::{CaptureRequest, Captured, DurableBackend, DurableError};
 use crate::error::Error;
 use crate::event::{ChannelCheck, Event, PublishInput, new_id};
+use crate::history::{ChannelHistory, HistoryRules, MemoryHistory, Position};
 use crate::name::Pattern;
 use crate::router::{GroupTargets, Router, Targets};
 use crate::stats::{
@@ -21,7 +22,10 @@ use crate::stats::{
 use crate::subscription::{CloseReason, DropReason, Offer, Overflow, OwnerBudget, Subscription, SubscriptionSpec};
 use crate::transport::{Fanout, LocalFanout, Transport, TransportError, TransportStatus};
 
+mod history;
 mod publish;
+
+pub use history::{MAX_SINCE_CHANNELS, Since};
 
 use publish::scoped_key;
 
@@ -65,6 +69,10 @@ pub struct BusConfig {
     /// Channels counted under their own metrics label (the rest share `_other`);
     /// `None` keeps no label counters (metrics off).
     pub max_channel_labels: Option<usize>,
+    /// Which channels keep a history, and how much (none by default).
+    pub history: HistoryRules,
+    /// Bytes of history kept in memory across channels (`in_memory` mode).
+    pub history_max_bytes: usize,
 }
 
 impl Default for BusConfig {
@@ -80,6 +88,8 @@ impl Default for BusConfig {
             max_payload_bytes: 1 << 20,
             max_channels: 10_000,
             max_channel_labels: Some(1000),
+            history: HistoryRules::default(),
+            history_max_bytes: 256 << 20,
         }
     }
 }
@@ -158,6 +168,8 @@ pub(crate) struct Inner {
     transport_status: Option<tokio::sync::watch::Receiver<TransportStatus>>,
     /// Signalled whenever a subscription leaves (shutdown waits on it).
     removed: Notify,
+    /// `in_memory` mode with history rules: the kept events.
+    history: Option<MemoryHistory>,
     /// Durable consumers, when enabled: captured before a publish is answered.
     durable: std::sync::OnceLock<Arc<dyn DurableBackend>>,
     /// Each principal's queued-bytes share, held by its subscriptions (touched at
@@ -239,7 +251,7 @@ impl Bus {
             }
         }
         // Built before waiting: if the caller gives up, dropping it unsubscribes.
-        let handle = SubscriptionHandle { sub, bus: self.clone() };
+        let handle = SubscriptionHandle { sub, bus: self.clone(), recovered: Default::default(), seam: HashMap::new() };
         if let Some(transport) = &self.inner.transport {
             transport.watched().await;
         }
@@ -429,6 +441,8 @@ fn check_label(field: &'static str, value: &str) -> Result<(), Error> {
 impl Inner {
     fn new(config: BusConfig, transport: Option<Arc<dyn Transport>>, me: std::sync::Weak<Inner>) -> Self {
         let max_queued_bytes = config.max_queued_bytes;
+        let history = (transport.is_none() && !config.history.is_empty())
+            .then(|| MemoryHistory::new(config.history.clone(), config.history_max_bytes));
         Self {
             channels: ChannelTable::new(config.max_channels, config.max_channel_labels),
             config,
@@ -438,6 +452,7 @@ impl Inner {
             generation: AtomicU64::new(0),
             counters: Arc::new(BusCounters::new(max_queued_bytes)),
             shutting_down: AtomicBool::new(false),
+            history,
             transport_status: transport.as_ref().map(|t| t.status()),
             transport,
             removed: Notify::new(),
@@ -569,7 +584,9 @@ impl Inner {
 
     /// Offers the event to every matching subscription (one member per group). Queues
     /// with room are served first; only then does the publish wait, for all full
-    /// DROP_NEWEST queues at once, up to `offer_timeout`.
+    /// DROP_NEWEST queues at once, up to `offer_timeout`. A channel with history gives
+    /// the event its position first, and offers it before the channel's next event
+    /// gets one: subscribers see a channel's positions in order.
     async fn dispatch_local(&self, mut event: Arc<Event>, count_publish: bool, recent: &mut RecentChannel) -> Fanout {
         let entry = self.entry(&event.channel, recent);
         if count_publish {
@@ -583,35 +600,14 @@ impl Inner {
         let routed = Arc::make_mut(&mut event);
         routed.counters = counters;
         routed.residency.size = size;
-        let targets = self.targets(entry);
-
-        let mut fanout = Fanout::default();
-        let mut full: Vec<&Arc<Subscription>> = Vec::new();
-        // With a transport, a group spans the instances: one of them delivers each event.
-        let chosen = targets
-            .groups
-            .iter()
-            .filter(|g| match (&self.transport, g.members.first().and_then(|m| m.spec.group_key.as_deref())) {
-                (Some(transport), Some(group)) => transport.delivers_to_group(group, &event),
-                _ => true,
-            })
-            .map(pick_member);
-        for sub in targets.solo.iter().chain(chosen) {
-            match sub.try_offer(&event) {
-                Offer::Accepted => fanout.delivered += 1,
-                Offer::Rejected => fanout.failed += 1,
-                Offer::DeadLettered => {
-                    fanout.failed += 1;
-                    self.dead_letter_overflow(&event, sub);
-                }
-                Offer::Disconnected => {
-                    fanout.failed += 1;
-                    self.remove(&sub.id, CloseReason::SlowConsumer);
-                }
-                Offer::MustWait => full.push(sub),
-                Offer::Closed => {}
-            }
-        }
+        let history = match count_publish {
+            true => self.history_of(entry),
+            false => None,
+        };
+        let (mut fanout, full) = match history {
+            Some(history) => history.append(&mut event, |event| self.offer_now(event, &self.targets(entry))),
+            None => self.offer_now(&event, &self.targets(entry)),
+        };
         if !full.is_empty() {
             let deadline = Instant::now() + self.config.offer_timeout;
             for outcome in join_all(full.iter().map(|s| s.offer_wait(&event, deadline))).await {
@@ -630,6 +626,45 @@ impl Inner {
             self.counters.failed.fetch_add(failed, Ordering::Relaxed);
         }
         fanout
+    }
+
+    /// The channel's `in_memory` history, if it keeps one (resolved once per entry).
+    fn history_of<'a>(&self, entry: &'a ChannelEntry) -> Option<&'a Arc<ChannelHistory>> {
+        let history = self.history.as_ref()?;
+        entry.history.get_or_init(|| history.channel(&entry.name)).as_ref()
+    }
+
+    /// Offers the event to every target that can take it now; returns the counts and
+    /// the full DROP_NEWEST queues that are worth a wait.
+    fn offer_now(&self, event: &Arc<Event>, targets: &Targets) -> (Fanout, Vec<Arc<Subscription>>) {
+        let mut fanout = Fanout::default();
+        let mut full = Vec::new();
+        // With a transport, a group spans the instances: one of them delivers each event.
+        let chosen = targets
+            .groups
+            .iter()
+            .filter(|g| match (&self.transport, g.members.first().and_then(|m| m.spec.group_key.as_deref())) {
+                (Some(transport), Some(group)) => transport.delivers_to_group(group, event),
+                _ => true,
+            })
+            .map(pick_member);
+        for sub in targets.solo.iter().chain(chosen) {
+            match sub.try_offer(event) {
+                Offer::Accepted => fanout.delivered += 1,
+                Offer::Rejected => fanout.failed += 1,
+                Offer::DeadLettered => {
+                    fanout.failed += 1;
+                    self.dead_letter_overflow(event, sub);
+                }
+                Offer::Disconnected => {
+                    fanout.failed += 1;
+                    self.remove(&sub.id, CloseReason::SlowConsumer);
+                }
+                Offer::MustWait => full.push(Arc::clone(sub)),
+                Offer::Closed => {}
+            }
+        }
+        (fanout, full)
     }
 
     /// Publishes an event a full DEAD_LETTER subscription refused to
@@ -707,6 +742,11 @@ fn pick_member(group: &GroupTargets) -> &Arc<Subscription> {
 pub struct SubscriptionHandle {
     sub: Arc<Subscription>,
     bus: Bus,
+    /// Events recovered from history, delivered before the live ones.
+    recovered: std::collections::VecDeque<Arc<Event>>,
+    /// Per recovered channel, the last position the subscriber has (from before or
+    /// recovered): a live event at or before it is a copy and is skipped.
+    seam: HashMap<String, Position>,
 }
 
 impl SubscriptionHandle {
@@ -716,9 +756,34 @@ impl SubscriptionHandle {
     }
 
     /// Waits for events and moves up to `max_batch` of them into `out` (which should
-    /// be empty). `Err` says why the subscription ended, once nothing is left to deliver.
-    pub async fn next_batch(&self, out: &mut Vec<Arc<Event>>) -> Result<(), CloseReason> {
-        self.sub.next_batch(MAX_BATCH_BYTES, out).await
+    /// be empty): recovered ones first, then live ones. `Err` says why the
+    /// subscription ended, once nothing is left to deliver.
+    pub async fn next_batch(&mut self, out: &mut Vec<Arc<Event>>) -> Result<(), CloseReason> {
+        if !self.recovered.is_empty() {
+            let mut bytes = 0;
+            while let Some(event) = self.recovered.front() {
+                bytes += event.approx_size();
+                if !out.is_empty() && (out.len() == self.sub.spec.max_batch || bytes > MAX_BATCH_BYTES) {
+                    break;
+                }
+                out.extend(self.recovered.pop_front());
+            }
+            return Ok(());
+        }
+        loop {
+            self.sub.next_batch(MAX_BATCH_BYTES, out).await?;
+            if self.seam.is_empty() {
+                return Ok(());
+            }
+            let seam = &self.seam;
+            out.retain(|e| match (seam.get(&e.channel), &e.position) {
+                (Some(seen), Some(p)) => p.epoch != seen.epoch || p.offset > seen.offset,
+                _ => true,
+            });
+            if !out.is_empty() {
+                return Ok(());
+            }
+        }
     }
 }
 

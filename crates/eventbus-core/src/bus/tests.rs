@@ -77,13 +77,13 @@ async fn transport_seam_carries_publishes_and_interest() {
     let transport = transport.unwrap();
     assert_eq!(bus.mode(), "loopback");
 
-    let a = bus.subscribe(opts(&["orders.*", "orders.created"])).await.unwrap();
-    let b = bus.subscribe(opts(&["orders.*"])).await.unwrap();
+    let mut a = bus.subscribe(opts(&["orders.*", "orders.created"])).await.unwrap();
+    let mut b = bus.subscribe(opts(&["orders.*"])).await.unwrap();
     assert_eq!(*transport.watched.lock(), vec!["orders.*", "orders.created"], "each filter watched once");
 
     let published = bus.publish(input("orders.created", b"x")).await.unwrap();
     assert_eq!(published.delivered, 1, "remote mode reports what the transport reports");
-    for handle in [&a, &b] {
+    for handle in [&mut a, &mut b] {
         let mut out = Vec::new();
         handle.next_batch(&mut out).await.unwrap();
         assert_eq!(out.len(), 1, "once, though two filters match");
@@ -188,7 +188,7 @@ async fn channel_table_is_bounded() {
 #[tokio::test]
 async fn shutdown_refuses_new_work_and_drains() {
     let bus = Bus::new(BusConfig::default());
-    let handle = bus.subscribe(opts(&["a"])).await.unwrap();
+    let mut handle = bus.subscribe(opts(&["a"])).await.unwrap();
     bus.publish(input("a", b"1")).await.unwrap();
     bus.begin_shutdown();
     assert!(matches!(bus.publish(input("a", b"2")).await, Err(Error::ShuttingDown)));
