@@ -16,6 +16,7 @@ pub(crate) async fn run(client: &Client, json: bool, args: SubscribeArgs) -> any
         overflow: args.overflow.map_or(pb::OverflowPolicy::Unspecified, Into::into) as i32,
         max_batch: args.max_batch,
         name: args.name.clone(),
+        since: None,
     };
     // Lost (a broker restart, say), it is made again; the gap is reported, as events
     // published meanwhile are missed. With --no-reconnect, a loss ends the command.

@@ -72,7 +72,7 @@ fn match_cost_vs_patterns(c: &mut Criterion) {
 fn enqueue_dequeue(c: &mut Criterion) {
     let rt = runtime();
     let bus = Bus::new(BusConfig::default());
-    let handle = rt
+    let mut handle = rt
         .block_on(bus.subscribe(SubscribeOptions { channels: vec!["q.one".into()], ..Default::default() }))
         .expect("subscribe");
     let mut out = Vec::with_capacity(1);

@@ -32,6 +32,9 @@ pub enum Error {
     /// Unsubscribe of an id no subscription has.
     #[error("no subscription with id {}", quoted(.0))]
     UnknownSubscription(String),
+    /// A history read of a channel no `eventbus.history` rule covers.
+    #[error("channel {} keeps no history (no eventbus.history rule covers it)", quoted(.0))]
+    NoHistory(String),
     /// New work refused because the broker is stopping.
     #[error("the broker is shutting down")]
     ShuttingDown,
@@ -74,7 +77,7 @@ impl Error {
             | Self::QueueTooLarge { .. }
             | Self::InvalidOption { .. } => ErrorKind::InvalidArgument,
             Self::PayloadTooLarge { .. } => ErrorKind::TooLarge,
-            Self::UnknownSubscription(_) => ErrorKind::NotFound,
+            Self::UnknownSubscription(_) | Self::NoHistory(_) => ErrorKind::NotFound,
             Self::ShuttingDown | Self::Transport(_) => ErrorKind::Unavailable,
             Self::Durable(DurableError::UnknownConsumer(_)) => ErrorKind::NotFound,
             Self::Durable(DurableError::AlreadyExists { .. }) => ErrorKind::AlreadyExists,

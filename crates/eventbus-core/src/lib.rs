@@ -31,7 +31,7 @@ pub mod trie;
 
 mod router;
 
-pub use bus::{Bus, BusConfig, Published, SubscribeOptions, SubscriptionHandle};
+pub use bus::{Bus, BusConfig, Published, Since, SubscribeOptions, SubscriptionHandle};
 pub use error::{Error, ErrorKind, chain as error_chain, quoted};
 pub use event::{Event, PublishInput};
 pub use name::{NameError, Pattern};

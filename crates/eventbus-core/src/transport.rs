@@ -124,7 +124,12 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
     /// Reads `channel`'s history from `start`, at most `limit` events; `None` when the
     /// channel keeps none. A transport that keeps history gives every event of such a
     /// channel its position as it publishes it.
-    fn read_history<'a>(&'a self, channel: &'a str, start: &'a Start, limit: usize) -> HistoryFuture<'a, Option<Recovery>> {
+    fn read_history<'a>(
+        &'a self,
+        channel: &'a str,
+        start: &'a Start,
+        limit: usize,
+    ) -> HistoryFuture<'a, Option<Recovery>> {
         let _ = (channel, start, limit);
         Box::pin(async { Ok(None) })
     }

@@ -181,7 +181,8 @@ async fn expired_deadlines_and_disconnects_count_as_failures() {
 #[tokio::test(start_paused = true)]
 async fn dead_letters_after_max_attempts_with_every_reason() {
     let (bus, durable) = bus_with(memory(), Duration::from_secs(1));
-    let mut dlq = bus.subscribe(SubscribeOptions { channels: vec!["dlq.>".into()], ..Default::default() }).await.unwrap();
+    let mut dlq =
+        bus.subscribe(SubscribeOptions { channels: vec!["dlq.>".into()], ..Default::default() }).await.unwrap();
     durable.create_consumer(ConsumerConfig { max_attempts: 3, ..consumer("m", &["pay"]) }).await.unwrap();
     let mut a = durable.attach("m", ClientOptions::default(), None).await.unwrap();
     publish(&bus, "pay", "p").await;
@@ -239,7 +240,7 @@ async fn ordering_keys_hold_order_without_blocking_other_keys() {
 async fn idempotent_publish_inside_and_outside_the_window() {
     let (bus, durable) = bus_with(memory(), Duration::from_secs(120));
     durable.create_consumer(consumer("i", &["orders"])).await.unwrap();
-    let ephemeral =
+    let mut ephemeral =
         bus.subscribe(SubscribeOptions { channels: vec!["orders".into()], ..Default::default() }).await.unwrap();
     let first = publish_keyed(&bus, "orders", "x", "", "order-42").await;
     let again = publish_keyed(&bus, "orders", "x", "", "order-42").await;
@@ -400,7 +401,7 @@ mod model {
 async fn publish_many_captures_in_order_and_stops_at_the_first_error() {
     let (bus, durable) = bus_with(memory(), Duration::from_secs(120));
     durable.create_consumer(consumer("inbox", &["orders.>"])).await.unwrap();
-    let ephemeral =
+    let mut ephemeral =
         bus.subscribe(SubscribeOptions { channels: vec!["orders.>".into()], ..Default::default() }).await.unwrap();
     let input = |channel: &str, payload: &str, idempotency: &str| PublishInput {
         channel: channel.into(),

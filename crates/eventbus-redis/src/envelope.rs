@@ -21,6 +21,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use eventbus_core::Event;
 use eventbus_core::event::new_id;
+use eventbus_core::history::Position;
 use eventbus_proto::pb;
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -57,6 +58,16 @@ struct JsonEvent<'a> {
     payload: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     payload_base64: Option<String>,
+    /// Set in Redis by the history script, never by the publishing instance.
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    position: Option<JsonPosition<'a>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct JsonPosition<'a> {
+    #[serde(borrow)]
+    epoch: std::borrow::Cow<'a, str>,
+    offset: u64,
 }
 
 /// `event` as this instance publishes it to Redis.
@@ -82,6 +93,7 @@ fn encode_json(event: &Event) -> Vec<u8> {
         metadata: event.metadata.clone(),
         payload,
         payload_base64,
+        position: event.position.as_ref().map(|p| JsonPosition { epoch: (*p.epoch).into(), offset: p.offset }),
     };
     // A struct of strings and a map of strings always serializes.
     serde_json::to_vec(&json).unwrap_or_default()
@@ -113,7 +125,7 @@ fn decode_json(channel: Option<&str>, message: &[u8]) -> Option<Event> {
         Some(channel) => channel.to_owned(),
         None => json.channel.into_owned(),
     };
-    Some(Event::from_parts(
+    let mut event = Event::from_parts(
         json.id.into_owned(),
         channel,
         timestamp,
@@ -121,7 +133,9 @@ fn decode_json(channel: Option<&str>, message: &[u8]) -> Option<Event> {
         payload,
         json.metadata,
         json.content_type.into_owned(),
-    ))
+    );
+    event.position = json.position.map(|p| Position { epoch: p.epoch.into(), offset: p.offset });
+    Some(event)
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -143,6 +157,7 @@ pub(crate) fn encode(event: &Event) -> Vec<u8> {
         payload: event.payload.clone(),
         metadata: event.metadata.clone(),
         content_type: event.content_type.clone(),
+        position: event.position.as_ref().map(|p| pb::EventPosition { epoch: p.epoch.to_string(), offset: p.offset }),
     };
     let mut buf = Vec::with_capacity(MAGIC.len() + wire.encoded_len());
     buf.extend_from_slice(&MAGIC);
@@ -158,16 +173,17 @@ pub(crate) fn decode_own(message: Bytes) -> Option<Event> {
         return None;
     }
     let wire = pb::Event::decode(message.slice(MAGIC.len()..)).ok()?;
+    let channel = wire.channel.clone();
+    Some(from_wire(wire, channel))
+}
+
+/// The event of a decoded binary envelope, on `channel`.
+fn from_wire(wire: pb::Event, channel: String) -> Event {
     let timestamp = wire.timestamp.and_then(|t| SystemTime::try_from(t).ok()).unwrap_or_else(SystemTime::now);
-    Some(Event::from_parts(
-        wire.id,
-        wire.channel,
-        timestamp,
-        wire.source,
-        wire.payload,
-        wire.metadata,
-        wire.content_type,
-    ))
+    let mut event =
+        Event::from_parts(wire.id, channel, timestamp, wire.source, wire.payload, wire.metadata, wire.content_type);
+    event.position = wire.position.map(|p| Position { epoch: p.epoch.into(), offset: p.offset });
+    event
 }
 
 /// The event of an envelope (binary or JSON) on the channel the envelope names; `None`
@@ -185,16 +201,7 @@ pub(crate) fn decode(channel: &str, message: Bytes) -> Event {
     if message.starts_with(&MAGIC)
         && let Ok(wire) = pb::Event::decode(message.slice(MAGIC.len()..))
     {
-        let timestamp = wire.timestamp.and_then(|t| SystemTime::try_from(t).ok()).unwrap_or_else(SystemTime::now);
-        return Event::from_parts(
-            wire.id,
-            channel.to_owned(),
-            timestamp,
-            wire.source,
-            wire.payload,
-            wire.metadata,
-            wire.content_type,
-        );
+        return from_wire(wire, channel.to_owned());
     }
     if let Some(event) = decode_json(Some(channel), &message) {
         return event;

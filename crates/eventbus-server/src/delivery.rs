@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut};
+use eventbus_core::history::Position;
 use eventbus_core::{CloseReason, Event, Published, SubscriptionHandle};
 use eventbus_proto::pb::{self, subscribe_response::Kind};
 use futures::Stream;
@@ -77,7 +78,7 @@ pub(crate) struct Streamer {
 
 /// One stream message: the next batch, or the status that ends the stream.
 pub(crate) async fn next_batch(state: Option<Streamer>) -> Option<(Result<Frame, Status>, Option<Streamer>)> {
-    let s = state?;
+    let mut s = state?;
     let mut events = Vec::new();
     match s.handle.next_batch(&mut events).await {
         Ok(()) => {
@@ -126,6 +127,14 @@ fn event_len(e: &Event, timestamp: &prost_types::Timestamp) -> usize {
         + if e.payload.is_empty() { 0 } else { encoding::bytes::encoded_len(5, &e.payload) }
         + metadata_len(&e.metadata)
         + string(7, &e.content_type)
+        + e.position.as_ref().map_or(0, |p| delimited_len(8, position_len(p)))
+}
+
+/// `EventPosition`'s body.
+fn position_len(p: &Position) -> usize {
+    let epoch = if p.epoch.is_empty() { 0 } else { delimited_len(1, p.epoch.len()) };
+    let offset = if p.offset == 0 { 0 } else { 1 + encoding::encoded_len_varint(p.offset) };
+    epoch + offset
 }
 
 /// `google.protobuf.Timestamp`'s body.
@@ -239,6 +248,12 @@ fn encode_event(e: &Event, timestamp: &prost_types::Timestamp, head: &mut Head, 
         );
     }
     put_string(7, &e.content_type, head, buf);
+    if let Some(p) = &e.position {
+        head.delimited(8, position_len(p));
+        put_string(1, &p.epoch, head, buf);
+        head.uint(2, p.offset);
+        head.flush(buf);
+    }
 }
 
 /// Sizes a batch into `sizes` (scratch space kept between batches); returns the
@@ -599,6 +614,11 @@ mod tests {
         ))
     }
 
+    fn at(mut e: Arc<Event>, epoch: &str, offset: u64) -> Arc<Event> {
+        Arc::make_mut(&mut e).position = Some(Position { epoch: epoch.into(), offset });
+        e
+    }
+
     fn prost_bytes(events: &[Arc<Event>]) -> Vec<u8> {
         Frame::Events(events.to_vec()).into_pb().encode_to_vec()
     }
@@ -625,6 +645,8 @@ mod tests {
             vec![event("id", b"x", &[("k", "v")], now + Duration::from_nanos(1))],
             vec![event("id", b"x", &[("", "v"), ("k", ""), ("a", "b")], now)],
             vec![event("a", big, &[("trace", "1")], now), event("b", b"", &[], now), event("c", b"c", &[], now)],
+            vec![at(event("p", b"x", &[], now), "18f2a9c0d1e2ab", 1), at(event("q", b"", &[], now), "", u64::MAX)],
+            vec![at(event("z", b"x", &[], now), "e", 0)],
         ];
         for events in cases {
             // One metadata entry at most where order matters: a map's order is its own.

@@ -240,15 +240,37 @@ impl EventBusService {
     pub(crate) async fn open_subscription(&self, req: Request<pb::SubscribeRequest>) -> Result<Frames, Status> {
         let peer = peer(&req);
         let caller = caller(&req)?;
-        let mut options = convert::subscribe_options(req.into_inner(), peer, caller.name().to_owned())?;
+        let (mut options, since) = convert::subscribe_options(req.into_inner(), peer, caller.name().to_owned())?;
         options.owner_max_queued_bytes = self.access.max_queued_bytes(&caller);
         self.access.check_subscribe(&caller, &options.channels)?;
         let guard = self.access.open_stream(&caller, StreamUse::Subscribe(options.channels.clone()))?;
-        let handle = self.bus.subscribe(options).await.map_err(status)?;
-        let started = pb::SubscribeResponse {
-            kind: Some(Kind::Started(pb::SubscriptionStarted { subscription_id: handle.id().to_owned() })),
+        // Read before the subscription goes live: a subscriber that resumes from them
+        // gets anything published meanwhile.
+        let started_at = std::time::SystemTime::now();
+        let positions = match self.bus.history_rules().is_empty() {
+            true => Default::default(),
+            false => self.bus.latest_positions(&options.channels).await.map_err(status)?,
         };
-        tracing::debug!(subscription = handle.id(), "subscription started");
+        let mut handle = self.bus.subscribe(options).await.map_err(status)?;
+        let recovered = match &since {
+            Some(since) => {
+                let complete = self.bus.recover(&mut handle, since).await.map_err(status)?;
+                if let Some(metrics) = &self.metrics {
+                    metrics.count_recovery(complete, handle.recovered());
+                }
+                complete
+            }
+            None => false,
+        };
+        let started = pb::SubscribeResponse {
+            kind: Some(Kind::Started(pb::SubscriptionStarted {
+                subscription_id: handle.id().to_owned(),
+                recovered,
+                positions: positions.iter().map(|(c, p)| (c.clone(), convert::position(p))).collect(),
+                started_at: Some(convert::timestamp(started_at)),
+            })),
+        };
+        tracing::debug!(subscription = handle.id(), recovered, "subscription started");
         let batches = stream::unfold(Some(Streamer { handle, metrics: self.metrics.clone() }), next_batch);
         Ok(Box::pin(guard.guard(stream::once(async { Ok(Frame::Started(started)) }).chain(batches))))
     }
@@ -417,6 +439,24 @@ impl pb::admin_server::Admin for AdminService {
         let caller = caller(&req)?;
         let name = req.into_inner().name;
         self.set_paused(&caller, &name, false).await
+    }
+
+    async fn get_channel_history(
+        &self,
+        req: Request<pb::GetChannelHistoryRequest>,
+    ) -> Result<Response<pb::GetChannelHistoryResponse>, Status> {
+        let caller = caller(&req)?;
+        let req = req.into_inner();
+        // Whoever may subscribe to the channel may read what a subscription would recover.
+        self.access.check_subscribe(&caller, &[&req.channel])?;
+        let from = match req.since {
+            Some(t) => convert::HistoryFrom::Time(
+                std::time::SystemTime::try_from(t).map_err(|e| EdgeError::BadRequest(format!("invalid since: {e}")))?,
+            ),
+            None => convert::HistoryFrom::Offset(req.after_offset),
+        };
+        let page = convert::history_page(&self.bus, &req.channel, from, req.limit as usize).await?;
+        Ok(Response::new(convert::history_response(page)))
     }
 }
 

@@ -122,6 +122,7 @@ pub(crate) fn router(state: HttpState) -> Router {
     let admin = Router::new()
         .route("/admin/eventbus/stats", get(stats))
         .route("/admin/eventbus/channels", get(channels))
+        .route("/admin/eventbus/channels/{name}/history", get(channel_history))
         .route("/admin/eventbus/subscriptions", get(subscriptions))
         .route("/admin/eventbus/subscriptions/{id}", delete(unsubscribe))
         .route("/admin/eventbus/publish", post(publish))
@@ -532,6 +533,26 @@ async fn consumer_log(
     let token = q.page_token.unwrap_or_default();
     let page = convert::durable(&state.bus)?.log(&name, status, limit, &token).await?;
     Ok(Json(convert::log_page_json(page)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    since: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn channel_history(
+    State(state): State<HttpState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    query: Result<axum::extract::Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<convert::HistoryPageJson>, ApiError> {
+    state.access.check_subscribe(&caller, &[&name])?;
+    let axum::extract::Query(q) = query.map_err(|e| EdgeError::BadRequest(e.body_text()))?;
+    let from = convert::history_from_query(q.since.as_deref())?;
+    let page = convert::history_page(&state.bus, &name, from, q.limit.unwrap_or(0)).await?;
+    Ok(Json(convert::history_page_json(page)))
 }
 
 #[derive(Debug, Deserialize)]

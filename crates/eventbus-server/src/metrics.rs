@@ -38,6 +38,9 @@ pub struct Metrics {
     /// Publishes refused one by one (the event was read and not published), per gRPC
     /// status code: what a publisher that waits for no answer does not look at.
     publish_refused: IntCounterVec,
+    /// Subscriptions that asked to recover, by outcome, and the events recovered.
+    recoveries: IntCounterVec,
+    recovered_events: IntCounter,
     delivery_latency: Histogram,
     /// Per durable consumer, for the first `max_consumer_labels` consumers that ack;
     /// the others share `_other`.
@@ -91,6 +94,18 @@ impl Metrics {
             &["code"],
         )?;
         registry.register(Box::new(publish_refused.clone()))?;
+        let recoveries = IntCounterVec::new(
+            Opts::new(
+                format!("{prefix}_history_recoveries_total"),
+                "Subscriptions that asked to recover from history, per outcome: complete, or incomplete (history \
+                 no longer held part of what was asked).",
+            ),
+            &["outcome"],
+        )?;
+        registry.register(Box::new(recoveries.clone()))?;
+        let recovered_events =
+            IntCounter::new(format!("{prefix}_history_recovered_total"), "Events recovered from history.")?;
+        registry.register(Box::new(recovered_events.clone()))?;
         registry.register(Box::new(delivery_latency.clone()))?;
         registry.register(Box::new(BusCollector::new(prefix, limits, bus)?))?;
         #[cfg(target_os = "linux")]
@@ -99,6 +114,8 @@ impl Metrics {
             registry,
             publish_duration,
             publish_refused,
+            recoveries,
+            recovered_events,
             delivery_latency,
             ack_latency,
             ack_labels: Mutex::default(),
@@ -121,6 +138,12 @@ impl Metrics {
 
     pub(crate) fn observe_publish(&self, took: Duration) {
         self.publish_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts a subscription's recovery from history.
+    pub(crate) fn count_recovery(&self, complete: bool, events: usize) {
+        self.recoveries.with_label_values(&[if complete { "complete" } else { "incomplete" }]).inc();
+        self.recovered_events.inc_by(events as u64);
     }
 
     /// Counts a refused publish.
@@ -250,6 +273,9 @@ struct BusCollector {
     channels_tracked: IntGauge,
     channels_evicted: IntCounter,
     overflow_dead_letters: IntCounterVec,
+    /// `in_memory` history: bytes kept, events trimmed by reason.
+    history_bytes: IntGauge,
+    history_trimmed: IntCounterVec,
     limits: LabelLimits,
     /// Redis mode only.
     /// redis mode: connected, reconnects, subscription gaps, slots without a master.
@@ -311,6 +337,17 @@ impl BusCollector {
                      failed (lost), skipped (already on a dead-letter channel: dropped only).",
                 ),
                 &["outcome"],
+            )?,
+            history_bytes: IntGauge::new(
+                format!("{prefix}_history_bytes"),
+                "Bytes of channel history kept in memory (at most eventbus.history_max_bytes).",
+            )?,
+            history_trimmed: IntCounterVec::new(
+                Opts::new(
+                    format!("{prefix}_history_trimmed_total"),
+                    "Events that left a channel's in-memory history, per bound: size, bytes, age.",
+                ),
+                &["reason"],
             )?,
             limits,
             redis: match bus.transport_status() {
@@ -429,6 +466,16 @@ impl BusCollector {
             overflow.with_label_values(&[outcome]).inc_by(n);
         }
         families.extend(overflow.collect());
+        if let (Some(kept), Some(trimmed)) = (self.bus.history_bytes(), self.bus.history_trimmed()) {
+            let bytes = IntGauge::with_opts(opts_of(self.history_bytes.desc()[0]))?;
+            bytes.set(kept as i64);
+            families.extend(bytes.collect());
+            let by_reason = IntCounterVec::new(opts_of(self.history_trimmed.desc()[0]), &["reason"])?;
+            for (reason, n) in trimmed {
+                by_reason.with_label_values(&[reason.as_str()]).inc_by(n);
+            }
+            families.extend(by_reason.collect());
+        }
         if let Some(durable) = self.bus.durable() {
             let counters = self.consumers.each_ref().map(|c| IntCounterVec::new(opts_of(c.desc()[0]), &["consumer"]));
             let gauges = self.consumer_gauges.each_ref().map(|g| IntGaugeVec::new(opts_of(g.desc()[0]), &["consumer"]));
@@ -513,6 +560,8 @@ impl Collector for BusCollector {
         }
         descs.extend(self.channels_evicted.desc());
         descs.extend(self.overflow_dead_letters.desc());
+        descs.extend(self.history_bytes.desc());
+        descs.extend(self.history_trimmed.desc());
         for c in &self.consumers {
             descs.extend(c.desc());
         }

@@ -101,8 +101,9 @@ impl Bus {
         if spec.group.is_some() {
             return Err(Error::InvalidOption {
                 field: "since",
-                message: "a group's members share its events, so a member cannot recover them; subscribe without a group"
-                    .into(),
+                message:
+                    "a group's members share its events, so a member cannot recover them; subscribe without a group"
+                        .into(),
             });
         }
         if since.positions.len() > MAX_SINCE_CHANNELS {

@@ -755,6 +755,11 @@ impl SubscriptionHandle {
         &self.sub.id
     }
 
+    /// Recovered events not delivered yet.
+    pub fn recovered(&self) -> usize {
+        self.recovered.len()
+    }
+
     /// Waits for events and moves up to `max_batch` of them into `out` (which should
     /// be empty): recovered ones first, then live ones. `Err` says why the
     /// subscription ended, once nothing is left to deliver.

@@ -20,6 +20,7 @@ use std::time::Duration;
 use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
 use eventbus_auth::AuthSettings;
 use eventbus_core::durable::{Backoff, BackoffKind, ConsumerConfig};
+use eventbus_core::history::{HistoryLimits, HistoryRule, HistoryRules};
 use eventbus_core::{BusConfig, Overflow};
 use eventbus_redis::{Envelope, RedisOptions};
 use serde::Deserialize;
@@ -99,7 +100,20 @@ impl Settings {
             max_payload_bytes: e.max_payload_bytes,
             max_channels: e.max_tracked_channels,
             max_channel_labels: e.metrics.enabled.then_some(e.metrics.max_channel_labels),
+            history: self.history_rules(),
+            history_max_bytes: e.history_max_bytes,
         }
+    }
+
+    /// The `eventbus.history` rules (validated: a rule that does not parse is left out
+    /// here and refused by [`Settings::validate`]).
+    pub fn history_rules(&self) -> HistoryRules {
+        let rules = self.eventbus.history.iter().filter_map(|r| {
+            let channels = eventbus_core::Pattern::parse(&r.channels).ok()?;
+            let ttl = (r.ttl_ms > 0).then(|| Duration::from_millis(r.ttl_ms));
+            Some(HistoryRule { channels, limits: HistoryLimits { size: r.size, max_bytes: r.max_bytes, ttl } })
+        });
+        HistoryRules::new(rules.collect())
     }
 
     /// Where Redis is, for the redis mode.

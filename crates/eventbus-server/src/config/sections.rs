@@ -231,8 +231,37 @@ pub struct EventBusSettings {
     /// Most events in one `PublishBatch` request.
     pub max_publish_batch: usize,
     pub max_tracked_channels: usize,
+    /// Channels that keep a history, first matching rule applies (none by default).
+    pub history: Vec<HistoryRuleSetting>,
+    /// Bytes of history kept in memory across channels (`in_memory` mode).
+    pub history_max_bytes: usize,
     pub redis: RedisSettings,
     pub metrics: MetricsSettings,
+}
+
+/// One `eventbus.history` rule.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryRuleSetting {
+    /// Exact channel or pattern.
+    pub channels: String,
+    /// Most events kept per channel.
+    #[serde(default = "default_history_size")]
+    pub size: usize,
+    /// Most bytes kept per channel.
+    #[serde(default = "default_history_bytes")]
+    pub max_bytes: usize,
+    /// Oldest age kept, in milliseconds; 0 = no age bound.
+    #[serde(default)]
+    pub ttl_ms: u64,
+}
+
+fn default_history_size() -> usize {
+    1000
+}
+
+fn default_history_bytes() -> usize {
+    16 << 20
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -39,6 +39,18 @@ impl Settings {
         within("eventbus.redis.replica_ack_timeout_ms", e.redis.replica_ack_timeout_ms, 1, 60_000)?;
         at_least("eventbus.max_tracked_channels", e.max_tracked_channels, 1)?;
         within("eventbus.offer_timeout_ms", e.offer_timeout_ms, 0, 60_000)?;
+        for rule in &e.history {
+            if let Err(err) = eventbus_core::Pattern::parse(&rule.channels) {
+                return Err(ConfigError::Invalid {
+                    key: "eventbus.history.channels",
+                    value: format!("{} ({err})", rule.channels),
+                    problem: "is not a channel or pattern",
+                });
+            }
+            within("eventbus.history.size", rule.size, 1, MAX_HISTORY_SIZE)?;
+            at_least("eventbus.history.max_bytes", rule.max_bytes, 1)?;
+        }
+        at_least("eventbus.history_max_bytes", e.history_max_bytes, 1)?;
         let url = &e.redis.url;
         if !(url.is_empty() || url.starts_with("redis://") || url.starts_with("rediss://")) {
             let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_owned());
@@ -189,6 +201,8 @@ impl Settings {
 /// Largest `max_publish_batch` accepted: a batch is answered in one message, and its
 /// events are held together while they are published.
 const MAX_PUBLISH_BATCH_LIMIT: usize = 100_000;
+/// Most events one channel's history may keep.
+const MAX_HISTORY_SIZE: usize = 1_000_000;
 
 /// Largest `max_payload_bytes` accepted: gRPC messages stay well within what clients
 /// can be configured to take.

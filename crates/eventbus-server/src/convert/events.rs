@@ -1,13 +1,24 @@
 //! Subscriptions, events and statistics.
 
 use super::*;
+use eventbus_core::Since;
+use eventbus_core::history::Position;
 
 pub(crate) fn subscribe_options(
     req: pb::SubscribeRequest,
     peer: String,
     owner: String,
-) -> Result<SubscribeOptions, EdgeError> {
-    let pb::SubscribeRequest { channels, group, queue_capacity, overflow, max_batch, name, max_queue_bytes } = req;
+) -> Result<(SubscribeOptions, Option<Since>), EdgeError> {
+    let pb::SubscribeRequest {
+        channels,
+        group,
+        queue_capacity,
+        overflow,
+        max_batch,
+        name,
+        max_queue_bytes,
+        since: asked,
+    } = req;
     let overflow = match pb::OverflowPolicy::try_from(overflow) {
         Ok(pb::OverflowPolicy::Unspecified) => None,
         Ok(pb::OverflowPolicy::DropNewest) => Some(Overflow::DropNewest),
@@ -16,7 +27,7 @@ pub(crate) fn subscribe_options(
         Ok(pb::OverflowPolicy::DeadLetter) => Some(Overflow::DeadLetter),
         Err(_) => return Err(EdgeError::BadRequest(format!("invalid overflow: unknown policy {overflow}"))),
     };
-    Ok(SubscribeOptions {
+    let options = SubscribeOptions {
         channels,
         group,
         queue_capacity: queue_capacity as usize,
@@ -27,7 +38,8 @@ pub(crate) fn subscribe_options(
         peer,
         owner,
         owner_max_queued_bytes: 0,
-    })
+    };
+    Ok((options, since(asked)?))
 }
 
 fn overflow_policy(o: Overflow) -> pb::OverflowPolicy {
@@ -48,7 +60,29 @@ pub(crate) fn event(e: &Arc<Event>) -> pb::Event {
         payload: e.payload.clone(),
         metadata: e.metadata.clone(),
         content_type: e.content_type.clone(),
+        position: e.position.as_ref().map(position),
     }
+}
+
+pub(crate) fn position(p: &Position) -> pb::EventPosition {
+    pb::EventPosition { epoch: p.epoch.to_string(), offset: p.offset }
+}
+
+/// `SubscribeRequest.since`: `None` when absent or empty.
+fn since(since: Option<pb::SubscribeSince>) -> Result<Option<Since>, EdgeError> {
+    let Some(pb::SubscribeSince { positions, timestamp }) = since else { return Ok(None) };
+    let timestamp = match timestamp {
+        Some(t) => {
+            Some(SystemTime::try_from(t).map_err(|e| EdgeError::BadRequest(format!("invalid since.timestamp: {e}")))?)
+        }
+        None => None,
+    };
+    let positions = positions
+        .into_iter()
+        .map(|(channel, p)| (channel, Position { epoch: p.epoch.into(), offset: p.offset }))
+        .collect();
+    let since = Since { positions, timestamp };
+    Ok((!since.is_empty()).then_some(since))
 }
 
 pub(crate) fn subscription(s: SubscriptionInfo) -> pb::SubscriptionInfo {

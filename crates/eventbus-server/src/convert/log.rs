@@ -178,6 +178,15 @@ pub(crate) struct EventJson {
     payload: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     payload_base64: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    position: Option<PositionJson>,
+}
+
+/// `EventPosition` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct PositionJson {
+    epoch: String,
+    offset: u64,
 }
 
 pub(crate) fn event_json(e: &Event) -> EventJson {
@@ -195,6 +204,7 @@ pub(crate) fn event_json(e: &Event) -> EventJson {
         metadata: e.metadata.clone(),
         payload: json,
         payload_base64: base64,
+        position: e.position.as_ref().map(|p| PositionJson { epoch: p.epoch.to_string(), offset: p.offset }),
     }
 }
 

@@ -9,12 +9,14 @@
 
 mod consumers;
 mod events;
+mod history;
 mod log;
 mod publish;
 
 pub(crate) use consumers::*;
 pub use consumers::{DEAD_LETTER_CONTENT_TYPE, encode_dead_letter};
 pub(crate) use events::*;
+pub(crate) use history::*;
 pub(crate) use log::*;
 pub(crate) use publish::*;
 

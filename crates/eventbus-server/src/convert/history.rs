@@ -1,0 +1,155 @@
+//! Channel histories: the admin page of one, in both wire forms.
+
+use super::*;
+use eventbus_core::history::{HistoryInfo, Position, Recovery, Start};
+
+/// Largest page of a channel's history.
+const MAX_HISTORY_LIMIT: usize = 1000;
+/// Page size when the caller gives none.
+const DEFAULT_HISTORY_LIMIT: usize = 100;
+
+/// Where an admin read of a channel's history starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HistoryFrom {
+    /// The events after this offset of the current epoch (0: the oldest kept).
+    Offset(u64),
+    /// The events published at or after this time.
+    Time(SystemTime),
+}
+
+/// A page of one channel's history and what the history holds.
+#[derive(Debug)]
+pub(crate) struct HistoryPage {
+    info: HistoryInfo,
+    read: Recovery,
+}
+
+/// Reads a page of `channel`'s history; NOT_FOUND when no rule covers the channel.
+pub(crate) async fn history_page(
+    bus: &Bus,
+    channel: &str,
+    from: HistoryFrom,
+    limit: usize,
+) -> Result<HistoryPage, EdgeError> {
+    eventbus_core::name::validate_channel(channel).map_err(Error::from)?;
+    let no_history = || Error::NoHistory(channel.to_owned());
+    let info = bus.history_info(channel).await?.ok_or_else(no_history)?;
+    let start = match from {
+        HistoryFrom::Offset(0) => Start::Oldest,
+        HistoryFrom::Offset(offset) => Start::After(Position { epoch: Arc::clone(&info.epoch), offset }),
+        HistoryFrom::Time(t) => Start::At(t),
+    };
+    let limit = match limit {
+        0 => DEFAULT_HISTORY_LIMIT,
+        n => n.min(MAX_HISTORY_LIMIT),
+    };
+    let read = bus.read_history(channel, &start, limit).await?.ok_or_else(no_history)?;
+    Ok(HistoryPage { info, read })
+}
+
+pub(crate) fn history_response(page: HistoryPage) -> pb::GetChannelHistoryResponse {
+    let HistoryPage { info, read: Recovery { events, complete: _, last: _, more } } = page;
+    pb::GetChannelHistoryResponse {
+        history: Some(channel_history(info)),
+        events: events.iter().map(event).collect(),
+        more,
+    }
+}
+
+fn channel_history(info: HistoryInfo) -> pb::ChannelHistory {
+    let HistoryInfo { channel, epoch, first_offset, last_offset, events, bytes } = info;
+    pb::ChannelHistory { channel, epoch: epoch.to_string(), first_offset, last_offset, events, bytes }
+}
+
+/// `HistoryInfo` in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChannelHistoryJson {
+    channel: String,
+    epoch: String,
+    first_offset: u64,
+    last_offset: u64,
+    events: u64,
+    bytes: u64,
+}
+
+/// A page of a channel's history in JSON.
+#[derive(Debug, Serialize)]
+pub(crate) struct HistoryPageJson {
+    history: ChannelHistoryJson,
+    events: Vec<EventJson>,
+    more: bool,
+}
+
+pub(crate) fn history_page_json(page: HistoryPage) -> HistoryPageJson {
+    let HistoryPage { info, read: Recovery { events, complete: _, last: _, more } } = page;
+    let HistoryInfo { channel, epoch, first_offset, last_offset, events: count, bytes } = info;
+    HistoryPageJson {
+        history: ChannelHistoryJson {
+            channel,
+            epoch: epoch.to_string(),
+            first_offset,
+            last_offset,
+            events: count,
+            bytes,
+        },
+        events: events.iter().map(|e| event_json(e)).collect(),
+        more,
+    }
+}
+
+/// `?since=` of the REST history route: an offset (`42`), a time (RFC 3339), or an age
+/// (`90s`, `5m`, `2h`: that long ago).
+pub(crate) fn history_from_query(since: Option<&str>) -> Result<HistoryFrom, EdgeError> {
+    let Some(since) = since.map(str::trim).filter(|s| !s.is_empty()) else { return Ok(HistoryFrom::Offset(0)) };
+    if let Ok(offset) = since.parse::<u64>() {
+        return Ok(HistoryFrom::Offset(offset));
+    }
+    if let Ok(t) = since.parse::<prost_types::Timestamp>()
+        && let Ok(t) = SystemTime::try_from(t)
+    {
+        return Ok(HistoryFrom::Time(t));
+    }
+    if let Some(age) = parse_age(since) {
+        return Ok(HistoryFrom::Time(SystemTime::now().checked_sub(age).unwrap_or(SystemTime::UNIX_EPOCH)));
+    }
+    Err(EdgeError::BadRequest(format!(
+        "invalid since {since:?}: expected an offset (42), a time (2026-11-27T10:00:00Z) or an age (90s, 5m, 2h)"
+    )))
+}
+
+/// `90s`, `5m`, `2h`, `1d`, `500ms`.
+pub(crate) fn parse_age(s: &str) -> Option<Duration> {
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let ms = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(ms).map(Duration::from_millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_reads_offsets_times_and_ages() {
+        assert_eq!(history_from_query(None).unwrap(), HistoryFrom::Offset(0));
+        assert_eq!(history_from_query(Some("42")).unwrap(), HistoryFrom::Offset(42));
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        assert_eq!(history_from_query(Some(&rfc3339(t))).unwrap(), HistoryFrom::Time(t));
+        let HistoryFrom::Time(ago) = history_from_query(Some("5m")).unwrap() else { panic!("an age is a time") };
+        let age = SystemTime::now().duration_since(ago).unwrap();
+        assert!(age >= Duration::from_secs(300) && age < Duration::from_secs(360), "{age:?}");
+        let err = history_from_query(Some("yesterday")).unwrap_err().to_string();
+        assert!(err.contains("invalid since \"yesterday\""), "{err}");
+        assert_eq!(parse_age("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_age("5"), None);
+        assert_eq!(parse_age("m"), None);
+    }
+}
