@@ -70,6 +70,12 @@ impl HistoryRules {
         self.0.iter().find(|r| r.channels.matches(channel)).map(|r| &r.limits)
     }
 
+    /// True when every channel `filter` matches keeps a history (one rule covers
+    /// them all).
+    pub fn cover(&self, filter: &Pattern) -> bool {
+        self.0.iter().any(|r| r.channels.covers(filter))
+    }
+
     /// The rules, in order.
     pub fn rules(&self) -> &[HistoryRule] {
         &self.0

@@ -212,6 +212,22 @@ impl Pattern {
         })
     }
 
+    /// True when every channel `other` matches, this filter matches too.
+    pub fn covers(&self, other: &Pattern) -> bool {
+        let mut theirs = other.tokens();
+        for mine in self.tokens() {
+            let Some(their) = theirs.next() else { return false };
+            match (mine, their) {
+                (Token::Rest, _) => return true,
+                (_, Token::Rest) => return false,
+                (Token::Star, _) => {}
+                (Token::Literal(a), Token::Literal(b)) if a == b => {}
+                (Token::Literal(_), _) => return false,
+            }
+        }
+        theirs.next().is_none()
+    }
+
     /// Token-by-token match of one channel, without the router. The router is the fast
     /// path; this is its reference (and what redis mode uses to re-check Redis globs).
     pub fn matches(&self, channel: &str) -> bool {
@@ -256,6 +272,37 @@ mod tests {
         match Pattern::parse(name) {
             Err(e) => e.problem,
             Ok(_) => panic!("{name:?} was accepted"),
+        }
+    }
+
+    #[test]
+    fn a_filter_covers_the_filters_whose_channels_it_all_matches() {
+        let covers = |a: &str, b: &str| Pattern::parse(a).unwrap().covers(&Pattern::parse(b).unwrap());
+        for (a, b) in [
+            (">", "a"),
+            (">", "a.>"),
+            ("a.>", "a.*.c"),
+            ("a.>", "a.>"),
+            ("a.*", "a.b"),
+            ("a.*", "a.*"),
+            ("a.b", "a.b"),
+            ("*.*", "x.*"),
+        ] {
+            assert!(covers(a, b), "{a} covers {b}");
+        }
+        for (a, b) in [("a.*", "a.>"), ("a.*", "a"), ("a.b", "a.*"), ("a.>", "a"), ("a.*", "a.b.c"), ("a", "a.b")] {
+            assert!(!covers(a, b), "{a} does not cover {b}");
+        }
+        // Exhaustive cross-check on small names: covering means matching all they match.
+        let names = ["a", "b", "a.a", "a.b", "b.a", "a.a.a", "a.b.c"];
+        let filters = ["a", "*", ">", "a.*", "a.>", "*.a", "*.>", "a.b", "*.*", "a.*.*"];
+        for a in filters {
+            for b in filters {
+                let (pa, pb) = (Pattern::parse(a).unwrap(), Pattern::parse(b).unwrap());
+                if pa.covers(&pb) {
+                    assert!(names.iter().all(|n| !pb.matches(n) || pa.matches(n)), "{a} covers {b}");
+                }
+            }
         }
     }
 

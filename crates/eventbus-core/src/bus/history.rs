@@ -95,7 +95,8 @@ impl Bus {
     /// They are delivered before any live event, and a live event the subscriber
     /// already has (recovered, or received before) is skipped: no gap and no copy at
     /// the seam. Returns false when history no longer holds everything asked for (then
-    /// the subscription starts from what it has).
+    /// the subscription starts from what it has), or when some of the subscription's
+    /// channels keep no history.
     pub async fn recover(&self, handle: &mut SubscriptionHandle, since: &Since) -> Result<bool, Error> {
         let spec = &handle.sub.spec;
         if spec.group.is_some() {
@@ -139,7 +140,8 @@ impl Bus {
             others.retain(|c| !since.positions.contains_key(c));
             reads.extend(others.into_iter().map(|c| (c, Start::At(at))));
         }
-        let mut complete = true;
+        // A channel without history has nothing to recover from: what it lost is lost.
+        let mut complete = spec.filters.iter().all(|f| self.history_rules().cover(f));
         let mut runs: Vec<Vec<Arc<Event>>> = Vec::new();
         let mut seam = HashMap::new();
         for (channel, start) in reads {
