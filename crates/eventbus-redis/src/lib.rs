@@ -11,6 +11,8 @@
 //!   raw form a foreign producer's plain `PUBLISH` takes.
 //! - `glob`: filters mapped to Redis channels and globs.
 //! - `groups`: groups that span the instances (one member across the fleet per event).
+//! - `history`: channel histories in Redis (a capped stream per channel) and the
+//!   script that publishes and keeps an event in one step.
 //! - `dedup`: one copy per instance when an exact channel and patterns both match.
 //! - [`cluster`]: [`ClusterTransport`], the same on a Redis Cluster with sharded
 //!   Pub/Sub (`SPUBLISH`/`SSUBSCRIBE`) over a fixed set of shard channels.
@@ -24,6 +26,7 @@ pub mod durable;
 mod envelope;
 mod glob;
 mod groups;
+mod history;
 pub mod transport;
 
 pub use cluster::ClusterTransport;

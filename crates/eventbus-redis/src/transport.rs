@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use eventbus_core::history::{HistoryInfo, HistoryRules, Recovery, Start};
 use eventbus_core::name::validate_channel;
-use eventbus_core::transport::{PublishFuture, WatchedFuture};
+use eventbus_core::transport::{HistoryFuture, PublishFuture, WatchedFuture};
 use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Supervisor, Transport, TransportError, TransportStatus};
 use futures::StreamExt;
 use parking_lot::RwLock;
@@ -29,6 +30,7 @@ use crate::demand::Demand;
 use crate::envelope::{self, Envelope};
 use crate::glob::{RedisFilter, event_channel, redis_channel, redis_filter};
 use crate::groups::FleetGroups;
+use crate::history::{self, RedisHistory};
 
 /// First reconnection delay; doubles up to [`MAX_BACKOFF`].
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -64,6 +66,8 @@ pub struct RedisOptions {
     pub health_check_interval: Duration,
     /// How long a PING may take before Redis counts as not answering.
     pub health_check_timeout: Duration,
+    /// Channels that keep a history (in Redis, shared by the instances).
+    pub history: HistoryRules,
 }
 
 impl RedisOptions {
@@ -162,6 +166,7 @@ pub struct RedisTransport {
     demand: Demand,
     status: watch::Sender<TransportStatus>,
     groups: Arc<FleetGroups>,
+    history: RedisHistory,
 }
 
 impl RedisTransport {
@@ -187,6 +192,7 @@ impl RedisTransport {
             demand: Demand::new(),
             status: watch::Sender::new(TransportStatus::default()),
             groups: FleetGroups::new(&settings.prefix),
+            history: RedisHistory::new(&settings.prefix, settings.history.clone()),
         });
         let publisher = Arc::clone(&transport);
         let groups = Arc::clone(&transport.groups).run(move || publisher.publisher.read().clone(), shutdown.clone());
@@ -198,6 +204,23 @@ impl RedisTransport {
 
     fn unavailable(&self, reason: impl Into<String>) -> TransportError {
         TransportError { transport: "redis", reason: reason.into() }
+    }
+
+    /// The publishing connection, for a history read (bounded in time).
+    fn reader(&self) -> Result<MultiplexedConnection, TransportError> {
+        self.publisher
+            .read()
+            .clone()
+            .ok_or_else(|| self.unavailable(format!("not connected to Redis at {}", self.target)))
+    }
+
+    /// Runs a history read within [`history::READ_TIMEOUT`].
+    async fn bounded<T>(&self, read: impl Future<Output = redis::RedisResult<T>>) -> Result<T, TransportError> {
+        match tokio::time::timeout(history::READ_TIMEOUT, read).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(self.unavailable(format!("reading history failed: {err}"))),
+            Err(_) => Err(self.unavailable("reading history timed out")),
+        }
     }
 
     async fn run(self: Arc<Self>, client: Client, local: LocalFanout, shutdown: CancellationToken) {
@@ -383,6 +406,14 @@ impl Transport for RedisTransport {
                 return Err(self.unavailable(format!("not connected to Redis at {}", self.target)));
             };
             let key = redis_channel(&self.prefix, &event.channel);
+            if let Some(limits) = self.history.limits(&event.channel) {
+                let receivers = self
+                    .history
+                    .publish(&mut conn, &key, self.envelope, &event, limits)
+                    .await
+                    .map_err(|e| self.unavailable(format!("PUBLISH with history failed: {e}")))?;
+                return Ok(Fanout { delivered: u32::try_from(receivers).unwrap_or(u32::MAX), failed: 0 });
+            }
             let receivers: i64 = redis::cmd("PUBLISH")
                 .arg(key)
                 .arg(envelope::encode_as(self.envelope, &event))
@@ -416,6 +447,38 @@ impl Transport for RedisTransport {
     fn delivers_to_group(&self, group: &str, event: &Event) -> bool {
         self.groups.delivers(group, event)
     }
+
+    fn read_history<'a>(
+        &'a self,
+        channel: &'a str,
+        start: &'a Start,
+        limit: usize,
+    ) -> HistoryFuture<'a, Option<Recovery>> {
+        Box::pin(async move {
+            if self.history.limits(channel).is_none() {
+                return Ok(None);
+            }
+            let mut conn = self.reader()?;
+            self.bounded(self.history.read(&mut conn, channel, start, limit)).await
+        })
+    }
+
+    fn history_channels<'a>(&'a self, filter: &'a Pattern) -> HistoryFuture<'a, Vec<String>> {
+        Box::pin(async move {
+            let mut conn = self.reader()?;
+            self.bounded(self.history.channels(&mut conn, filter)).await
+        })
+    }
+
+    fn history_info<'a>(&'a self, channel: &'a str) -> HistoryFuture<'a, Option<HistoryInfo>> {
+        Box::pin(async move {
+            if self.history.limits(channel).is_none() {
+                return Ok(None);
+            }
+            let mut conn = self.reader()?;
+            self.bounded(self.history.info(&mut conn, channel)).await
+        })
+    }
 }
 
 #[cfg(test)]
@@ -438,6 +501,7 @@ mod tests {
             shard_tokens: 1,
             health_check_interval: Duration::from_secs(1),
             health_check_timeout: Duration::from_millis(500),
+            history: HistoryRules::default(),
         };
         assert_eq!(s.display_target(), "redis://***@cache:6380/2");
         let s = RedisOptions { url: None, host: "cache".into(), port: 6379, password: Some("x".into()), ..s };

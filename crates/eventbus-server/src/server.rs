@@ -472,6 +472,7 @@ fn start_redis_durable(
         envelope: redis.envelope,
         min_replicas_acked: settings.eventbus.redis.min_replicas_acked,
         replica_ack_timeout: Duration::from_millis(settings.eventbus.redis.replica_ack_timeout_ms),
+        history: redis.history.clone(),
     };
     let options = durable_options(settings, metrics, supervisor);
     let durable = match redis.cluster_nodes.is_empty() {

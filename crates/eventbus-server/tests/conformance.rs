@@ -84,6 +84,7 @@ fn redis_settings(prefix: &str) -> RedisDurableSettings {
         envelope: eventbus_redis::Envelope::Binary,
         min_replicas_acked: 0,
         replica_ack_timeout: std::time::Duration::from_secs(1),
+        history: Default::default(),
     }
 }
 

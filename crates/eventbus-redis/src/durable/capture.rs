@@ -166,7 +166,14 @@ impl Shared {
             consumers.clear();
             {
                 let registry = self.registry.read();
-                call.arg(&*registry.version).arg(window_ms).arg(&self.keys.pubsub);
+                call.arg(&*registry.version)
+                    .arg(window_ms)
+                    .arg(&self.keys.pubsub)
+                    .arg(&self.keys.history_stream)
+                    .arg(&self.keys.history_meta)
+                    .arg(crate::history::kind(self.envelope))
+                    .arg(&*eventbus_core::history::new_epoch())
+                    .arg(now_ms());
                 for p in batch.iter() {
                     names.clear();
                     registry.trie.collect(&p.event.channel, &mut names);
@@ -179,6 +186,10 @@ impl Shared {
                         .arg(&p.event.channel)
                         .arg(&p.ordering_key)
                         .arg(&p.idem)
+                        .arg(match self.history.limits(&p.event.channel) {
+                            Some(limits) => crate::history::bounds_arg(limits, &p.event),
+                            None => String::new(),
+                        })
                         .arg(names.len());
                     for rt in names.iter().filter_map(|n| registry.by_name.get(n)) {
                         call.arg(&*rt.base).arg(rt.config().max_pending);

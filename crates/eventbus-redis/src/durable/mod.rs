@@ -119,6 +119,9 @@ pub struct RedisDurableSettings {
     pub min_replicas_acked: u32,
     /// How long a capture waits for them (`eventbus.redis.replica_ack_timeout_ms`).
     pub replica_ack_timeout: Duration,
+    /// Channels that keep a history: their captured events are kept in it by the
+    /// capture script that publishes them (single Redis).
+    pub history: eventbus_core::history::HistoryRules,
 }
 
 /// Durable consumers on Redis Streams. A cheap handle.
@@ -148,6 +151,9 @@ struct GlobalKeys {
     log_format: String,
     /// What precedes an event channel in its Redis Pub/Sub channel (`{prefix}:`).
     pubsub: String,
+    /// What precedes an event channel in the keys of its history stream and hash.
+    history_stream: String,
+    history_meta: String,
 }
 
 pub(crate) struct Shared {
@@ -164,6 +170,7 @@ pub(crate) struct Shared {
     instance: String,
     retention: Retention,
     envelope: Envelope,
+    history: eventbus_core::history::HistoryRules,
     options: DurableOptions,
     sink: OnceLock<DeadLetterSink>,
     keys: GlobalKeys,
@@ -249,6 +256,7 @@ impl RedisDurable {
             instance: settings.instance_id,
             retention: settings.retention,
             envelope: settings.envelope,
+            history: settings.history,
             options,
             sink: OnceLock::new(),
             keys,
@@ -289,6 +297,8 @@ impl GlobalKeys {
             idem: format!("{p}:durable:idem:"),
             log_format: format!("{shared}:log_format"),
             pubsub: redis_channel(p, ""),
+            history_stream: crate::history::stream_prefix(p),
+            history_meta: crate::history::meta_prefix(p),
         }
     }
 }

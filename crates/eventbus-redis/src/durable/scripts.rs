@@ -297,10 +297,14 @@ end
 /// idempotency key, store it for every matching consumer and PUBLISH it for
 /// ephemeral subscribers.
 ///
-/// KEYS: version. ARGV: known version, window ms, pub/sub channel prefix, then per
-/// event: event id, envelope (stored), pub/sub message ('' = the envelope), channel,
-/// ordering key ('' = none), idempotency key ('' = none), number of consumers n, then n
-/// (consumer key base, max_pending) pairs.
+/// KEYS: version. ARGV: known version, window ms, pub/sub channel prefix, history
+/// stream key prefix, history hash key prefix, envelope kind of the pub/sub message
+/// (`b`/`j`), epoch for a new history, now ms, then per event: event id, envelope
+/// (stored), pub/sub message ('' = the envelope), channel, ordering key ('' = none),
+/// idempotency key ('' = none), history bounds ('' = the channel keeps none, else
+/// `size max_bytes ttl_ms event_ms`), number of consumers n, then n (consumer key base,
+/// max_pending) pairs. An event of a channel with history is kept in it with its
+/// position, and published with it (`retain`).
 /// Returns `{'stale', version}` (nothing done), or `{'ok', r1, r2, ...}` with one `r`
 /// per event: the receivers of its PUBLISH (integer), or for a repeated idempotency
 /// key the original event id (string).
@@ -308,12 +312,14 @@ const PUBLISH: &str = r#"
 local v = redis.call('GET', KEYS[1]) or '0'
 if v ~= ARGV[1] then return {'stale', v} end
 local window, pubsub = ARGV[2], ARGV[3]
+local hstream, hmeta, kind, epoch, now = ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
 local out = {'ok'}
-local j = 4
+local j = 9
 while j <= #ARGV do
   local id, env, msg, channel, key, idem = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4], ARGV[j + 5]
-  local first = j + 7
-  j = first + 2 * tonumber(ARGV[j + 6])
+  local hist = ARGV[j + 6]
+  local first = j + 8
+  j = first + 2 * tonumber(ARGV[j + 7])
   if msg == '' then msg = env end
   local prev = false
   if idem ~= '' then
@@ -324,6 +330,11 @@ while j <= #ARGV do
     out[#out + 1] = prev
   else
     for i = first, j - 1, 2 do capture(ARGV[i], tonumber(ARGV[i + 1]), id, env, channel, key) end
+    if hist ~= '' then
+      local size, max_bytes, ttl, ems = string.match(hist, '^(%d+) (%d+) (%d+) (%d+)$')
+      msg = retain(hstream .. channel, hmeta .. channel, msg, kind, epoch, tonumber(ems), tonumber(size),
+        tonumber(max_bytes), tonumber(ttl), now)
+    end
     out[#out + 1] = redis.call('PUBLISH', pubsub .. channel, msg)
   end
 end
@@ -789,7 +800,7 @@ impl Scripts {
     pub(crate) fn new() -> Self {
         let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
         Self {
-            publish: Script::new(&format!("{CAPTURE_ONE}\n{PUBLISH}")),
+            publish: Script::new(&format!("{CAPTURE_ONE}\n{}\n{PUBLISH}", crate::history::RETAIN)),
             capture: Script::new(&format!("{CAPTURE_ONE}\n{CAPTURE}")),
             ack: with_prelude(ACK),
             fail: with_prelude(FAIL),

@@ -136,6 +136,7 @@ impl Settings {
             shard_tokens: r.shard_tokens as usize,
             health_check_interval: Duration::from_millis(r.health_check_interval_ms),
             health_check_timeout: Duration::from_millis(r.health_check_timeout_ms),
+            history: self.history_rules(),
         }
     }
 

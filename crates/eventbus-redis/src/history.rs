@@ -1,0 +1,348 @@
+//! Channel history in Redis: a capped stream per channel, shared by every instance.
+//!
+//! A publish on a channel with a history rule runs one script that, atomically, gives
+//! the event the channel's next offset, appends the envelope (with its position) to the
+//! channel's stream, trims the stream to the rule's bounds, and PUBLISHes the same
+//! envelope. Redis runs it alone, so the stream's order is the order every instance
+//! receives the channel's events in, and a subscriber that subscribes first and then
+//! reads the stream has every event exactly once (later ones arrive live; those it
+//! read twice are recognised by their offset).
+//!
+//! Keys: `{prefix}:history:{channel}` (the stream; entry ids `<ms>-<offset>`, the
+//! event's time kept increasing) and `{prefix}:history-meta:{channel}` (a hash: epoch,
+//! last offset, bytes kept, last trimmed offset and time). The epoch is made when the
+//! hash is (first publish, or after Redis lost the keys), so a flushed Redis is seen as
+//! a new epoch.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use eventbus_core::history::{HistoryInfo, HistoryLimits, HistoryRules, Position, Recovery, Start};
+use eventbus_core::{Event, Pattern};
+use redis::aio::MultiplexedConnection;
+
+use crate::envelope::{self, Envelope};
+use crate::glob::{RedisFilter, redis_filter};
+
+/// The Lua function that keeps an event in its channel's history: `retain(stream, meta,
+/// msg, kind, epoch, event_ms, size, max_bytes, ttl_ms, now_ms)` gives the event the
+/// channel's next offset, appends `msg` (the envelope, `kind` `b` binary or `j` JSON)
+/// with its position to the stream, trims the stream to its bounds, and returns the
+/// envelope with the position, to PUBLISH. `epoch` names a history made now (first
+/// publish, or Redis lost the keys).
+pub(crate) const RETAIN: &str = r#"
+local function varint(n)
+  local out = ''
+  while n >= 128 do
+    out = out .. string.char(n % 128 + 128)
+    n = math.floor(n / 128)
+  end
+  return out .. string.char(n)
+end
+local function retain(stream, meta, msg, kind, epoch, event_ms, size, max_bytes, ttl, now)
+  local kept = redis.call('HGET', meta, 'epoch')
+  if kept then
+    epoch = kept
+  else
+    redis.call('DEL', stream)
+    redis.call('HSET', meta, 'epoch', epoch, 'offset', 0, 'bytes', 0, 'trimmed', 0, 'trimmed_ms', 0, 'last_ms', 0)
+  end
+  local offset = redis.call('HINCRBY', meta, 'offset', 1)
+  if kind == 'j' then
+    msg = string.sub(msg, 1, -2) .. ',"position":{"epoch":"' .. epoch .. '","offset":' .. string.format('%d', offset) .. '}}'
+  else
+    local body = '\10' .. varint(#epoch) .. epoch .. '\16' .. varint(offset)
+    msg = msg .. '\66' .. varint(#body) .. body
+  end
+  local ms = math.max(event_ms, tonumber(redis.call('HGET', meta, 'last_ms')))
+  redis.call('HSET', meta, 'last_ms', string.format('%d', ms))
+  redis.call('XADD', stream, string.format('%d-%d', ms, offset), 'e', msg)
+  local bytes = redis.call('HINCRBY', meta, 'bytes', #msg)
+  local len = redis.call('XLEN', stream)
+  while len > 1 do
+    local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
+    local fms, foff = string.match(first[1], '^(%d+)-(%d+)$')
+    fms = tonumber(fms)
+    if not (len > size or bytes > max_bytes or (ttl > 0 and fms < now - ttl)) then break end
+    redis.call('XDEL', stream, first[1])
+    bytes = redis.call('HINCRBY', meta, 'bytes', -#first[2][2])
+    redis.call('HSET', meta, 'trimmed', foff, 'trimmed_ms', string.format('%d', fms))
+    len = len - 1
+  end
+  return msg
+end
+"#;
+
+/// KEYS: stream, meta. ARGV: pub/sub channel, envelope without position, kind, epoch
+/// for a new history, event ms, size, max bytes, ttl ms (0: none), now ms. Returns the
+/// PUBLISH's receivers.
+const PUBLISH: &str = r#"
+local msg = retain(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]),
+  tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
+return redis.call('PUBLISH', ARGV[1], msg)
+"#;
+
+/// The `kind` argument of [`RETAIN`] for an envelope.
+pub(crate) fn kind(envelope: Envelope) -> &'static str {
+    match envelope {
+        Envelope::Binary => "b",
+        Envelope::Json => "j",
+    }
+}
+
+/// A channel's history bounds and an event's time as one script argument
+/// (`size max_bytes ttl_ms event_ms`).
+pub(crate) fn bounds_arg(limits: &HistoryLimits, event: &Event) -> String {
+    let ttl = limits.ttl.map_or(0, |t| t.as_millis() as u64);
+    format!("{} {} {ttl} {}", limits.size, limits.max_bytes, ms(event.timestamp))
+}
+
+/// What the key of a channel's history stream starts with (the channel follows).
+pub(crate) fn stream_prefix(prefix: &str) -> String {
+    format!("{prefix}:history:")
+}
+
+/// What the key of a channel's history hash starts with (the channel follows).
+pub(crate) fn meta_prefix(prefix: &str) -> String {
+    format!("{prefix}:history-meta:")
+}
+
+/// Most entries one read asks Redis for at a time.
+const PAGE: usize = 1000;
+
+/// The history rules and keys of one redis-mode instance.
+#[derive(Debug)]
+pub(crate) struct RedisHistory {
+    prefix: String,
+    rules: HistoryRules,
+    script: redis::Script,
+}
+
+/// A channel's history hash.
+#[derive(Debug, Default)]
+struct Meta {
+    epoch: Option<Arc<str>>,
+    last: u64,
+    bytes: u64,
+    trimmed: u64,
+    trimmed_ms: u64,
+}
+
+impl RedisHistory {
+    pub(crate) fn new(prefix: &str, rules: HistoryRules) -> Self {
+        Self { prefix: prefix.to_owned(), rules, script: redis::Script::new(&format!("{RETAIN}\n{PUBLISH}")) }
+    }
+
+    /// What `channel` keeps, if anything.
+    pub(crate) fn limits(&self, channel: &str) -> Option<&HistoryLimits> {
+        match self.rules.is_empty() {
+            true => None,
+            false => self.rules.limits(channel),
+        }
+    }
+
+    fn stream_key(&self, channel: &str) -> String {
+        format!("{}{channel}", stream_prefix(&self.prefix))
+    }
+
+    fn meta_key(&self, channel: &str) -> String {
+        format!("{}{channel}", meta_prefix(&self.prefix))
+    }
+
+    /// Publishes `event` on `pubsub` and keeps it, with its position, in the channel's
+    /// history. Returns the receivers of the PUBLISH.
+    pub(crate) async fn publish(
+        &self,
+        conn: &mut MultiplexedConnection,
+        pubsub: &str,
+        envelope: Envelope,
+        event: &Event,
+        limits: &HistoryLimits,
+    ) -> redis::RedisResult<i64> {
+        let now = SystemTime::now();
+        self.script
+            .key(self.stream_key(&event.channel))
+            .key(self.meta_key(&event.channel))
+            .arg(pubsub)
+            .arg(envelope::encode_as(envelope, event))
+            .arg(kind(envelope))
+            .arg(&*eventbus_core::history::new_epoch())
+            .arg(ms(event.timestamp))
+            .arg(limits.size)
+            .arg(limits.max_bytes)
+            .arg(limits.ttl.map_or(0, |t| t.as_millis() as u64))
+            .arg(ms(now))
+            .invoke_async(conn)
+            .await
+    }
+
+    async fn meta(&self, conn: &mut MultiplexedConnection, channel: &str) -> redis::RedisResult<Meta> {
+        let fields: HashMap<String, String> =
+            redis::cmd("HGETALL").arg(self.meta_key(channel)).query_async(conn).await?;
+        let num = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        Ok(Meta {
+            epoch: fields.get("epoch").map(|e| Arc::from(e.as_str())),
+            last: num("offset"),
+            bytes: num("bytes"),
+            trimmed: num("trimmed"),
+            trimmed_ms: num("trimmed_ms"),
+        })
+    }
+
+    /// Reads `channel`'s history from `start`, at most `limit` events.
+    pub(crate) async fn read(
+        &self,
+        conn: &mut MultiplexedConnection,
+        channel: &str,
+        start: &Start,
+        limit: usize,
+    ) -> redis::RedisResult<Option<Recovery>> {
+        let Some(limits) = self.limits(channel) else { return Ok(None) };
+        let meta = self.meta(conn, channel).await?;
+        let Some(epoch) = meta.epoch.clone() else {
+            // Nothing kept: never published, or Redis lost it. A position says which.
+            let complete = match start {
+                Start::After(p) => p.offset == 0,
+                Start::At(_) | Start::Oldest => true,
+            };
+            return Ok(Some(Recovery { complete, ..Recovery::default() }));
+        };
+        let last = (meta.last > 0).then(|| Position { epoch: Arc::clone(&epoch), offset: meta.last });
+        let stream = self.stream_key(channel);
+        let oldest_kept = limits.ttl.and_then(|ttl| SystemTime::now().checked_sub(ttl));
+        let (mut events, complete) = match start {
+            Start::After(p) if *p.epoch == *epoch || p.offset == 0 => {
+                // Offsets are dense and trimmed from the front: the wanted events are
+                // the newest `last - p.offset`.
+                let wanted = usize::try_from(meta.last.saturating_sub(p.offset)).unwrap_or(usize::MAX);
+                let mut newest = range(conn, "XREVRANGE", &stream, "+", "-", wanted).await?;
+                newest.reverse();
+                (newest, meta.trimmed <= p.offset)
+            }
+            Start::After(_) => (range(conn, "XRANGE", &stream, "-", "+", usize::MAX).await?, false),
+            Start::At(t) => {
+                let from = ms(*t).to_string();
+                let mut events = range(conn, "XRANGE", &stream, &from, "+", usize::MAX).await?;
+                // Entry ids never go back in time, so an event stamped earlier by a
+                // slower clock may sit after `t`: its own time decides.
+                events.retain(|e| e.timestamp >= *t);
+                (events, meta.trimmed_ms < ms(*t))
+            }
+            Start::Oldest => (range(conn, "XRANGE", &stream, "-", "+", usize::MAX).await?, meta.trimmed == 0),
+        };
+        let mut complete = complete;
+        if let Some(oldest) = oldest_kept {
+            // Past the ttl but not trimmed yet (no publish since): as good as trimmed.
+            let expired = events.partition_point(|e| e.timestamp < oldest);
+            complete &= expired == 0;
+            events.drain(..expired);
+        }
+        let more = events.len() > limit;
+        events.truncate(limit);
+        Ok(Some(Recovery { events, complete, last, more }))
+    }
+
+    /// Channels matching `filter` with a history in Redis.
+    pub(crate) async fn channels(
+        &self,
+        conn: &mut MultiplexedConnection,
+        filter: &Pattern,
+    ) -> redis::RedisResult<Vec<String>> {
+        let meta_prefix = meta_prefix(&self.prefix);
+        let glob = match redis_filter(meta_prefix.trim_end_matches(':'), filter) {
+            RedisFilter::Channel(key) => key,
+            RedisFilter::Glob(glob) => glob,
+        };
+        let mut out = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) =
+                redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&glob).arg("COUNT").arg(PAGE).query_async(conn).await?;
+            out.extend(
+                keys.iter()
+                    .filter_map(|k| k.strip_prefix(meta_prefix.as_str()))
+                    .filter(|c| filter.matches(c) && self.limits(c).is_some())
+                    .map(str::to_owned),
+            );
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// What `channel`'s history holds.
+    pub(crate) async fn info(
+        &self,
+        conn: &mut MultiplexedConnection,
+        channel: &str,
+    ) -> redis::RedisResult<Option<HistoryInfo>> {
+        if self.limits(channel).is_none() {
+            return Ok(None);
+        }
+        let meta = self.meta(conn, channel).await?;
+        let stream = self.stream_key(channel);
+        let events: u64 = redis::cmd("XLEN").arg(&stream).query_async(conn).await?;
+        let first = match events {
+            0 => meta.last + 1,
+            _ => range(conn, "XRANGE", &stream, "-", "+", 1)
+                .await?
+                .first()
+                .and_then(|e| e.position.as_ref())
+                .map_or(meta.last + 1, |p| p.offset),
+        };
+        Ok(Some(HistoryInfo {
+            channel: channel.to_owned(),
+            epoch: meta.epoch.unwrap_or_else(|| Arc::from("")),
+            first_offset: first,
+            last_offset: meta.last,
+            events,
+            bytes: meta.bytes,
+        }))
+    }
+}
+
+/// Entries of a stream between `from` and `to` (XRANGE or XREVRANGE), at most `count`,
+/// fetched a page at a time, as events.
+async fn range(
+    conn: &mut MultiplexedConnection,
+    command: &str,
+    stream: &str,
+    from: &str,
+    to: &str,
+    count: usize,
+) -> redis::RedisResult<Vec<Arc<Event>>> {
+    let mut out = Vec::new();
+    let mut from = from.to_owned();
+    while out.len() < count {
+        let page = PAGE.min(count - out.len());
+        let reply: Vec<(String, Vec<(String, Vec<u8>)>)> =
+            redis::cmd(command).arg(stream).arg(&from).arg(to).arg("COUNT").arg(page).query_async(conn).await?;
+        let Some((last_id, _)) = reply.last() else { break };
+        // The next page starts after the last entry of this one.
+        from = format!("({last_id}");
+        let full = reply.len() == page;
+        for (_, fields) in reply {
+            let Some((_, message)) = fields.into_iter().find(|(k, _)| k == "e") else { continue };
+            if let Some(event) = envelope::decode_enveloped(Bytes::from(message)) {
+                out.push(Arc::new(event));
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// How long a history read may take before it fails (a hung Redis).
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(5);

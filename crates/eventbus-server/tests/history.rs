@@ -1,0 +1,402 @@
+//! History and recovery: positions on delivered events, `since` on subscribe (no gap and
+//! no copy at the seam, under concurrent publishing), epochs across restarts, bounds,
+//! the admin view; in_memory and redis mode (an instance restarted under publishing).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use common::redis_server::{RedisProc, broker_with};
+use common::*;
+use eventbus_core::history::{HistoryLimits, HistoryRule, HistoryRules};
+use eventbus_proto::pb::{self, subscribe_response::Kind};
+use eventbus_server::Settings;
+use tonic::Streaming;
+
+fn rules(rules: &[(&str, usize, usize)]) -> HistoryRules {
+    HistoryRules::new(
+        rules
+            .iter()
+            .map(|(channels, size, max_bytes)| HistoryRule {
+                channels: eventbus_core::Pattern::parse(channels).unwrap(),
+                limits: HistoryLimits { size: *size, max_bytes: *max_bytes, ttl: None },
+            })
+            .collect(),
+    )
+}
+
+fn keep(settings: &mut Settings, size: usize) {
+    settings.eventbus.history = vec![eventbus_server::config::HistoryRuleSetting {
+        channels: "hist.>".into(),
+        size,
+        max_bytes: 16 << 20,
+        ttl_ms: 0,
+    }];
+}
+
+/// A subscription and its `started` message.
+struct Opened {
+    started: pb::SubscriptionStarted,
+    stream: Streaming<pb::SubscribeResponse>,
+}
+
+async fn open(server: &TestServer, req: pb::SubscribeRequest) -> Result<Opened, tonic::Status> {
+    let mut stream = within(server.client().await.subscribe(req)).await?.into_inner();
+    match within(stream.message()).await? {
+        Some(pb::SubscribeResponse { kind: Some(Kind::Started(started)) }) => Ok(Opened { started, stream }),
+        other => panic!("first message must be started, got {other:?}"),
+    }
+}
+
+impl Opened {
+    async fn take(&mut self, n: usize) -> Vec<pb::Event> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            match within(self.stream.message()).await {
+                Ok(Some(pb::SubscribeResponse { kind: Some(Kind::Events(batch)) })) => out.extend(batch.events),
+                other => panic!("expected events after {} of {n}, got {other:?}", out.len()),
+            }
+        }
+        assert_eq!(out.len(), n, "more events than expected");
+        out
+    }
+}
+
+fn since(positions: &HashMap<String, pb::EventPosition>) -> pb::SubscribeSince {
+    pb::SubscribeSince { positions: positions.clone(), timestamp: None }
+}
+
+/// The last position of each channel in `events`.
+fn last_positions(events: &[pb::Event]) -> HashMap<String, pb::EventPosition> {
+    events.iter().map(|e| (e.channel.clone(), e.position.clone().expect("a position"))).collect()
+}
+
+fn numbers(events: &[pb::Event]) -> Vec<u64> {
+    events.iter().map(|e| String::from_utf8_lossy(&e.payload).parse().unwrap()).collect()
+}
+
+async fn publish_numbered(
+    client: &mut pb::event_bus_client::EventBusClient<tonic::transport::Channel>,
+    ch: &str,
+    n: u64,
+) {
+    client.publish(event(ch, n.to_string())).await.unwrap();
+}
+
+/// Publishes 1, 2, 3… on `channel` until told to stop; returns the last number.
+fn publish_until(
+    mut client: pb::event_bus_client::EventBusClient<tonic::transport::Channel>,
+    channel: &'static str,
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let mut n = 0;
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            if client.publish(event(channel, n.to_string())).await.is_err() {
+                n -= 1;
+                continue;
+            }
+            sent.store(n, Ordering::Relaxed);
+            tokio::task::yield_now().await;
+        }
+        n
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_carry_positions_and_a_resubscribe_misses_nothing_under_publishing() {
+    let server = start_with(|s| keep(s, 100_000)).await;
+    let mut first = open(&server, sub(&["hist.seam"])).await.unwrap();
+    assert!(!first.started.recovered, "no since: nothing recovered");
+    assert!(first.started.started_at.is_some());
+
+    let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let publisher = publish_until(server.client().await, "hist.seam", stop.clone(), sent.clone());
+    let mut received = first.take(50).await;
+    let positions = last_positions(&received);
+    drop(first);
+    // Events go on being published while nobody listens, and while the new
+    // subscription starts: the seam is crossed under load.
+    eventually("more events published meanwhile", || {
+        let sent = sent.clone();
+        async move { sent.load(Ordering::Relaxed) >= 200 }
+    })
+    .await;
+    let mut second =
+        open(&server, pb::SubscribeRequest { since: Some(since(&positions)), ..sub(&["hist.seam"]) }).await.unwrap();
+    assert!(second.started.recovered, "history held everything asked");
+    received.extend(second.take(300).await);
+    stop.store(true, Ordering::Relaxed);
+    let last = within(publisher).await.unwrap();
+    let total = last as usize;
+    if received.len() < total {
+        let missing = total - received.len();
+        received.extend(second.take(missing).await);
+    }
+    assert_eq!(numbers(&received), (1..=last).collect::<Vec<_>>(), "every event once, in order");
+    let offsets: Vec<u64> = received.iter().map(|e| e.position.as_ref().unwrap().offset).collect();
+    assert_eq!(offsets, (1..=last).collect::<Vec<_>>(), "offsets count the channel's events");
+    let epochs: std::collections::HashSet<_> = received.iter().map(|e| e.position.clone().unwrap().epoch).collect();
+    assert_eq!(epochs.len(), 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pattern_subscription_recovers_several_channels_and_new_ones_from_a_time() {
+    let server = start_with(|s| keep(s, 1000)).await;
+    let mut client = server.client().await;
+    let mut first = open(&server, sub(&["hist.*"])).await.unwrap();
+    for n in 1..=3 {
+        publish_numbered(&mut client, "hist.a", n).await;
+        publish_numbered(&mut client, "hist.b", n).await;
+    }
+    let seen = first.take(6).await;
+    let positions = last_positions(&seen);
+    let at = first.started.started_at;
+    drop(first);
+    for n in 4..=5 {
+        publish_numbered(&mut client, "hist.a", n).await;
+        publish_numbered(&mut client, "hist.b", n).await;
+        publish_numbered(&mut client, "hist.c", n).await;
+    }
+    let req = pb::SubscribeRequest { since: Some(pb::SubscribeSince { positions, timestamp: at }), ..sub(&["hist.*"]) };
+    let mut second = open(&server, req).await.unwrap();
+    assert!(second.started.recovered);
+    let recovered = second.take(6).await;
+    let by_channel = |ch: &str| numbers(&recovered.iter().filter(|e| e.channel == ch).cloned().collect::<Vec<_>>());
+    assert_eq!(by_channel("hist.a"), [4, 5]);
+    assert_eq!(by_channel("hist.b"), [4, 5]);
+    assert_eq!(by_channel("hist.c"), [4, 5], "a channel first seen in the gap is recovered from the time");
+    publish_numbered(&mut client, "hist.a", 6).await;
+    assert_eq!(numbers(&second.take(1).await), [6], "then live ones");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_is_bounded_and_a_trimmed_position_recovers_incompletely() {
+    let server = start_with(|s| {
+        s.eventbus.history = vec![eventbus_server::config::HistoryRuleSetting {
+            channels: "hist.>".into(),
+            size: 1_000_000,
+            max_bytes: 64 * 1024,
+            ttl_ms: 0,
+        }];
+    })
+    .await;
+    let mut client = server.client().await;
+    let mut first = open(&server, sub(&["hist.flood"])).await.unwrap();
+    publish_numbered(&mut client, "hist.flood", 0).await;
+    let positions = last_positions(&first.take(1).await);
+    drop(first);
+    let payload = vec![b'x'; 1000];
+    for _ in 0..500 {
+        client.publish(event("hist.flood", payload.clone())).await.unwrap();
+    }
+    let mut admin = server.admin().await;
+    let page = admin
+        .get_channel_history(pb::GetChannelHistoryRequest { channel: "hist.flood".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let history = page.history.unwrap();
+    assert!(history.bytes <= 64 * 1024, "{} bytes kept", history.bytes);
+    assert!(history.events > 10 && history.events < 100, "{} events kept", history.events);
+    assert_eq!(history.last_offset, 501);
+    assert_eq!(history.first_offset, 501 - history.events + 1);
+    assert_eq!(page.events.len(), history.events as usize);
+
+    let mut second =
+        open(&server, pb::SubscribeRequest { since: Some(since(&positions)), ..sub(&["hist.flood"]) }).await.unwrap();
+    assert!(!second.started.recovered, "the flood trimmed what was asked");
+    let recovered = second.take(history.events as usize).await;
+    assert_eq!(recovered[0].position.as_ref().unwrap().offset, history.first_offset, "from the oldest kept");
+
+    let metrics = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("socle_eventbus_history_recoveries_total{outcome=\"incomplete\"} 1"), "{metrics}");
+    assert!(metrics.contains("socle_eventbus_history_trimmed_total{reason=\"bytes\"}"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_memory_restart_changes_the_epoch_and_recovery_says_so() {
+    let server = start_with(|s| keep(s, 1000)).await;
+    let mut first = open(&server, sub(&["hist.r"])).await.unwrap();
+    publish_numbered(&mut server.client().await, "hist.r", 1).await;
+    let positions = last_positions(&first.take(1).await);
+    drop(first);
+    server.stop().await;
+
+    let server = start_with(|s| keep(s, 1000)).await;
+    let mut client = server.client().await;
+    publish_numbered(&mut client, "hist.r", 2).await;
+    let mut second =
+        open(&server, pb::SubscribeRequest { since: Some(since(&positions)), ..sub(&["hist.r"]) }).await.unwrap();
+    assert!(!second.started.recovered, "the history of the old epoch is gone");
+    let got = second.take(1).await;
+    assert_eq!(numbers(&got), [2], "what the new epoch holds is delivered");
+    let p = got[0].position.clone().unwrap();
+    assert_ne!(p.epoch, positions["hist.r"].epoch);
+    assert_eq!(p.offset, 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn since_is_checked_and_channels_without_history_report_incomplete() {
+    let server = start_with(|s| keep(s, 10)).await;
+    let pos = pb::EventPosition { epoch: "e".into(), offset: 1 };
+    let with = |channels: &[&str], group: &str, ch: &str| pb::SubscribeRequest {
+        group: group.into(),
+        since: Some(since(&HashMap::from([(ch.to_owned(), pos.clone())]))),
+        ..sub(channels)
+    };
+    let err = open(&server, with(&["hist.a"], "", "hist.b")).await.err().unwrap();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("\"hist.b\" is not a channel this subscription covers"), "{}", err.message());
+    let err = open(&server, with(&["hist.a"], "workers", "hist.a")).await.err().unwrap();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("group"), "{}", err.message());
+
+    // A filter partly outside the rules cannot promise anything.
+    let at = Some(prost_types::Timestamp::from(std::time::SystemTime::now()));
+    let req = pb::SubscribeRequest {
+        since: Some(pb::SubscribeSince { positions: HashMap::new(), timestamp: at }),
+        ..sub(&["hist.a", "plain"])
+    };
+    assert!(!open(&server, req).await.unwrap().started.recovered);
+    let req = pb::SubscribeRequest {
+        since: Some(pb::SubscribeSince { positions: HashMap::new(), timestamp: at }),
+        ..sub(&["hist.a"])
+    };
+    assert!(open(&server, req).await.unwrap().started.recovered);
+
+    let mut admin = server.admin().await;
+    let err = admin
+        .get_channel_history(pb::GetChannelHistoryRequest { channel: "plain".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    assert!(err.message().contains("keeps no history"), "{}", err.message());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rest_route_pages_a_channel_history() {
+    let server = start_with(|s| keep(s, 1000)).await;
+    let mut client = server.client().await;
+    for n in 1..=5 {
+        publish_numbered(&mut client, "hist.page", n).await;
+    }
+    let http = reqwest::Client::new();
+    let get = |q: &str| {
+        let url = server.url(&format!("/admin/eventbus/channels/hist.page/history{q}"));
+        let http = http.clone();
+        async move { http.get(url).send().await.unwrap() }
+    };
+    let page: serde_json::Value = get("?limit=2").await.json().await.unwrap();
+    assert_eq!(page["history"]["last_offset"], 5);
+    assert_eq!(page["history"]["events"], 5);
+    assert_eq!(page["more"], true);
+    let offsets: Vec<u64> =
+        page["events"].as_array().unwrap().iter().map(|e| e["position"]["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets, [1, 2]);
+    let page: serde_json::Value = get("?since=2&limit=10").await.json().await.unwrap();
+    let offsets: Vec<u64> =
+        page["events"].as_array().unwrap().iter().map(|e| e["position"]["offset"].as_u64().unwrap()).collect();
+    assert_eq!((offsets, page["more"].as_bool()), (vec![3, 4, 5], Some(false)));
+    let page: serde_json::Value = get("?since=1h").await.json().await.unwrap();
+    assert_eq!(page["events"].as_array().unwrap().len(), 5);
+    let bad = get("?since=soon").await;
+    assert_eq!(bad.status(), reqwest::StatusCode::BAD_REQUEST);
+    assert_eq!(get("").await.status(), reqwest::StatusCode::OK);
+    let none = http.get(server.url("/admin/eventbus/channels/plain/history")).send().await.unwrap();
+    assert_eq!(none.status(), reqwest::StatusCode::NOT_FOUND);
+    server.stop().await;
+}
+
+/// Two redis-mode instances; a subscriber on B; a publisher on A that never stops.
+/// B is restarted (same port); the subscriber resumes from its positions on the new
+/// B: every event exactly once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_redis_instance_lets_its_subscriber_recover_every_event_once() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let a = broker_with(&redis, |s| keep(s, 100_000)).await;
+    let b = broker_with(&redis, |s| keep(s, 100_000)).await;
+    let (grpc, http) = (b.addr, b.http);
+    let mut first = open(&b, sub(&["hist.>"])).await.unwrap();
+
+    let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let publisher = publish_until(a.client().await, "hist.fleet", stop.clone(), sent.clone());
+    let mut received = first.take(100).await;
+    let positions = last_positions(&received);
+    let before = sent.load(Ordering::Relaxed);
+    b.stop().await;
+    drop(first);
+    eventually("publishes while B is away", || {
+        let sent = sent.clone();
+        async move { sent.load(Ordering::Relaxed) >= before + 100 }
+    })
+    .await;
+    let b = broker_with(&redis, |s| {
+        keep(s, 100_000);
+        s.server.grpc_addr = grpc;
+        s.server.http_addr = http;
+    })
+    .await;
+    let mut second =
+        open(&b, pb::SubscribeRequest { since: Some(since(&positions)), ..sub(&["hist.>"]) }).await.unwrap();
+    assert!(second.started.recovered, "Redis kept everything");
+    received.extend(second.take(200).await);
+    stop.store(true, Ordering::Relaxed);
+    let last = within(publisher).await.unwrap();
+    if (received.len() as u64) < last {
+        received.extend(second.take(last as usize - received.len()).await);
+    }
+    assert_eq!(numbers(&received), (1..=last).collect::<Vec<_>>(), "every event once, in order");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Redis flushed: a new epoch, and the subscriber is told it missed events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_redis_starts_a_new_epoch() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let server = broker_with(&redis, |s| {
+        keep(s, 1000);
+        s.eventbus.redis.envelope = eventbus_server::config::EnvelopeSetting::Json;
+    })
+    .await;
+    let mut client = server.client().await;
+    let mut first = open(&server, sub(&["hist.x"])).await.unwrap();
+    publish_numbered(&mut client, "hist.x", 1).await;
+    publish_numbered(&mut client, "hist.x", 2).await;
+    let seen = first.take(2).await;
+    assert_eq!(seen[1].position.as_ref().unwrap().offset, 2, "the JSON envelope carries positions too");
+    let positions = last_positions(&seen[..1]);
+    let mut second =
+        open(&server, pb::SubscribeRequest { since: Some(since(&positions)), ..sub(&["hist.x"]) }).await.unwrap();
+    assert!(second.started.recovered);
+    assert_eq!(numbers(&second.take(1).await), [2]);
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut redis.conn().await).await.unwrap();
+    publish_numbered(&mut client, "hist.x", 3).await;
+    let mut third =
+        open(&server, pb::SubscribeRequest { since: Some(since(&last_positions(&seen))), ..sub(&["hist.x"]) })
+            .await
+            .unwrap();
+    assert!(!third.started.recovered, "the flush lost the history");
+    let got = third.take(1).await;
+    assert_eq!(numbers(&got), [3]);
+    assert_ne!(got[0].position.as_ref().unwrap().epoch, seen[0].position.as_ref().unwrap().epoch);
+    drop((first, second));
+    server.stop().await;
+}
+
+#[test]
+fn rules_from_the_configuration_are_the_cores() {
+    let mut settings = Settings::default();
+    keep(&mut settings, 7);
+    assert_eq!(settings.history_rules(), rules(&[("hist.>", 7, 16 << 20)]));
+}
