@@ -307,6 +307,9 @@ impl RedisHistory {
     }
 }
 
+/// A stream entry as XRANGE answers it: its id and its field/value pairs.
+type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+
 /// Entries of a stream between `from` and `to` (XRANGE or XREVRANGE), at most `count`,
 /// fetched a page at a time, as events.
 async fn range(
@@ -321,7 +324,7 @@ async fn range(
     let mut from = from.to_owned();
     while out.len() < count {
         let page = PAGE.min(count - out.len());
-        let reply: Vec<(String, Vec<(String, Vec<u8>)>)> =
+        let reply: Vec<StreamEntry> =
             redis::cmd(command).arg(stream).arg(&from).arg(to).arg("COUNT").arg(page).query_async(conn).await?;
         let Some((last_id, _)) = reply.last() else { break };
         // The next page starts after the last entry of this one.

@@ -2,6 +2,8 @@
 //! no copy at the seam, under concurrent publishing), epochs across restarts, bounds,
 //! the admin view; in_memory and redis mode (an instance restarted under publishing).
 
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
 mod common;
 
 use std::collections::HashMap;

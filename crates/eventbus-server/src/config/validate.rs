@@ -51,10 +51,8 @@ impl Settings {
             at_least("eventbus.history.max_bytes", rule.max_bytes, 1)?;
         }
         at_least("eventbus.history_max_bytes", e.history_max_bytes, 1)?;
-        if !e.history.is_empty() && e.mode == Mode::Redis {
-            if !e.redis.cluster_nodes.is_empty() {
-                return invalid_history("is not available on a Redis Cluster yet (single Redis or in_memory only)");
-            }
+        if !e.history.is_empty() && e.mode == Mode::Redis && !e.redis.cluster_nodes.is_empty() {
+            return invalid_history("is not available on a Redis Cluster yet (single Redis or in_memory only)");
         }
         let url = &e.redis.url;
         if !(url.is_empty() || url.starts_with("redis://") || url.starts_with("rediss://")) {
