@@ -10,9 +10,12 @@
 //!
 //! Keys: `{prefix}:history:{channel}` (the stream; entry ids `<ms>-<offset>`, the
 //! event's time kept increasing) and `{prefix}:history-meta:{channel}` (a hash: epoch,
-//! last offset, bytes kept, last trimmed offset and time). The epoch is made when the
-//! hash is (first publish, or after Redis lost the keys), so a flushed Redis is seen as
-//! a new epoch.
+//! last offset, bytes kept, last trimmed offset and time). On a Redis Cluster both
+//! carry the hash tag of the channel's shard channel after `history:` /
+//! `history-meta:` (`{prefix}:history:{17}:{channel}`), so they live on the master
+//! that publishes the channel and the script runs there. The epoch is made when the
+//! hash is (first publish, or after Redis lost the keys): it is the id of the event
+//! that made it, so a flushed Redis is seen as a new epoch.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,7 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use eventbus_core::history::{HistoryInfo, HistoryLimits, HistoryRules, Position, Recovery, Start};
 use eventbus_core::{Event, Pattern};
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionLike;
 
 use crate::envelope::{self, Envelope};
 use crate::glob::{RedisFilter, redis_filter};
@@ -31,7 +34,7 @@ use crate::glob::{RedisFilter, redis_filter};
 /// channel's next offset, appends `msg` (the envelope, `kind` `b` binary or `j` JSON)
 /// with its position to the stream, trims the stream to its bounds, and returns the
 /// envelope with the position, to PUBLISH. `epoch` names a history made now (first
-/// publish, or Redis lost the keys).
+/// publish, or Redis lost the keys): the event's id.
 pub(crate) const RETAIN: &str = r#"
 local function varint(n)
   local out = ''
@@ -75,13 +78,13 @@ local function retain(stream, meta, msg, kind, epoch, event_ms, size, max_bytes,
 end
 "#;
 
-/// KEYS: stream, meta. ARGV: pub/sub channel, envelope without position, kind, epoch
-/// for a new history, event ms, size, max bytes, ttl ms (0: none), now ms. Returns the
-/// PUBLISH's receivers.
+/// KEYS: stream, meta. ARGV: pub/sub channel, envelope without position, kind, event
+/// id, size, max bytes, ttl ms (0: none), event ms (the order of [`bounds`]), now ms,
+/// publish command (`PUBLISH`, or `SPUBLISH` on a cluster). Returns the receivers.
 const PUBLISH: &str = r#"
-local msg = retain(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]),
-  tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
-return redis.call('PUBLISH', ARGV[1], msg)
+local msg = retain(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[8]), tonumber(ARGV[5]),
+  tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9]))
+return redis.call(ARGV[10], ARGV[1], msg)
 "#;
 
 /// The `kind` argument of [`RETAIN`] for an envelope.
@@ -92,11 +95,13 @@ pub(crate) fn kind(envelope: Envelope) -> &'static str {
     }
 }
 
-/// A channel's history bounds and an event's time as one script argument
-/// (`size max_bytes ttl_ms event_ms`).
-pub(crate) fn bounds_arg(limits: &HistoryLimits, event: &Event) -> String {
-    let ttl = limits.ttl.map_or(0, |t| t.as_millis() as u64);
-    format!("{} {} {ttl} {}", limits.size, limits.max_bytes, ms(event.timestamp))
+/// The per-event arguments of [`RETAIN`] after the envelope: `size max_bytes ttl_ms
+/// event_ms`, all 0 for a channel without history.
+pub(crate) fn bounds(limits: Option<&HistoryLimits>, event: &Event) -> [u64; 4] {
+    match limits {
+        Some(l) => [l.size as u64, l.max_bytes as u64, l.ttl.map_or(0, |t| t.as_millis() as u64), ms(event.timestamp)],
+        None => [0; 4],
+    }
 }
 
 /// What the key of a channel's history stream starts with (the channel follows).
@@ -118,6 +123,24 @@ pub(crate) struct RedisHistory {
     prefix: String,
     rules: HistoryRules,
     script: redis::Script,
+    /// On a Redis Cluster: how a channel's shard is found, and each shard's hash tag.
+    shards: Option<Shards>,
+}
+
+/// A cluster's shards as the history keys see them.
+#[derive(Debug)]
+pub(crate) struct Shards {
+    /// Leading tokens of a channel that choose its shard.
+    pub(crate) shard_tokens: usize,
+    /// The hash tag (`{17}`) of each bucket's shard channel.
+    pub(crate) tags: Vec<String>,
+}
+
+/// How a script is sent: by its hash (loaded beforehand), or with its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sending {
+    Hash,
+    Text,
 }
 
 /// A channel's history hash.
@@ -131,8 +154,9 @@ struct Meta {
 }
 
 impl RedisHistory {
-    pub(crate) fn new(prefix: &str, rules: HistoryRules) -> Self {
-        Self { prefix: prefix.to_owned(), rules, script: redis::Script::new(&format!("{RETAIN}\n{PUBLISH}")) }
+    pub(crate) fn new(prefix: &str, rules: HistoryRules, shards: Option<Shards>) -> Self {
+        let script = redis::Script::new(&format!("{RETAIN}\n{PUBLISH}"));
+        Self { prefix: prefix.to_owned(), rules, script, shards }
     }
 
     /// What `channel` keeps, if anything.
@@ -143,42 +167,70 @@ impl RedisHistory {
         }
     }
 
+    /// The hash tag and ':' between the key prefix and the channel (cluster only).
+    fn tag(&self, channel: &str) -> &str {
+        match &self.shards {
+            Some(shards) => {
+                let bucket = crate::cluster::bucket_of(crate::cluster::shard_key(channel, shards.shard_tokens));
+                shards.tags.get(usize::from(bucket)).map_or("", String::as_str)
+            }
+            None => "",
+        }
+    }
+
     fn stream_key(&self, channel: &str) -> String {
-        format!("{}{channel}", stream_prefix(&self.prefix))
+        format!("{}{}{channel}", stream_prefix(&self.prefix), self.tag(channel))
     }
 
     fn meta_key(&self, channel: &str) -> String {
-        format!("{}{channel}", meta_prefix(&self.prefix))
+        format!("{}{}{channel}", meta_prefix(&self.prefix), self.tag(channel))
+    }
+
+    /// The command that publishes `event` on `pubsub` with `publish` (`PUBLISH`,
+    /// `SPUBLISH`) and keeps it in its channel's history.
+    pub(crate) fn command(
+        &self,
+        send: Sending,
+        publish: &str,
+        pubsub: &str,
+        envelope: Envelope,
+        event: &Event,
+        limits: &HistoryLimits,
+    ) -> redis::Cmd {
+        let mut cmd = match send {
+            Sending::Hash => redis::cmd("EVALSHA").arg(self.script.get_hash()).clone(),
+            Sending::Text => redis::cmd("EVAL").arg(format!("{RETAIN}\n{PUBLISH}")).clone(),
+        };
+        cmd.arg(2).arg(self.stream_key(&event.channel)).arg(self.meta_key(&event.channel));
+        cmd.arg(pubsub).arg(envelope::encode_as(envelope, event)).arg(kind(envelope)).arg(&*event.id);
+        cmd.arg(&bounds(Some(limits), event)[..]).arg(ms(SystemTime::now())).arg(publish);
+        cmd
+    }
+
+    /// `SCRIPT LOAD` of the publishing script, to precede [`Sending::Hash`] commands.
+    pub(crate) fn load(&self) -> redis::Cmd {
+        redis::cmd("SCRIPT").arg("LOAD").arg(format!("{RETAIN}\n{PUBLISH}")).clone()
     }
 
     /// Publishes `event` on `pubsub` and keeps it, with its position, in the channel's
     /// history. Returns the receivers of the PUBLISH.
     pub(crate) async fn publish(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut impl ConnectionLike,
         pubsub: &str,
         envelope: Envelope,
         event: &Event,
         limits: &HistoryLimits,
     ) -> redis::RedisResult<i64> {
-        let now = SystemTime::now();
-        self.script
-            .key(self.stream_key(&event.channel))
-            .key(self.meta_key(&event.channel))
-            .arg(pubsub)
-            .arg(envelope::encode_as(envelope, event))
-            .arg(kind(envelope))
-            .arg(&*eventbus_core::history::new_epoch())
-            .arg(ms(event.timestamp))
-            .arg(limits.size)
-            .arg(limits.max_bytes)
-            .arg(limits.ttl.map_or(0, |t| t.as_millis() as u64))
-            .arg(ms(now))
-            .invoke_async(conn)
-            .await
+        let now = ms(SystemTime::now());
+        let mut call = self.script.key(self.stream_key(&event.channel));
+        call.key(self.meta_key(&event.channel));
+        call.arg(pubsub).arg(envelope::encode_as(envelope, event)).arg(kind(envelope)).arg(&*event.id);
+        call.arg(&bounds(Some(limits), event)[..]).arg(now).arg("PUBLISH");
+        call.invoke_async(conn).await
     }
 
-    async fn meta(&self, conn: &mut MultiplexedConnection, channel: &str) -> redis::RedisResult<Meta> {
+    async fn meta(&self, conn: &mut impl ConnectionLike, channel: &str) -> redis::RedisResult<Meta> {
         let fields: HashMap<String, String> =
             redis::cmd("HGETALL").arg(self.meta_key(channel)).query_async(conn).await?;
         let num = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
@@ -194,7 +246,7 @@ impl RedisHistory {
     /// Reads `channel`'s history from `start`, at most `limit` events.
     pub(crate) async fn read(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut impl ConnectionLike,
         channel: &str,
         start: &Start,
         limit: usize,
@@ -244,16 +296,21 @@ impl RedisHistory {
         Ok(Some(Recovery { events, complete, last, more }))
     }
 
-    /// Channels matching `filter` with a history in Redis.
+    /// Channels matching `filter` with a history on the Redis `conn` is connected to
+    /// (on a cluster: ask each master).
     pub(crate) async fn channels(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut impl ConnectionLike,
         filter: &Pattern,
     ) -> redis::RedisResult<Vec<String>> {
         let meta_prefix = meta_prefix(&self.prefix);
-        let glob = match redis_filter(meta_prefix.trim_end_matches(':'), filter) {
-            RedisFilter::Channel(key) => key,
-            RedisFilter::Glob(glob) => glob,
+        let glob = match (&self.shards, redis_filter(meta_prefix.trim_end_matches(':'), filter)) {
+            // The tag sits between the prefix and the channel: filtered here instead.
+            (Some(_), _) => match redis_filter(meta_prefix.trim_end_matches(':'), &any()) {
+                RedisFilter::Channel(glob) | RedisFilter::Glob(glob) => glob,
+            },
+            (None, RedisFilter::Channel(key)) => key,
+            (None, RedisFilter::Glob(glob)) => glob,
         };
         let mut out = Vec::new();
         let mut cursor = 0u64;
@@ -263,6 +320,11 @@ impl RedisHistory {
             out.extend(
                 keys.iter()
                     .filter_map(|k| k.strip_prefix(meta_prefix.as_str()))
+                    .filter_map(|k| match &self.shards {
+                        // `{17}:orders.created`
+                        Some(_) => k.strip_prefix('{')?.split_once("}:").map(|(_, channel)| channel),
+                        None => Some(k),
+                    })
                     .filter(|c| filter.matches(c) && self.limits(c).is_some())
                     .map(str::to_owned),
             );
@@ -279,7 +341,7 @@ impl RedisHistory {
     /// What `channel`'s history holds.
     pub(crate) async fn info(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut impl ConnectionLike,
         channel: &str,
     ) -> redis::RedisResult<Option<HistoryInfo>> {
         if self.limits(channel).is_none() {
@@ -313,7 +375,7 @@ type StreamEntry = (String, Vec<(String, Vec<u8>)>);
 /// Entries of a stream between `from` and `to` (XRANGE or XREVRANGE), at most `count`,
 /// fetched a page at a time, as events.
 async fn range(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl ConnectionLike,
     command: &str,
     stream: &str,
     from: &str,
@@ -341,6 +403,11 @@ async fn range(
         }
     }
     Ok(out)
+}
+
+/// The filter that matches every channel.
+fn any() -> Pattern {
+    Pattern::parse(">").unwrap_or_else(|_| unreachable!("`>` is a valid pattern"))
 }
 
 fn ms(t: SystemTime) -> u64 {

@@ -192,7 +192,7 @@ impl RedisTransport {
             demand: Demand::new(),
             status: watch::Sender::new(TransportStatus::default()),
             groups: FleetGroups::new(&settings.prefix),
-            history: RedisHistory::new(&settings.prefix, settings.history.clone()),
+            history: RedisHistory::new(&settings.prefix, settings.history.clone(), None),
         });
         let publisher = Arc::clone(&transport);
         let groups = Arc::clone(&transport.groups).run(move || publisher.publisher.read().clone(), shutdown.clone());

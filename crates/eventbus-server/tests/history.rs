@@ -178,19 +178,39 @@ async fn a_pattern_subscription_recovers_several_channels_and_new_ones_from_a_ti
     server.stop().await;
 }
 
+/// At most 64 KiB per channel.
+fn small(settings: &mut Settings) {
+    settings.eventbus.history = vec![eventbus_server::config::HistoryRuleSetting {
+        channels: "hist.>".into(),
+        size: 1_000_000,
+        max_bytes: 64 * 1024,
+        ttl_ms: 0,
+    }];
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_is_bounded_and_a_trimmed_position_recovers_incompletely() {
-    let server = start_with(|s| {
-        s.eventbus.history = vec![eventbus_server::config::HistoryRuleSetting {
-            channels: "hist.>".into(),
-            size: 1_000_000,
-            max_bytes: 64 * 1024,
-            ttl_ms: 0,
-        }];
-    })
-    .await;
+    let server = start_with(small).await;
+    flood(&server).await;
+    let metrics = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("socle_eventbus_history_trimmed_total{reason=\"bytes\"}"));
+    assert!(metrics.contains("socle_eventbus_history_bytes "));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_history_is_bounded_and_a_trimmed_position_recovers_incompletely() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let server = broker_with(&redis, small).await;
+    flood(&server).await;
+    server.stop().await;
+}
+
+/// A flood of 500 events of 1 KB on a channel bounded to 64 KiB: what is kept stays
+/// within the bound, and a subscriber whose position was trimmed hears so.
+async fn flood(server: &TestServer) {
     let mut client = server.client().await;
-    let mut first = open(&server, sub(&["hist.flood"])).await.unwrap();
+    let mut first = open(server, sub(&["hist.flood"])).await.unwrap();
     publish_numbered(&mut client, "hist.flood", 0).await;
     let positions = last_positions(&first.take(1).await);
     drop(first);
@@ -212,15 +232,13 @@ async fn history_is_bounded_and_a_trimmed_position_recovers_incompletely() {
     assert_eq!(page.events.len(), history.events as usize);
 
     let mut second =
-        open(&server, pb::SubscribeRequest { since: Some(since(&positions)), ..sub(&["hist.flood"]) }).await.unwrap();
+        open(server, pb::SubscribeRequest { since: Some(since(&positions)), ..sub(&["hist.flood"]) }).await.unwrap();
     assert!(!second.started.recovered, "the flood trimmed what was asked");
     let recovered = second.take(history.events as usize).await;
     assert_eq!(recovered[0].position.as_ref().unwrap().offset, history.first_offset, "from the oldest kept");
 
     let metrics = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("socle_eventbus_history_recoveries_total{outcome=\"incomplete\"} 1"), "{metrics}");
-    assert!(metrics.contains("socle_eventbus_history_trimmed_total{reason=\"bytes\"}"));
-    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -401,4 +419,105 @@ fn rules_from_the_configuration_are_the_cores() {
     let mut settings = Settings::default();
     keep(&mut settings, 7);
     assert_eq!(settings.history_rules(), rules(&[("hist.>", 7, 16 << 20)]));
+}
+
+/// On a Redis Cluster each channel's history lives on its shard: channels spread over
+/// every master are recovered, by position and (for channels first seen in the gap)
+/// by time, through another instance than the one that published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_keeps_each_channel_history_on_its_shard_and_recovers_them_all() {
+    let Some(cluster) = common::redis_cluster::RedisCluster::start().await else { return };
+    let two_tokens = |s: &mut Settings| {
+        keep(s, 1000);
+        s.eventbus.redis.shard_tokens = 2;
+    };
+    let a = common::redis_cluster::cluster_broker(&cluster, two_tokens).await;
+    let b = common::redis_cluster::cluster_broker(&cluster, two_tokens).await;
+    let mut first = open(&b, sub(&["hist.>"])).await.unwrap();
+    // With two shard tokens, these channels spread over every master.
+    let channels: Vec<String> = (0..24).map(|i| format!("hist.t{i}")).collect();
+    let mut client = a.client().await;
+    for channel in &channels {
+        publish_numbered(&mut client, channel, 1).await;
+    }
+    let seen = first.take(channels.len()).await;
+    let positions = last_positions(&seen);
+    let at = first.started.started_at;
+    drop(first);
+    for channel in &channels {
+        publish_numbered(&mut client, channel, 2).await;
+    }
+    publish_numbered(&mut client, "hist.late", 2).await;
+    let req = pb::SubscribeRequest { since: Some(pb::SubscribeSince { positions, timestamp: at }), ..sub(&["hist.>"]) };
+    let mut second = open(&b, req).await.unwrap();
+    assert!(second.started.recovered);
+    let recovered = second.take(channels.len() + 1).await;
+    assert!(numbers(&recovered).iter().all(|&n| n == 2), "only what was missed");
+    let mut got: Vec<&str> = recovered.iter().map(|e| e.channel.as_str()).collect();
+    got.sort_unstable();
+    let mut want: Vec<&str> = channels.iter().map(String::as_str).chain(["hist.late"]).collect();
+    want.sort_unstable();
+    assert_eq!(got, want, "every channel once, from every shard");
+    let page = b
+        .admin()
+        .await
+        .get_channel_history(pb::GetChannelHistoryRequest { channel: "hist.t3".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let history = page.history.unwrap();
+    assert_eq!((history.first_offset, history.last_offset, history.events), (1, 2, 2));
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The Redis transport on its own (a bus without durable consumers publishes through
+/// it): positions given in Redis, history read back, the JSON envelope too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_transport_alone_keeps_history() {
+    let Some(redis) = RedisProc::start().await else { return };
+    for envelope in [eventbus_server::config::EnvelopeSetting::Binary, eventbus_server::config::EnvelopeSetting::Json] {
+        let mut settings = Settings::default();
+        settings.eventbus.redis.url = redis.url();
+        settings.eventbus.redis.envelope = envelope;
+        keep(&mut settings, 2);
+        let options = settings.redis_settings();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let supervisor = eventbus_core::Supervisor::new();
+        let bus = eventbus_core::Bus::with_transport(settings.bus_config(), |local| {
+            eventbus_redis::RedisTransport::start(options.client().unwrap(), &options, local, stop.clone(), &supervisor)
+        });
+        let status = bus.transport_status().unwrap();
+        eventually("connected to Redis", || {
+            let connected = status.borrow().connected;
+            async move { connected }
+        })
+        .await;
+        let channel = format!("hist.alone.{envelope:?}");
+        let mut handle = bus
+            .subscribe(eventbus_core::SubscribeOptions { channels: vec![channel.clone()], ..Default::default() })
+            .await
+            .unwrap();
+        for n in 1..=3 {
+            let input = eventbus_core::PublishInput {
+                channel: channel.clone(),
+                payload: n.to_string().into(),
+                ..Default::default()
+            };
+            bus.publish(input).await.unwrap();
+        }
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            within(handle.next_batch(&mut got)).await.unwrap();
+        }
+        let offsets: Vec<u64> = got.iter().map(|e| e.position.as_ref().unwrap().offset).collect();
+        assert_eq!(offsets, [1, 2, 3], "{envelope:?}");
+        let start = eventbus_core::history::Start::Oldest;
+        let kept = bus.read_history(&channel, &start, 10).await.unwrap().unwrap();
+        let kept: Vec<u64> = kept.events.iter().map(|e| e.position.as_ref().unwrap().offset).collect();
+        assert_eq!(kept, [2, 3], "size 2 keeps the last two");
+        let info = bus.history_info(&channel).await.unwrap().unwrap();
+        assert_eq!((info.first_offset, info.last_offset, info.events), (2, 3, 2));
+        stop.cancel();
+    }
 }

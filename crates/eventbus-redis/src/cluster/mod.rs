@@ -27,8 +27,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use eventbus_core::history::{HistoryInfo, Recovery, Start};
 use eventbus_core::name::{Token, validate_channel};
-use eventbus_core::transport::{PublishAllFuture, PublishFuture, WatchedFuture};
+use eventbus_core::transport::{HistoryFuture, PublishAllFuture, PublishFuture, WatchedFuture};
 use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Supervisor, Transport, TransportError, TransportStatus};
 use parking_lot::RwLock;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
@@ -43,6 +44,7 @@ use tracing::{debug, info, warn};
 use crate::demand::Demand;
 use crate::envelope::{self, Envelope};
 use crate::groups::FleetGroups;
+use crate::history::{self, RedisHistory, Sending, Shards};
 use crate::transport::{RedisOptions, refuses_credentials};
 use routes::{NodeAccess, Routes};
 
@@ -74,7 +76,7 @@ pub fn node_url(node: &str) -> Result<String, &'static str> {
 }
 
 /// The shard key of a channel: its first `shard_tokens` tokens.
-fn shard_key(channel: &str, shard_tokens: usize) -> &str {
+pub(crate) fn shard_key(channel: &str, shard_tokens: usize) -> &str {
     match channel.match_indices('.').nth(shard_tokens.saturating_sub(1)) {
         Some((end, _)) => &channel[..end],
         None => channel,
@@ -95,7 +97,7 @@ fn key_slot(key: &[u8]) -> u16 {
 }
 
 /// The bucket of a shard key: the slot range its hash slot falls in.
-fn bucket_of(shard_key: &str) -> u16 {
+pub(crate) fn bucket_of(shard_key: &str) -> u16 {
     key_slot(shard_key.as_bytes()) / SLOTS_PER_BUCKET
 }
 
@@ -114,6 +116,15 @@ pub fn shard_channels(prefix: &str) -> Vec<String> {
         n += 1;
     }
     tags.iter().enumerate().map(|(b, tag)| format!("{prefix}:shard:{b}:{{{}}}", tag.unwrap_or_default())).collect()
+}
+
+/// The hash tag (`{17}`) of each bucket's shard channel, in bucket order: a channel's
+/// history keys carry its bucket's, so they live where the channel is published.
+fn shard_tags(prefix: &str) -> Vec<String> {
+    shard_channels(prefix)
+        .iter()
+        .map(|c| c.rfind('{').map_or_else(String::new, |at| format!("{}:", &c[at..])))
+        .collect()
 }
 
 /// The buckets a filter needs: one when its shard tokens are literal, all otherwise.
@@ -248,6 +259,8 @@ pub struct ClusterTransport {
     routes: RwLock<Routes>,
     /// A publish found `routes` out of date (a redirection, a failed node).
     routes_stale: Notify,
+    /// Channel histories, each on its channel's shard.
+    history: RedisHistory,
 }
 
 impl std::fmt::Debug for ClusterTransport {
@@ -315,6 +328,11 @@ impl ClusterTransport {
             groups: FleetGroups::new(&settings.prefix),
             routes: RwLock::default(),
             routes_stale: Notify::new(),
+            history: RedisHistory::new(
+                &settings.prefix,
+                settings.history.clone(),
+                Some(Shards { shard_tokens: settings.shard_tokens.max(1), tags: shard_tags(&settings.prefix) }),
+            ),
         });
         let connection = Arc::clone(&transport);
         let groups = Arc::clone(&transport.groups).run(move || connection.connection.read().clone(), shutdown.clone());
@@ -614,11 +632,18 @@ impl ClusterTransport {
 impl ClusterTransport {
     /// Sends one bucket's pipeline to its master, or through the cluster client when
     /// the map has no master for it or the master redirects (then nothing ran there).
-    async fn send_pipeline(&self, bucket: usize, pipe: redis::Pipeline) -> Result<Vec<i64>, String> {
+    /// `build` makes the pipeline for the way it goes: scripts by hash to a master
+    /// (after a `SCRIPT LOAD`, so a new master has it), with their text through the
+    /// cluster client (which routes each command by its keys).
+    async fn send_pipeline(
+        &self,
+        bucket: usize,
+        build: impl Fn(Sending) -> redis::Pipeline,
+    ) -> Result<Vec<i64>, String> {
         let channel = &self.channels[bucket];
         let direct = self.routes.read().by_bucket.get(bucket).cloned().flatten();
         if let Some(mut node) = direct {
-            match pipe.query_async::<Vec<i64>>(&mut node).await {
+            match build(Sending::Hash).query_async::<Vec<i64>>(&mut node).await {
                 Ok(receivers) => return Ok(receivers),
                 Err(err) if is_redirect(&err) => self.routes_stale.notify_one(),
                 // Perhaps run, perhaps not: not sent again (at most once).
@@ -631,7 +656,67 @@ impl ClusterTransport {
         let Some(mut conn) = self.connection.read().clone() else {
             return Err(format!("not connected to the Redis Cluster at {}", self.target));
         };
-        pipe.query_async::<Vec<i64>>(&mut conn).await.map_err(|e| format!("SPUBLISH to {channel} failed: {e}"))
+        build(Sending::Text)
+            .query_async::<Vec<i64>>(&mut conn)
+            .await
+            .map_err(|e| format!("SPUBLISH to {channel} failed: {e}"))
+    }
+
+    /// Adds the publish of `event` to a bucket's pipeline: a plain `SPUBLISH`, or for a
+    /// channel with history the script that keeps it and publishes it.
+    fn add_publish(&self, pipe: &mut redis::Pipeline, sending: Sending, bucket: usize, event: &Event) {
+        match self.history.limits(&event.channel) {
+            Some(limits) => {
+                pipe.add_command(self.history.command(
+                    sending,
+                    "SPUBLISH",
+                    &self.channels[bucket],
+                    self.envelope,
+                    event,
+                    limits,
+                ));
+            }
+            None => {
+                pipe.cmd("SPUBLISH").arg(&self.channels[bucket]).arg(envelope::encode_as(self.envelope, event));
+            }
+        }
+    }
+
+    /// A bucket's pipeline for `events`: the script loaded first (its answer ignored)
+    /// when one of them is sent by hash.
+    fn pipeline<'a>(
+        &self,
+        sending: Sending,
+        bucket: usize,
+        events: impl Iterator<Item = &'a Arc<Event>>,
+    ) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        let mut loaded = false;
+        for event in events {
+            if sending == Sending::Hash && !loaded && self.history.limits(&event.channel).is_some() {
+                pipe.add_command(self.history.load()).ignore();
+                loaded = true;
+            }
+            self.add_publish(&mut pipe, sending, bucket, event);
+        }
+        pipe
+    }
+
+    /// The cluster connection, for a history read (the cluster client routes by key).
+    fn reader(&self) -> Result<ClusterConnection, TransportError> {
+        self.connection
+            .read()
+            .clone()
+            .ok_or_else(|| self.unavailable(format!("not connected to the Redis Cluster at {}", self.target)))
+    }
+
+    /// Runs a history read within [`history::READ_TIMEOUT`].
+    async fn bounded<T>(&self, read: impl Future<Output = redis::RedisResult<T>>) -> Result<T, TransportError> {
+        match tokio::time::timeout(history::READ_TIMEOUT, read).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(self.unavailable(format!("reading history failed: {err}"))),
+            Err(_) => Err(self.unavailable("reading history timed out")),
+        }
     }
 }
 
@@ -646,9 +731,8 @@ impl Transport for ClusterTransport {
                 return Err(self.unavailable(format!("the Redis Cluster at {} is not serving", self.target)));
             }
             let bucket = usize::from(bucket_of(shard_key(&event.channel, self.shard_tokens)));
-            let mut pipe = redis::pipe();
-            pipe.cmd("SPUBLISH").arg(&self.channels[bucket]).arg(envelope::encode_as(self.envelope, &event));
-            let receivers = self.send_pipeline(bucket, pipe).await.map_err(|reason| self.unavailable(reason))?;
+            let build = |sending| self.pipeline(sending, bucket, std::iter::once(&event));
+            let receivers = self.send_pipeline(bucket, build).await.map_err(|reason| self.unavailable(reason))?;
             let receivers = receivers.first().copied().unwrap_or(0);
             Ok(Fanout { delivered: u32::try_from(receivers).unwrap_or(u32::MAX), failed: 0 })
         })
@@ -669,14 +753,11 @@ impl Transport for ClusterTransport {
                     .or_default()
                     .push(i);
             }
-            let sends = by_bucket.into_iter().map(|(bucket, members)| {
-                let mut pipe = redis::pipe();
-                for &i in &members {
-                    pipe.cmd("SPUBLISH")
-                        .arg(&self.channels[bucket])
-                        .arg(envelope::encode_as(self.envelope, &events[i]));
-                }
-                async move { (members, self.send_pipeline(bucket, pipe).await) }
+            let events = &events;
+            let sends = by_bucket.into_iter().map(|(bucket, members)| async move {
+                let build = |sending| self.pipeline(sending, bucket, members.iter().map(|&i| &events[i]));
+                let answer = self.send_pipeline(bucket, build).await;
+                (members, answer)
             });
             let mut out: Vec<Option<Result<Fanout, TransportError>>> = events.iter().map(|_| None).collect();
             for (members, answer) in futures::future::join_all(sends).await {
@@ -721,6 +802,47 @@ impl Transport for ClusterTransport {
 
     fn delivers_to_group(&self, group: &str, event: &Event) -> bool {
         self.groups.delivers(group, event)
+    }
+
+    fn read_history<'a>(
+        &'a self,
+        channel: &'a str,
+        start: &'a Start,
+        limit: usize,
+    ) -> HistoryFuture<'a, Option<Recovery>> {
+        Box::pin(async move {
+            if self.history.limits(channel).is_none() {
+                return Ok(None);
+            }
+            let mut conn = self.reader()?;
+            self.bounded(self.history.read(&mut conn, channel, start, limit)).await
+        })
+    }
+
+    fn history_channels<'a>(&'a self, filter: &'a Pattern) -> HistoryFuture<'a, Vec<String>> {
+        Box::pin(async move {
+            let masters = self.routes.read().masters();
+            if masters.is_empty() {
+                return Err(self.unavailable("no master of the Redis Cluster is known yet"));
+            }
+            let mut out = Vec::new();
+            for mut master in masters {
+                out.extend(self.bounded(self.history.channels(&mut master, filter)).await?);
+            }
+            out.sort_unstable();
+            out.dedup();
+            Ok(out)
+        })
+    }
+
+    fn history_info<'a>(&'a self, channel: &'a str) -> HistoryFuture<'a, Option<HistoryInfo>> {
+        Box::pin(async move {
+            if self.history.limits(channel).is_none() {
+                return Ok(None);
+            }
+            let mut conn = self.reader()?;
+            self.bounded(self.history.info(&mut conn, channel)).await
+        })
     }
 }
 

@@ -172,7 +172,6 @@ impl Shared {
                     .arg(&self.keys.history_stream)
                     .arg(&self.keys.history_meta)
                     .arg(crate::history::kind(self.envelope))
-                    .arg(&*eventbus_core::history::new_epoch())
                     .arg(now_ms());
                 for p in batch.iter() {
                     names.clear();
@@ -186,10 +185,7 @@ impl Shared {
                         .arg(&p.event.channel)
                         .arg(&p.ordering_key)
                         .arg(&p.idem)
-                        .arg(match self.history.limits(&p.event.channel) {
-                            Some(limits) => crate::history::bounds_arg(limits, &p.event),
-                            None => String::new(),
-                        })
+                        .arg(&crate::history::bounds(self.history.limits(&p.event.channel), &p.event)[..])
                         .arg(names.len());
                     for rt in names.iter().filter_map(|n| registry.by_name.get(n)) {
                         call.arg(&*rt.base).arg(rt.config().max_pending);

@@ -299,11 +299,10 @@ end
 ///
 /// KEYS: version. ARGV: known version, window ms, pub/sub channel prefix, history
 /// stream key prefix, history hash key prefix, envelope kind of the pub/sub message
-/// (`b`/`j`), epoch for a new history, now ms, then per event: event id, envelope
-/// (stored), pub/sub message ('' = the envelope), channel, ordering key ('' = none),
-/// idempotency key ('' = none), history bounds ('' = the channel keeps none, else
-/// `size max_bytes ttl_ms event_ms`), number of consumers n, then n (consumer key base,
-/// max_pending) pairs. An event of a channel with history is kept in it with its
+/// (`b`/`j`), now ms, then per event: event id, envelope (stored), pub/sub message
+/// ('' = the envelope), channel, ordering key ('' = none), idempotency key ('' =
+/// none), history size, max bytes, ttl ms and event ms (size 0: the channel keeps no
+/// history), number of consumers n, then n (consumer key base, max_pending) pairs. An event of a channel with history is kept in it with its
 /// position, and published with it (`retain`).
 /// Returns `{'stale', version}` (nothing done), or `{'ok', r1, r2, ...}` with one `r`
 /// per event: the receivers of its PUBLISH (integer), or for a repeated idempotency
@@ -312,14 +311,14 @@ const PUBLISH: &str = r#"
 local v = redis.call('GET', KEYS[1]) or '0'
 if v ~= ARGV[1] then return {'stale', v} end
 local window, pubsub = ARGV[2], ARGV[3]
-local hstream, hmeta, kind, epoch, now = ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
+local hstream, hmeta, kind, now = ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
 local out = {'ok'}
-local j = 9
+local j = 8
 while j <= #ARGV do
   local id, env, msg, channel, key, idem = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4], ARGV[j + 5]
-  local hist = ARGV[j + 6]
-  local first = j + 8
-  j = first + 2 * tonumber(ARGV[j + 7])
+  local size, max_bytes, ttl, ems = tonumber(ARGV[j + 6]), tonumber(ARGV[j + 7]), tonumber(ARGV[j + 8]), tonumber(ARGV[j + 9])
+  local first = j + 11
+  j = first + 2 * tonumber(ARGV[j + 10])
   if msg == '' then msg = env end
   local prev = false
   if idem ~= '' then
@@ -330,10 +329,8 @@ while j <= #ARGV do
     out[#out + 1] = prev
   else
     for i = first, j - 1, 2 do capture(ARGV[i], tonumber(ARGV[i + 1]), id, env, channel, key) end
-    if hist ~= '' then
-      local size, max_bytes, ttl, ems = string.match(hist, '^(%d+) (%d+) (%d+) (%d+)$')
-      msg = retain(hstream .. channel, hmeta .. channel, msg, kind, epoch, tonumber(ems), tonumber(size),
-        tonumber(max_bytes), tonumber(ttl), now)
+    if size > 0 then
+      msg = retain(hstream .. channel, hmeta .. channel, msg, kind, id, ems, size, max_bytes, ttl, now)
     end
     out[#out + 1] = redis.call('PUBLISH', pubsub .. channel, msg)
   end

@@ -51,9 +51,6 @@ impl Settings {
             at_least("eventbus.history.max_bytes", rule.max_bytes, 1)?;
         }
         at_least("eventbus.history_max_bytes", e.history_max_bytes, 1)?;
-        if !e.history.is_empty() && e.mode == Mode::Redis && !e.redis.cluster_nodes.is_empty() {
-            return invalid_history("is not available on a Redis Cluster yet (single Redis or in_memory only)");
-        }
         let url = &e.redis.url;
         if !(url.is_empty() || url.starts_with("redis://") || url.starts_with("rediss://")) {
             let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_owned());
@@ -204,11 +201,6 @@ impl Settings {
 /// Largest `max_publish_batch` accepted: a batch is answered in one message, and its
 /// events are held together while they are published.
 const MAX_PUBLISH_BATCH_LIMIT: usize = 100_000;
-/// `eventbus.history` in a setup that cannot keep it.
-fn invalid_history(problem: &'static str) -> Result<(), ConfigError> {
-    Err(ConfigError::Invalid { key: "eventbus.history", value: "(rules given)".into(), problem })
-}
-
 /// Most events one channel's history may keep.
 const MAX_HISTORY_SIZE: usize = 1_000_000;
 
