@@ -346,7 +346,7 @@ impl ChannelHistory {
         let mut s = self.state.lock();
         self.expire(&mut s, SystemTime::now());
         let (skip, complete) = match start {
-            Start::After(p) if *p.epoch == *self.epoch || p.offset == 0 => {
+            Start::After(p) if (*p.epoch == *self.epoch && p.offset <= s.last_offset) || p.offset == 0 => {
                 let first = s.first_offset();
                 (p.offset.saturating_sub(first - 1).min(s.events.len() as u64) as usize, s.trimmed_offset <= p.offset)
             }
@@ -439,6 +439,11 @@ mod tests {
         assert_eq!((offsets(&r), r.complete), (vec![3, 4], true));
         let old = Position { epoch: "gone".into(), offset: 2 };
         let r = h.read("orders.a", &Start::After(old), 100).unwrap();
+        assert_eq!((offsets(&r), r.complete), (vec![3, 4], false));
+        // Past the last offset: offsets were given again (the store lost its latest
+        // writes), so what the subscriber has is unknown.
+        let ahead = Position { epoch: p2.epoch.clone(), offset: 9 };
+        let r = h.read("orders.a", &Start::After(ahead), 100).unwrap();
         assert_eq!((offsets(&r), r.complete), (vec![3, 4], false));
         let info = h.info("orders.a").unwrap();
         assert_eq!((info.first_offset, info.last_offset, info.events), (3, 4, 2));

@@ -265,7 +265,10 @@ impl RedisHistory {
         let stream = self.stream_key(channel);
         let oldest_kept = limits.ttl.and_then(|ttl| SystemTime::now().checked_sub(ttl));
         let (mut events, complete) = match start {
-            Start::After(p) if *p.epoch == *epoch || p.offset == 0 => {
+            // A position past the last offset means Redis lost its latest writes (a
+            // failover to a lagging replica): offsets are given again, so the history
+            // cannot say what the subscriber has.
+            Start::After(p) if (*p.epoch == *epoch && p.offset <= meta.last) || p.offset == 0 => {
                 // Offsets are dense and trimmed from the front: the wanted events are
                 // the newest `last - p.offset`.
                 let wanted = usize::try_from(meta.last.saturating_sub(p.offset)).unwrap_or(usize::MAX);

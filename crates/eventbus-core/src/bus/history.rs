@@ -156,7 +156,7 @@ impl Bus {
                 Start::At(_) | Start::Oldest => None,
             };
             let last = read.events.last().and_then(|e| e.position.clone());
-            let current = |p: &Position| read.last.as_ref().is_some_and(|l| l.epoch == p.epoch);
+            let current = |p: &Position| read.last.as_ref().is_some_and(|l| l.epoch == p.epoch && p.offset <= l.offset);
             if let Some(position) = last.or(had.filter(current)) {
                 seam.insert(channel, position);
             }
