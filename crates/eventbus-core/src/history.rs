@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
@@ -160,8 +160,9 @@ pub fn event_bytes(event: &Event) -> usize {
     event.approx_size() + MEMORY_OVERHEAD
 }
 
-/// The `in_memory` history of every channel with a rule. The epoch is the process's:
-/// a restart loses everything, so every channel starts a new epoch with it.
+/// The `in_memory` history of every channel with a rule. Each channel's epoch is made
+/// when its history is: this process's epoch and a number, so a restart, or a history
+/// evicted to keep within the bounds and made again, starts a new one.
 #[derive(Debug)]
 pub(crate) struct MemoryHistory {
     rules: HistoryRules,
@@ -169,38 +170,75 @@ pub(crate) struct MemoryHistory {
     started_at: SystemTime,
     /// Looked up once per channel entry (cached there), not per publish.
     channels: Mutex<HashMap<Box<str>, Arc<ChannelHistory>>>,
+    /// Histories made so far (each one's epoch number), and evicted.
+    made: AtomicU64,
+    evictions: AtomicU64,
+    max_channels: usize,
     /// Bytes kept across channels, and the bound on them.
     total: Arc<AtomicU64>,
     max_total: u64,
     trimmed: Arc<[AtomicU64; 3]>,
+    /// Publishes so far, to tell which history was published least recently.
+    clock: Arc<AtomicU64>,
 }
 
 impl MemoryHistory {
-    pub(crate) fn new(rules: HistoryRules, max_total: usize) -> Self {
+    pub(crate) fn new(rules: HistoryRules, max_total: usize, max_channels: usize) -> Self {
         Self {
             rules,
             epoch: new_epoch(),
             started_at: SystemTime::now(),
             channels: Mutex::default(),
+            made: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            max_channels: max_channels.max(1),
             total: Arc::default(),
             max_total: max_total as u64,
             trimmed: Arc::new(Default::default()),
+            clock: Arc::default(),
         }
     }
 
-    /// The history of `channel`, made on first use; `None` when no rule covers it.
+    /// Whether a rule covers `channel`.
+    pub(crate) fn covers(&self, channel: &str) -> bool {
+        self.rules.limits(channel).is_some()
+    }
+
+    /// The history of `channel`, made on first use (evicting the least recently
+    /// published tenth when `max_channels` are kept); `None` when no rule covers it.
     pub(crate) fn channel(&self, channel: &str) -> Option<Arc<ChannelHistory>> {
         let limits = self.rules.limits(channel)?;
         let mut channels = self.channels.lock();
         if let Some(h) = channels.get(channel) {
             return Some(Arc::clone(h));
         }
+        if channels.len() >= self.max_channels {
+            let mut by_age: Vec<(u64, Box<str>)> =
+                channels.iter().map(|(name, h)| (h.last_append.load(Ordering::Relaxed), name.clone())).collect();
+            let evict = (self.max_channels / 10).clamp(1, by_age.len());
+            by_age.select_nth_unstable_by_key(evict - 1, |(at, _)| *at);
+            self.evictions.fetch_add(evict as u64, Ordering::Relaxed);
+            for (_, name) in by_age.into_iter().take(evict) {
+                if let Some(h) = channels.remove(&name) {
+                    h.evicted.store(true, Ordering::Release);
+                }
+            }
+        }
+        let made = self.made.fetch_add(1, Ordering::Relaxed);
         let h = Arc::new(ChannelHistory {
             limits: limits.clone(),
-            epoch: Arc::clone(&self.epoch),
+            epoch: Arc::from(format!("{}.{made}", self.epoch)),
             total: Arc::clone(&self.total),
             max_total: self.max_total,
             trimmed: Arc::clone(&self.trimmed),
+            clock: Arc::clone(&self.clock),
+            last_append: AtomicU64::new(self.clock.load(Ordering::Relaxed)),
+            // Once a history was evicted, one made now may follow one that was lost.
+            complete_since: match self.evictions.load(Ordering::Relaxed) {
+                0 => self.started_at,
+                _ => SystemTime::now(),
+            },
+            evicted: AtomicBool::new(false),
             state: Mutex::default(),
         });
         channels.insert(channel.into(), Arc::clone(&h));
@@ -215,13 +253,15 @@ impl MemoryHistory {
     pub(crate) fn read(&self, channel: &str, start: &Start, limit: usize) -> Option<Recovery> {
         self.rules.limits(channel)?;
         Some(match self.existing(channel) {
-            Some(h) => h.read(start, limit, self.started_at),
+            Some(h) => h.read(start, limit),
             // Nothing published since start: complete unless asked about an older epoch
             // or a time before this process kept anything.
+            // Nothing published since start (or its history was evicted): complete
+            // only from nothing, or from a time since which nothing could be lost.
             None => Recovery {
                 complete: match start {
-                    Start::After(p) => p.offset == 0 || *p.epoch == *self.epoch,
-                    Start::At(t) => *t >= self.started_at,
+                    Start::After(p) => p.offset == 0,
+                    Start::At(t) => *t >= self.started_at && self.evictions.load(Ordering::Relaxed) == 0,
                     Start::Oldest => true,
                 },
                 ..Recovery::default()
@@ -239,22 +279,15 @@ impl MemoryHistory {
 
     pub(crate) fn info(&self, channel: &str) -> Option<HistoryInfo> {
         self.rules.limits(channel)?;
-        let (events, bytes, first, last) = match self.existing(channel) {
+        let (epoch, events, bytes, first, last) = match self.existing(channel) {
             Some(h) => {
                 let mut s = h.state.lock();
                 h.expire(&mut s, SystemTime::now());
-                (s.events.len() as u64, s.bytes as u64, s.first_offset(), s.last_offset)
+                (Arc::clone(&h.epoch), s.events.len() as u64, s.bytes as u64, s.first_offset(), s.last_offset)
             }
-            None => (0, 0, 1, 0),
+            None => (Arc::from(""), 0, 0, 1, 0),
         };
-        Some(HistoryInfo {
-            channel: channel.to_owned(),
-            epoch: Arc::clone(&self.epoch),
-            first_offset: first,
-            last_offset: last,
-            events,
-            bytes,
-        })
+        Some(HistoryInfo { channel: channel.to_owned(), epoch, first_offset: first, last_offset: last, events, bytes })
     }
 
     /// Bytes kept across channels.
@@ -276,6 +309,14 @@ pub(crate) struct ChannelHistory {
     total: Arc<AtomicU64>,
     max_total: u64,
     trimmed: Arc<[AtomicU64; 3]>,
+    clock: Arc<AtomicU64>,
+    /// The store's publish count at this history's latest publish.
+    last_append: AtomicU64,
+    /// Dropped by the store to keep within `max_channels`: publishers look it up anew.
+    evicted: AtomicBool,
+    /// A read from a time before this one may miss events (the process started, or an
+    /// earlier history of the channel may have been evicted).
+    complete_since: SystemTime,
     state: Mutex<Kept>,
 }
 
@@ -301,6 +342,7 @@ impl ChannelHistory {
     /// the position taken and before the next event of the channel gets one, so the
     /// subscribers see the channel's events in position order.
     pub(crate) fn append<R>(&self, event: &mut Arc<Event>, publish: impl FnOnce(&Arc<Event>) -> R) -> R {
+        self.last_append.store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         let mut s = self.state.lock();
         s.last_offset += 1;
         let position = Position { epoch: Arc::clone(&self.epoch), offset: s.last_offset };
@@ -324,6 +366,11 @@ impl ChannelHistory {
         publish(event)
     }
 
+    /// True once the store dropped this history.
+    pub(crate) fn is_evicted(&self) -> bool {
+        self.evicted.load(Ordering::Acquire)
+    }
+
     /// Drops events older than the ttl.
     fn expire(&self, s: &mut Kept, now: SystemTime) {
         let Some(ttl) = self.limits.ttl else { return };
@@ -342,7 +389,7 @@ impl ChannelHistory {
         s.trimmed_at = Some(event.timestamp);
     }
 
-    fn read(&self, start: &Start, limit: usize, started_at: SystemTime) -> Recovery {
+    fn read(&self, start: &Start, limit: usize) -> Recovery {
         let mut s = self.state.lock();
         self.expire(&mut s, SystemTime::now());
         let (skip, complete) = match start {
@@ -353,7 +400,7 @@ impl ChannelHistory {
             Start::After(_) => (0, false),
             Start::At(t) => {
                 let skip = s.events.partition_point(|(e, _)| e.timestamp < *t);
-                (skip, *t >= started_at && s.trimmed_at.is_none_or(|at| at < *t))
+                (skip, *t >= self.complete_since && s.trimmed_at.is_none_or(|at| at < *t))
             }
             Start::Oldest => (0, s.trimmed_offset == 0),
         };
@@ -383,7 +430,7 @@ mod tests {
 
     fn store(size: usize, max_bytes: usize) -> MemoryHistory {
         let rule = HistoryRule { channels: Pattern::parse("orders.>").unwrap(), limits: limits(size, max_bytes) };
-        MemoryHistory::new(HistoryRules::new(vec![rule]), usize::MAX)
+        MemoryHistory::new(HistoryRules::new(vec![rule]), usize::MAX, 1000)
     }
 
     fn event(channel: &str, payload: &'static [u8]) -> Arc<Event> {
@@ -460,13 +507,35 @@ mod tests {
         assert_eq!((info.events, info.bytes), (3, 3 * one as u64));
         assert_eq!(h.bytes(), 3 * one as u64);
         let rule = HistoryRule { channels: Pattern::parse(">").unwrap(), limits: limits(1000, usize::MAX) };
-        let h = MemoryHistory::new(HistoryRules::new(vec![rule]), one * 4);
+        let h = MemoryHistory::new(HistoryRules::new(vec![rule]), one * 4, 1000);
         for _ in 0..10 {
             append(&h, "a", b"0123456789");
             append(&h, "b", b"0123456789");
         }
         assert!(h.bytes() <= 5 * one as u64, "{} > {}", h.bytes(), 5 * one);
         assert!(h.trimmed()[1].1 > 0);
+    }
+
+    #[test]
+    fn past_max_channels_the_least_recently_published_histories_go_and_come_back_in_a_new_epoch() {
+        let rule = HistoryRule { channels: Pattern::parse(">").unwrap(), limits: limits(10, usize::MAX) };
+        let h = MemoryHistory::new(HistoryRules::new(vec![rule]), usize::MAX, 10);
+        append(&h, "c0", b"x");
+        let first = append(&h, "c1", b"x");
+        for i in 2..10 {
+            append(&h, &format!("c{i}"), b"x");
+        }
+        append(&h, "c0", b"y"); // c0 is now the most recent; c1 the least
+        let c1 = h.channel("c1").unwrap();
+        append(&h, "c10", b"x");
+        assert!(c1.is_evicted(), "the least recently published went");
+        assert!(!h.channel("c0").unwrap().is_evicted());
+        assert_eq!(h.channels_matching(&Pattern::parse(">").unwrap()).len(), 10);
+        let again = append(&h, "c1", b"z");
+        assert_ne!(again.epoch, first.epoch);
+        assert_eq!(again.offset, 1, "a new history starts over, in its own epoch");
+        let r = h.read("c0", &Start::At(SystemTime::UNIX_EPOCH), 10).unwrap();
+        assert!(!r.complete, "a time before the store started");
     }
 
     #[test]

@@ -207,9 +207,11 @@ pub(crate) struct ChannelEntry {
     /// Subscriptions matching this channel, valid while the router generation is
     /// unchanged. Recomputed by the first publish after a subscribe or unsubscribe.
     pub(crate) targets: RwLock<Option<Arc<Targets>>>,
-    /// The channel's `in_memory` history, resolved on its first publish (`None`: no
-    /// rule covers it).
-    pub(crate) history: std::sync::OnceLock<Option<Arc<crate::history::ChannelHistory>>>,
+    /// Whether a history rule covers the channel (`in_memory` mode), decided on its
+    /// first publish.
+    pub(crate) keeps_history: std::sync::OnceLock<bool>,
+    /// The channel's `in_memory` history, looked up again when the store evicted it.
+    pub(crate) history: RwLock<Option<Arc<crate::history::ChannelHistory>>>,
 }
 
 /// Every publish hashes its channel twice (shard, then map): foldhash's seeded
@@ -275,7 +277,8 @@ impl ChannelTable {
             name: name.into(),
             counters,
             targets: RwLock::new(None),
-            history: std::sync::OnceLock::new(),
+            keeps_history: std::sync::OnceLock::new(),
+            history: RwLock::new(None),
         });
         map.insert(name.into(), Arc::clone(&entry));
         Some(entry)

@@ -269,23 +269,24 @@ impl RedisHistory {
             // failover to a lagging replica): offsets are given again, so the history
             // cannot say what the subscriber has.
             Start::After(p) if (*p.epoch == *epoch && p.offset <= meta.last) || p.offset == 0 => {
-                // Offsets are dense and trimmed from the front: the wanted events are
-                // the newest `last - p.offset`.
-                let wanted = usize::try_from(meta.last.saturating_sub(p.offset)).unwrap_or(usize::MAX);
-                let mut newest = range(conn, "XREVRANGE", &stream, "+", "-", wanted).await?;
+                // Newest first, back to the position: publishes keep appending while
+                // this reads, and the page boundaries follow them.
+                let mut newest = range(conn, "XREVRANGE", &stream, "+", "-", usize::MAX, p.offset).await?;
                 newest.reverse();
-                (newest, meta.trimmed <= p.offset)
+                // Trimmed while this read: the oldest read is not the one after the position.
+                let joined = newest.first().and_then(|e| e.position.as_ref()).is_none_or(|f| f.offset == p.offset + 1);
+                (newest, meta.trimmed <= p.offset && joined)
             }
-            Start::After(_) => (range(conn, "XRANGE", &stream, "-", "+", usize::MAX).await?, false),
+            Start::After(_) => (range(conn, "XRANGE", &stream, "-", "+", usize::MAX, 0).await?, false),
             Start::At(t) => {
                 let from = ms(*t).to_string();
-                let mut events = range(conn, "XRANGE", &stream, &from, "+", usize::MAX).await?;
+                let mut events = range(conn, "XRANGE", &stream, &from, "+", usize::MAX, 0).await?;
                 // Entry ids never go back in time, so an event stamped earlier by a
                 // slower clock may sit after `t`: its own time decides.
                 events.retain(|e| e.timestamp >= *t);
                 (events, meta.trimmed_ms < ms(*t))
             }
-            Start::Oldest => (range(conn, "XRANGE", &stream, "-", "+", usize::MAX).await?, meta.trimmed == 0),
+            Start::Oldest => (range(conn, "XRANGE", &stream, "-", "+", usize::MAX, 0).await?, meta.trimmed == 0),
         };
         let mut complete = complete;
         if let Some(oldest) = oldest_kept {
@@ -355,7 +356,7 @@ impl RedisHistory {
         let events: u64 = redis::cmd("XLEN").arg(&stream).query_async(conn).await?;
         let first = match events {
             0 => meta.last + 1,
-            _ => range(conn, "XRANGE", &stream, "-", "+", 1)
+            _ => range(conn, "XRANGE", &stream, "-", "+", 1, 0)
                 .await?
                 .first()
                 .and_then(|e| e.position.as_ref())
@@ -376,7 +377,8 @@ impl RedisHistory {
 type StreamEntry = (String, Vec<(String, Vec<u8>)>);
 
 /// Entries of a stream between `from` and `to` (XRANGE or XREVRANGE), at most `count`,
-/// fetched a page at a time, as events.
+/// and (XREVRANGE) none at or before offset `back_to`, fetched a page at a time, as
+/// events.
 async fn range(
     conn: &mut impl ConnectionLike,
     command: &str,
@@ -384,6 +386,7 @@ async fn range(
     from: &str,
     to: &str,
     count: usize,
+    back_to: u64,
 ) -> redis::RedisResult<Vec<Arc<Event>>> {
     let mut out = Vec::new();
     let mut from = from.to_owned();
@@ -395,7 +398,11 @@ async fn range(
         // The next page starts after the last entry of this one.
         from = format!("({last_id}");
         let full = reply.len() == page;
-        for (_, fields) in reply {
+        for (id, fields) in reply {
+            let offset = id.rsplit_once('-').and_then(|(_, o)| o.parse::<u64>().ok()).unwrap_or(u64::MAX);
+            if offset <= back_to {
+                return Ok(out);
+            }
             let Some((_, message)) = fields.into_iter().find(|(k, _)| k == "e") else { continue };
             if let Some(event) = envelope::decode_enveloped(Bytes::from(message)) {
                 out.push(Arc::new(event));

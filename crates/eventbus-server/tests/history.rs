@@ -53,7 +53,15 @@ async fn open(server: &TestServer, req: pb::SubscribeRequest) -> Result<Opened, 
 }
 
 impl Opened {
+    /// Exactly `n` events (nothing else is published meanwhile).
     async fn take(&mut self, n: usize) -> Vec<pb::Event> {
+        let out = self.at_least(n).await;
+        assert_eq!(out.len(), n, "more events than expected");
+        out
+    }
+
+    /// `n` events or a few more (the last batch read is taken whole).
+    async fn at_least(&mut self, n: usize) -> Vec<pb::Event> {
         let mut out = Vec::new();
         while out.len() < n {
             match within(self.stream.message()).await {
@@ -61,8 +69,23 @@ impl Opened {
                 other => panic!("expected events after {} of {n}, got {other:?}", out.len()),
             }
         }
-        assert_eq!(out.len(), n, "more events than expected");
         out
+    }
+}
+
+/// Reads until `received` holds `last` events (numbered 1..=last); past the deadline,
+/// fails naming the numbers that never came.
+async fn rest(sub: &mut Opened, received: &mut Vec<pb::Event>, last: u64) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while (received.len() as u64) < last {
+        match tokio::time::timeout_at(deadline, sub.stream.message()).await {
+            Ok(Ok(Some(pb::SubscribeResponse { kind: Some(Kind::Events(batch)) }))) => received.extend(batch.events),
+            other => {
+                let got: std::collections::BTreeSet<u64> = numbers(received).into_iter().collect();
+                let missing: Vec<u64> = (1..=last).filter(|n| !got.contains(n)).collect();
+                panic!("{} of {last} events, missing {missing:?}; then {other:?}", received.len());
+            }
+        }
     }
 }
 
@@ -118,7 +141,7 @@ async fn events_carry_positions_and_a_resubscribe_misses_nothing_under_publishin
 
     let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
     let publisher = publish_until(server.client().await, "hist.seam", stop.clone(), sent.clone());
-    let mut received = first.take(50).await;
+    let mut received = first.at_least(50).await;
     let positions = last_positions(&received);
     drop(first);
     // Events go on being published while nobody listens, and while the new
@@ -131,14 +154,10 @@ async fn events_carry_positions_and_a_resubscribe_misses_nothing_under_publishin
     let mut second =
         open(&server, pb::SubscribeRequest { since: Some(since(&positions)), ..sub(&["hist.seam"]) }).await.unwrap();
     assert!(second.started.recovered, "history held everything asked");
-    received.extend(second.take(300).await);
+    received.extend(second.at_least(300).await);
     stop.store(true, Ordering::Relaxed);
     let last = within(publisher).await.unwrap();
-    let total = last as usize;
-    if received.len() < total {
-        let missing = total - received.len();
-        received.extend(second.take(missing).await);
-    }
+    rest(&mut second, &mut received, last).await;
     assert_eq!(numbers(&received), (1..=last).collect::<Vec<_>>(), "every event once, in order");
     let offsets: Vec<u64> = received.iter().map(|e| e.position.as_ref().unwrap().offset).collect();
     assert_eq!(offsets, (1..=last).collect::<Vec<_>>(), "offsets count the channel's events");
@@ -350,7 +369,7 @@ async fn a_restarted_redis_instance_lets_its_subscriber_recover_every_event_once
 
     let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
     let publisher = publish_until(a.client().await, "hist.fleet", stop.clone(), sent.clone());
-    let mut received = first.take(100).await;
+    let mut received = first.at_least(100).await;
     let positions = last_positions(&received);
     let before = sent.load(Ordering::Relaxed);
     b.stop().await;
@@ -369,12 +388,10 @@ async fn a_restarted_redis_instance_lets_its_subscriber_recover_every_event_once
     let mut second =
         open(&b, pb::SubscribeRequest { since: Some(since(&positions)), ..sub(&["hist.>"]) }).await.unwrap();
     assert!(second.started.recovered, "Redis kept everything");
-    received.extend(second.take(200).await);
+    received.extend(second.at_least(200).await);
     stop.store(true, Ordering::Relaxed);
     let last = within(publisher).await.unwrap();
-    if (received.len() as u64) < last {
-        received.extend(second.take(last as usize - received.len()).await);
-    }
+    rest(&mut second, &mut received, last).await;
     assert_eq!(numbers(&received), (1..=last).collect::<Vec<_>>(), "every event once, in order");
     a.stop().await;
     b.stop().await;

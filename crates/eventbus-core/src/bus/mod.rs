@@ -73,6 +73,9 @@ pub struct BusConfig {
     pub history: HistoryRules,
     /// Bytes of history kept in memory across channels (`in_memory` mode).
     pub history_max_bytes: usize,
+    /// Channels with a history kept in memory (`in_memory` mode); past it, the least
+    /// recently published lose theirs.
+    pub history_max_channels: usize,
 }
 
 impl Default for BusConfig {
@@ -90,6 +93,7 @@ impl Default for BusConfig {
             max_channel_labels: Some(1000),
             history: HistoryRules::default(),
             history_max_bytes: 256 << 20,
+            history_max_channels: 10_000,
         }
     }
 }
@@ -442,7 +446,7 @@ impl Inner {
     fn new(config: BusConfig, transport: Option<Arc<dyn Transport>>, me: std::sync::Weak<Inner>) -> Self {
         let max_queued_bytes = config.max_queued_bytes;
         let history = (transport.is_none() && !config.history.is_empty())
-            .then(|| MemoryHistory::new(config.history.clone(), config.history_max_bytes));
+            .then(|| MemoryHistory::new(config.history.clone(), config.history_max_bytes, config.history_max_channels));
         Self {
             channels: ChannelTable::new(config.max_channels, config.max_channel_labels),
             config,
@@ -628,10 +632,19 @@ impl Inner {
         fanout
     }
 
-    /// The channel's `in_memory` history, if it keeps one (resolved once per entry).
-    fn history_of<'a>(&self, entry: &'a ChannelEntry) -> Option<&'a Arc<ChannelHistory>> {
+    /// The channel's `in_memory` history, if it keeps one: the entry's, unless the store
+    /// evicted it since (then the store's new one).
+    fn history_of(&self, entry: &ChannelEntry) -> Option<Arc<ChannelHistory>> {
         let history = self.history.as_ref()?;
-        entry.history.get_or_init(|| history.channel(&entry.name)).as_ref()
+        if !*entry.keeps_history.get_or_init(|| history.covers(&entry.name)) {
+            return None;
+        }
+        if let Some(h) = entry.history.read().as_ref().filter(|h| !h.is_evicted()) {
+            return Some(Arc::clone(h));
+        }
+        let fresh = history.channel(&entry.name)?;
+        *entry.history.write() = Some(Arc::clone(&fresh));
+        Some(fresh)
     }
 
     /// Offers the event to every target that can take it now; returns the counts and

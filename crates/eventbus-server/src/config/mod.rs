@@ -102,6 +102,7 @@ impl Settings {
             max_channel_labels: e.metrics.enabled.then_some(e.metrics.max_channel_labels),
             history: self.history_rules(),
             history_max_bytes: e.history_max_bytes,
+            history_max_channels: e.history_max_channels,
         }
     }
 

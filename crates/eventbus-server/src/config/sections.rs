@@ -235,6 +235,8 @@ pub struct EventBusSettings {
     pub history: Vec<HistoryRuleSetting>,
     /// Bytes of history kept in memory across channels (`in_memory` mode).
     pub history_max_bytes: usize,
+    /// Channels with a history kept in memory (`in_memory` mode).
+    pub history_max_channels: usize,
     pub redis: RedisSettings,
     pub metrics: MetricsSettings,
 }

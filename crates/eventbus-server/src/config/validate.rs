@@ -51,6 +51,7 @@ impl Settings {
             at_least("eventbus.history.max_bytes", rule.max_bytes, 1)?;
         }
         at_least("eventbus.history_max_bytes", e.history_max_bytes, 1)?;
+        at_least("eventbus.history_max_channels", e.history_max_channels, 1)?;
         let url = &e.redis.url;
         if !(url.is_empty() || url.starts_with("redis://") || url.starts_with("rediss://")) {
             let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_owned());
