@@ -173,6 +173,8 @@ pub(crate) struct MemoryHistory {
     /// Histories made so far (each one's epoch number), and evicted.
     made: AtomicU64,
     evictions: AtomicU64,
+    /// When a history was last evicted (ms since the Unix epoch; 0: never).
+    evicted_at: AtomicU64,
     max_channels: usize,
     /// Bytes kept across channels, and the bound on them.
     total: Arc<AtomicU64>,
@@ -191,12 +193,20 @@ impl MemoryHistory {
             channels: Mutex::default(),
             made: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            evicted_at: AtomicU64::new(0),
             max_channels: max_channels.max(1),
             total: Arc::default(),
             max_total: max_total as u64,
             trimmed: Arc::new(Default::default()),
             clock: Arc::default(),
         }
+    }
+
+    /// Since when every channel's history is whole: the start of this process, or the
+    /// latest eviction of a channel's history (what was evicted is gone).
+    pub(crate) fn kept_since(&self) -> SystemTime {
+        let evicted = self.evicted_at.load(Ordering::Relaxed);
+        self.started_at.max(UNIX_EPOCH + Duration::from_millis(evicted))
     }
 
     /// Whether a rule covers `channel`.
@@ -218,6 +228,8 @@ impl MemoryHistory {
             let evict = (self.max_channels / 10).clamp(1, by_age.len());
             by_age.select_nth_unstable_by_key(evict - 1, |(at, _)| *at);
             self.evictions.fetch_add(evict as u64, Ordering::Relaxed);
+            let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            self.evicted_at.store(now, Ordering::Relaxed);
             for (_, name) in by_age.into_iter().take(evict) {
                 if let Some(h) = channels.remove(&name) {
                     h.evicted.store(true, Ordering::Release);

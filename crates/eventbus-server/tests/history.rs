@@ -311,6 +311,15 @@ async fn since_is_checked_and_channels_without_history_report_incomplete() {
         ..sub(&["hist.a"])
     };
     assert!(open(&server, req).await.unwrap().started.recovered);
+    // From before this broker started: what it had then is gone, even on channels that
+    // have no history yet.
+    let hour_ago =
+        Some(prost_types::Timestamp::from(std::time::SystemTime::now() - std::time::Duration::from_secs(3600)));
+    let req = pb::SubscribeRequest {
+        since: Some(pb::SubscribeSince { positions: HashMap::new(), timestamp: hour_ago }),
+        ..sub(&["hist.>"])
+    };
+    assert!(!open(&server, req).await.unwrap().started.recovered);
 
     let mut admin = server.admin().await;
     let err = admin

@@ -142,6 +142,11 @@ impl Bus {
         }
         // A channel without history has nothing to recover from: what it lost is lost.
         let mut complete = spec.filters.iter().all(|f| self.history_rules().cover(f));
+        // From a time before this process kept anything (a restart lost it), a channel
+        // without history now may have had events then.
+        if let (Some(at), Some(history)) = (since.timestamp, &self.inner.history) {
+            complete &= at >= history.kept_since();
+        }
         let mut runs: Vec<Vec<Arc<Event>>> = Vec::new();
         let mut seam = HashMap::new();
         for (channel, start) in reads {
