@@ -377,9 +377,17 @@ pub(crate) struct SubscribeArgs {
     /// Label shown in `subscriptions`.
     #[arg(long, default_value = "eventbus-cli")]
     pub(crate) name: String,
+    /// Start from the past, on channels that keep a history: an age (`90s`, `5m`, `2h`,
+    /// `1d`), a time (`2026-11-27T10:00:00Z`), or `EPOCH:OFFSET`, the position of the
+    /// last event you have (printed `@EPOCH:OFFSET`; one exact channel only). The
+    /// events kept from there come first, then live ones; stderr says whether
+    /// everything asked for was recovered.
+    #[arg(long, value_name = "WHEN", value_parser = crate::subscribe::parse_since, conflicts_with = "group")]
+    pub(crate) since: Option<crate::subscribe::Since>,
     /// End on the first loss of the subscription instead of subscribing again (by
-    /// default a loss, such as a broker restart, is reported as a gap on stderr and the
-    /// subscription is made again with backoff).
+    /// default a loss, such as a broker restart, is followed by a new subscription,
+    /// with backoff, that recovers what it missed from channels that keep a history;
+    /// what it could not recover is reported as a gap on stderr).
     #[arg(long)]
     pub(crate) no_reconnect: bool,
 }

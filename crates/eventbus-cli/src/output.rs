@@ -38,10 +38,20 @@ pub(crate) fn dead_letter_text(e: &pb::Event) -> Option<String> {
     ))
 }
 
-/// One line per event: time, channel, id, payload, then metadata.
+/// `EPOCH:OFFSET`, as `subscribe --since` takes it.
+pub(crate) fn position(p: &pb::EventPosition) -> String {
+    format!("{}:{}", p.epoch, p.offset)
+}
+
+/// One line per event: time, channel, id, `@position` on a channel with a history,
+/// payload, then metadata.
 pub(crate) fn event_line(e: &pb::Event) -> String {
     let body = dead_letter_text(e).unwrap_or_else(|| payload_text(&e.payload));
-    let mut line = format!("[{}] {} {} {}", time(e.timestamp.as_ref()), e.channel, e.id, body);
+    let mut line = format!("[{}] {} {} ", time(e.timestamp.as_ref()), e.channel, e.id);
+    if let Some(p) = &e.position {
+        let _ = write!(line, "@{} ", position(p));
+    }
+    line.push_str(&body);
     let mut meta: Vec<_> = e.metadata.iter().collect();
     meta.sort();
     for (k, v) in meta {
@@ -50,7 +60,8 @@ pub(crate) fn event_line(e: &pb::Event) -> String {
     line
 }
 
-/// An event as a JSON object; a payload that is not UTF-8 goes in `payload_base64`.
+/// An event as a JSON object; a payload that is not UTF-8 goes in `payload_base64`;
+/// `position` only on a channel with a history.
 pub(crate) fn event_json(e: &pb::Event) -> Value {
     let mut v = json!({
         "id": e.id,
@@ -63,6 +74,9 @@ pub(crate) fn event_json(e: &pb::Event) -> Value {
     match std::str::from_utf8(&e.payload) {
         Ok(text) => v["payload"] = json!(text),
         Err(_) => v["payload_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(&e.payload)),
+    }
+    if let Some(p) = &e.position {
+        v["position"] = json!({ "epoch": p.epoch, "offset": p.offset });
     }
     v
 }
@@ -119,6 +133,9 @@ mod tests {
         };
         e.metadata.insert("k".into(), "v".into());
         assert_eq!(event_line(&e), "[2023-11-14T22:13:20.000005Z] a.b id1 x k=v");
+        e.position = Some(pb::EventPosition { epoch: "18f0a".into(), offset: 42 });
+        assert_eq!(event_line(&e), "[2023-11-14T22:13:20.000005Z] a.b id1 @18f0a:42 x k=v");
+        assert_eq!(event_json(&e)["position"], json!({ "epoch": "18f0a", "offset": 42 }));
     }
 
     #[test]

@@ -26,7 +26,21 @@ impl Drop for Broker {
 }
 
 async fn broker() -> Broker {
-    let mut settings = Settings::default();
+    serve(Settings::default()).await
+}
+
+/// A broker started with a configuration file in which the channels under `hist.` keep
+/// their latest 1,000 events.
+async fn broker_with_history() -> Broker {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("eventbusd.yaml");
+    std::fs::write(&path, "eventbus:\n  history:\n    - channels: \"hist.>\"\n      size: 1000\n").unwrap();
+    let overrides = eventbus_server::config::Overrides { config_file: Some(path), ..Default::default() };
+    serve(Settings::load(&overrides, &Default::default()).unwrap()).await
+}
+
+/// Serves `settings` on local addresses the system picks, durable state in memory.
+async fn serve(mut settings: Settings) -> Broker {
     settings.server.grpc_addr = "127.0.0.1:0".parse().unwrap();
     settings.server.http_addr = "127.0.0.1:0".parse().unwrap();
     settings.durable.data_dir = String::new();
@@ -217,6 +231,63 @@ async fn lines_without_answers_report_refusals_and_the_totals() {
 
     let out = run(eventbus(&broker, &["publish", "x.y", "-", "--lines", "--ack", "sometimes"])).await;
     assert!(!out.ok && out.stderr.contains("not an ack mode"), "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn subscribe_since_starts_from_the_past_of_a_channel_with_history() {
+    let broker = broker_with_history().await;
+    for payload in ["old 1", "old 2", "old 3"] {
+        assert!(run(eventbus(&broker, &["publish", "hist.a", payload])).await.ok);
+    }
+    let mut sub = subscriber(&broker, &["--json", "subscribe", "hist.a", "--since", "1h", "--count", "4"]).await;
+    let note = within(sub.stderr.next_line()).await.unwrap().expect("a note on what was recovered");
+    assert!(note.starts_with("--since: not everything asked for was recovered"), "the broker began later: {note}");
+    assert!(run(eventbus(&broker, &["publish", "hist.a", "new"])).await.ok);
+    let (stdout, _) = sub.finish().await;
+    assert_eq!(printed_payloads(&stdout), ["old 1", "old 2", "old 3", "new"], "the past first, then live");
+    let positions: Vec<serde_json::Value> =
+        stdout.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["position"].clone()).collect();
+    let offsets: Vec<u64> = positions.iter().map(|p| p["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets, [1, 2, 3, 4]);
+
+    // From the position of the second event, as printed: the events after it.
+    let second = format!("{}:2", positions[1]["epoch"].as_str().unwrap());
+    let out = run(eventbus(&broker, &["--json", "subscribe", "hist.a", "--since", &second, "--count", "2"])).await;
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(printed_payloads(&out.stdout), ["old 3", "new"]);
+    assert!(out.stderr.contains("--since: every event asked for was recovered"), "{}", out.stderr);
+    let out = run(eventbus(&broker, &["subscribe", "hist.a", "--since", &second, "--count", "1"])).await;
+    assert!(out.stdout.contains(&format!("@{}:3 old 3", positions[1]["epoch"].as_str().unwrap())), "{}", out.stdout);
+
+    let out = run(eventbus(&broker, &["subscribe", "hist.>", "--since", &second])).await;
+    assert!(!out.ok && out.stderr.contains("one exact channel"), "{}", out.stderr);
+    let out = run(eventbus(&broker, &["subscribe", "hist.a", "--since", "yesterday"])).await;
+    assert!(!out.ok && out.stderr.contains("EPOCH:OFFSET"), "{}", out.stderr);
+    let out = run(eventbus(&broker, &["subscribe", "hist.a", "--since", "5m", "--group", "g"])).await;
+    assert!(!out.ok && out.stderr.contains("--group"), "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn a_subscriber_lost_on_a_channel_with_history_says_it_recovered_what_it_missed() {
+    let broker = broker_with_history().await;
+    // A queue of one event that disconnects its subscriber when full: a burst loses it.
+    let args = ["--json", "subscribe", "hist.>", "--max-queue-bytes", "1", "--overflow", "disconnect", "--count"];
+    let sub = subscriber(&broker, &[&args[..], &["200"]].concat()).await;
+    let mut cmd = eventbus(&broker, &["publish", "hist.burst", "-", "--lines", "--batch", "100"]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let lines: String = (0..200).map(|i| format!("{i}\n")).collect();
+    child.stdin.take().unwrap().write_all(lines.as_bytes()).await.unwrap();
+    finish(child).await;
+    let (stdout, stderr) = sub.finish().await;
+    let expected: Vec<String> = (0..200).map(|i| i.to_string()).collect();
+    assert_eq!(printed_payloads(&stdout), expected, "each once, in order");
+    assert!(stderr.contains("subscribed "), "subscribed again: {stderr}");
+    assert!(
+        stderr.contains("recovered: every event published while the subscription was lost was delivered"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("gap:"), "{stderr}");
 }
 
 #[tokio::test]

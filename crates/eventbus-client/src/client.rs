@@ -155,7 +155,8 @@ impl Client {
 
     /// Subscribes, and waits until the subscription is live: anything published after
     /// this returns is delivered. The [`Subscription`] reconnects and subscribes again
-    /// by itself, reporting each [`Gap`](crate::SubscriptionItem::Gap).
+    /// by itself, from where it was on channels that keep a history, reporting each
+    /// [`Gap`](crate::SubscriptionItem::Gap) that history could not fill.
     pub async fn subscribe(&self, options: impl Into<SubscribeOptions>) -> Result<Subscription, Error> {
         subscribe::open(self.clone(), options.into()).await
     }
@@ -187,6 +188,16 @@ impl Client {
         let request = pb::UnsubscribeRequest { subscription_id: subscription_id.into() };
         self.admin().unsubscribe(request).await?;
         Ok(())
+    }
+
+    /// What a channel's history holds and a page of its events, oldest first, each with
+    /// its position (`Admin.GetChannelHistory`); [`Error::NotFound`] when no
+    /// `eventbus.history` rule covers the channel.
+    pub async fn channel_history(
+        &self,
+        request: pb::GetChannelHistoryRequest,
+    ) -> Result<pb::GetChannelHistoryResponse, Error> {
+        Ok(self.admin().get_channel_history(request).await?.into_inner())
     }
 
     /// Creates a durable consumer (idempotent for an identical definition,

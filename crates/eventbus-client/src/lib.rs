@@ -9,8 +9,9 @@
 //!   connection they make.
 //! - [`Client`] (`client`): publish, pipelined [`publish_stream`](Client::publish_stream),
 //!   subscribe, the raw [`consume`](Client::consume) stream and the admin calls.
-//! - [`Subscription`] (`subscribe`): a subscribe stream that reconnects with backoff and
-//!   reports each [`Gap`](SubscriptionItem::Gap) (core pub/sub is at most once).
+//! - [`Subscription`] (`subscribe`): a subscribe stream that reconnects with backoff,
+//!   recovers what it missed on channels that keep a history, and reports each
+//!   [`Gap`](SubscriptionItem::Gap) history could not fill (core pub/sub is at most once).
 //! - [`Worker`] (`worker`): the push worker for durable consumers — concurrency,
 //!   retries, dead letters, batched acks, deadline extension, reconnection, drain,
 //!   hooks, stats and `socle_push_worker_*` metrics.

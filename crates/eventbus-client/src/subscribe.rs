@@ -1,14 +1,23 @@
 //! A `Subscribe` stream that outlives connections: after a loss it waits (capped
-//! exponential backoff), subscribes again by itself and reports the [`Gap`] — core
-//! pub/sub is at most once, so whatever was published in between is not delivered.
+//! exponential backoff) and subscribes again by itself, from where its reader was.
+//!
+//! It keeps the position of the last event received on each channel and, subscribing
+//! again, asks the broker for what came after (`SubscribeRequest.since`): channels that
+//! keep a history (`eventbus.history`) get what was missed first, then live events, with
+//! no gap and no copy. Whatever history could not give back — a channel without one,
+//! events trimmed meanwhile, an `in_memory` broker restarted — is reported as a
+//! [`Gap`]: core pub/sub is at most once. A group's members cannot recover (they share
+//! the events), so a loss in a group is always a gap.
 //!
 //! [`Gap`]: SubscriptionItem::Gap
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use eventbus_proto::pb::{self, subscribe_response::Kind};
 use futures::Stream;
+use prost_types::Timestamp;
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -19,10 +28,14 @@ use crate::{Backoff, Client, Error};
 /// then applies the subscription's overflow policy to its own queue).
 const BUFFER: usize = 64;
 
+/// Most positions one `since` may carry (the broker refuses more).
+const MAX_POSITIONS: usize = 1024;
+
 /// What to subscribe to, and how to behave when the connection is lost.
 #[derive(Debug, Clone)]
 pub struct SubscribeOptions {
-    /// The wire request, sent again on every reconnection.
+    /// The wire request, sent again on every reconnection (with `since` set to where
+    /// the subscriber was, unless it joins a group).
     pub request: pb::SubscribeRequest,
     /// Subscribe again after a loss (default). When false, the first loss ends the
     /// subscription with its error.
@@ -69,6 +82,16 @@ impl SubscribeOptions {
         self
     }
 
+    /// Starts from the past: on channels that keep a history, the events after these
+    /// positions, and on the others from this time, come first (for instance
+    /// [`Subscription::since`] of an earlier subscription, to take over where it was).
+    /// [`Started`](SubscriptionItem::Started) then says whether all of it was
+    /// recovered. Not with a group.
+    pub fn since(mut self, since: pb::SubscribeSince) -> Self {
+        self.request.since = Some(since);
+        self
+    }
+
     /// Whether to subscribe again after a loss (default true).
     pub fn reconnect(mut self, reconnect: bool) -> Self {
         self.reconnect = reconnect;
@@ -96,11 +119,18 @@ pub enum SubscriptionItem {
     Started {
         /// Id for `Admin.Unsubscribe`, new on each reconnection.
         subscription_id: String,
+        /// Everything asked for was recovered from history: after a reconnection,
+        /// nothing was missed; first, the whole of [`SubscribeOptions::since`]. False
+        /// without a `since`, and whenever history did not hold it all (a reconnection
+        /// then comes with a [`Gap`](Self::Gap) just before).
+        recovered: bool,
     },
-    /// Events, in publish order per channel and publisher.
+    /// Events, in publish order per channel and publisher; recovered ones first after a
+    /// `Started`, then live ones.
     Events(Vec<pb::Event>),
-    /// The subscription was lost; events published until the next `Started` are not
-    /// delivered (at most once).
+    /// The subscription was lost and some events published meanwhile are not
+    /// delivered (at most once). Without a group it comes once subscribed again, as
+    /// only then is it known whether history held what was missed; in a group, at once.
     Gap {
         /// Why it was lost, e.g. "shutting down (Unavailable)".
         reason: String,
@@ -113,14 +143,32 @@ pub enum SubscriptionItem {
 /// `reconnect(false)`, on the first loss. Dropping it unsubscribes.
 #[derive(Debug)]
 pub struct Subscription {
-    items: mpsc::Receiver<Result<SubscriptionItem, Error>>,
+    updates: mpsc::Receiver<Result<Update, Error>>,
+    /// Where the reader is: what it has been given, not what the task has read ahead.
+    resume: Resume,
     _stop: DropGuard,
 }
 
 impl Subscription {
     /// The next item; `None` when the subscription has ended.
     pub async fn next(&mut self) -> Option<Result<SubscriptionItem, Error>> {
-        self.items.recv().await
+        let update = self.updates.recv().await?;
+        Some(update.map(|u| self.resume.take(u)))
+    }
+
+    /// Per channel, the position of the last event received (for a channel that keeps
+    /// a history), or, before any, the channel's latest position when the subscription
+    /// started.
+    pub fn positions(&self) -> HashMap<String, pb::EventPosition> {
+        self.resume.channels.iter().map(|(channel, last)| (channel.clone(), last.position.clone())).collect()
+    }
+
+    /// Where the reader of this subscription is, as a `since` that resumes from there:
+    /// the [`positions`](Self::positions), and for channels without one the time the
+    /// first subscription went live (or the time of [`SubscribeOptions::since`]).
+    /// `None` before anything is known (a broker without history support).
+    pub fn since(&self) -> Option<pb::SubscribeSince> {
+        self.resume.since()
     }
 }
 
@@ -128,43 +176,229 @@ impl Stream for Subscription {
     type Item = Result<SubscriptionItem, Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.items.poll_recv(cx)
+        let this = &mut *self;
+        this.updates.poll_recv(cx).map(|update| update.map(|u| u.map(|u| this.resume.take(u))))
     }
+}
+
+/// What the subscription's task hands to its [`Subscription`].
+#[derive(Debug)]
+enum Update {
+    Started {
+        started: pb::SubscriptionStarted,
+        /// See [`Resume::started`].
+        seed: bool,
+    },
+    Events(Vec<pb::Event>),
+    Gap {
+        reason: String,
+    },
+}
+
+/// Where a subscriber is: per channel the position of the last event it has, and
+/// from when to recover the channels it has no position on.
+#[derive(Debug, Clone, Default)]
+struct Resume {
+    channels: HashMap<String, Last>,
+    /// Events received so far, numbering [`Last::seq`].
+    received: u64,
+    /// Recovery of the channels without a position starts here: the time given in
+    /// `since` at first, else when the first subscription went live. Nothing without
+    /// a position has been received since (or it would have one).
+    from: Option<Timestamp>,
+    /// When the first subscription went live, while the earlier `from` asked for is
+    /// still being recovered. Recovered events come in time order and before live
+    /// ones, so once an event of that time or later is received, nothing before it is
+    /// still to come: `from` moves up to it, and a reconnection does not ask again for
+    /// a past that history may not hold (which would report a gap for nothing).
+    catching_up: Option<Timestamp>,
+    /// A subscription went live already.
+    live: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Last {
+    position: pb::EventPosition,
+    /// When its event was published (unknown for a position not received).
+    at: Option<Timestamp>,
+    /// [`Resume::received`] when it was received: the least recent channels make room first.
+    seq: u64,
+}
+
+impl Resume {
+    /// Before the first subscription, which asks for `since`.
+    fn new(since: Option<&pb::SubscribeSince>) -> Self {
+        let Some(since) = since else { return Self::default() };
+        let channels = since
+            .positions
+            .iter()
+            .map(|(channel, position)| (channel.clone(), Last { position: position.clone(), at: None, seq: 0 }))
+            .collect();
+        Self { channels, from: since.timestamp, ..Self::default() }
+    }
+
+    /// Turns what the task sent into what the reader gets, noting where it is.
+    fn take(&mut self, update: Update) -> SubscriptionItem {
+        match update {
+            Update::Started { started, seed } => {
+                self.started(&started, seed);
+                SubscriptionItem::Started { subscription_id: started.subscription_id, recovered: started.recovered }
+            }
+            Update::Events(events) => {
+                self.received(&events);
+                SubscriptionItem::Events(events)
+            }
+            Update::Gap { reason } => SubscriptionItem::Gap { reason },
+        }
+    }
+
+    /// A subscription went live. With `seed` (its request recovered nothing by time),
+    /// the broker's latest positions are where the channels without one start: exact,
+    /// where a time could not tell events of the same instant apart. With a recovery
+    /// by time under way they would skip the events it has yet to deliver.
+    fn started(&mut self, started: &pb::SubscriptionStarted, seed: bool) {
+        if !self.live {
+            self.live = true;
+            match (self.from, started.started_at) {
+                (None, at) => self.from = at,
+                (Some(from), Some(at)) if earlier(&from, &at) => self.catching_up = Some(at),
+                _ => {}
+            }
+        }
+        if seed {
+            for (channel, position) in &started.positions {
+                let seq = self.received;
+                self.channels.entry(channel.clone()).or_insert_with(|| Last {
+                    position: position.clone(),
+                    at: None,
+                    seq,
+                });
+            }
+        }
+    }
+
+    /// Events were received: in one epoch positions only move forward; a new epoch
+    /// (history lost on the broker) starts over.
+    fn received(&mut self, events: &[pb::Event]) {
+        for event in events {
+            if let (Some(at), Some(t)) = (self.catching_up, event.timestamp)
+                && !earlier(&t, &at)
+            {
+                self.catching_up = None;
+                self.move_from_up_to(at);
+            }
+            let Some(position) = &event.position else { continue };
+            self.received += 1;
+            let last = Last { position: position.clone(), at: event.timestamp, seq: self.received };
+            match self.channels.get_mut(&event.channel) {
+                Some(had) if had.position.epoch == position.epoch && had.position.offset >= position.offset => {}
+                Some(had) => *had = last,
+                None => {
+                    self.channels.insert(event.channel.clone(), last);
+                }
+            }
+        }
+        // A subscription to patterns may see any number of channels: memory stays bounded.
+        if self.channels.len() > 2 * MAX_POSITIONS {
+            self.keep_most_recent(MAX_POSITIONS);
+        }
+    }
+
+    /// Keeps the `keep` channels received from most recently. The others are recovered
+    /// by time, from just after the latest event received among them: their events up
+    /// to it were received (each channel's in order), and the events published after it
+    /// were, or reached the most recent channels instead.
+    fn keep_most_recent(&mut self, keep: usize) {
+        let over = self.channels.len().saturating_sub(keep);
+        if over == 0 {
+            return;
+        }
+        let mut by_age: Vec<(u64, String)> = self.channels.iter().map(|(c, last)| (last.seq, c.clone())).collect();
+        by_age.sort_unstable();
+        for (_, channel) in by_age.into_iter().take(over) {
+            if let Some(at) = self.channels.remove(&channel).and_then(|last| last.at) {
+                self.move_from_up_to(Timestamp { seconds: at.seconds, nanos: at.nanos.saturating_add(1) }.normalized());
+            }
+        }
+    }
+
+    fn move_from_up_to(&mut self, at: Timestamp) {
+        if self.from.is_none_or(|from| earlier(&from, &at)) {
+            self.from = Some(at);
+        }
+    }
+
+    /// The `since` that resumes from here (at most [`MAX_POSITIONS`] positions).
+    fn since(&self) -> Option<pb::SubscribeSince> {
+        let pruned;
+        let resume = if self.channels.len() > MAX_POSITIONS {
+            let mut copy = self.clone();
+            copy.keep_most_recent(MAX_POSITIONS);
+            pruned = copy;
+            &pruned
+        } else {
+            self
+        };
+        if resume.channels.is_empty() && resume.from.is_none() {
+            return None;
+        }
+        let positions = resume.channels.iter().map(|(c, last)| (c.clone(), last.position.clone())).collect();
+        Some(pb::SubscribeSince { positions, timestamp: resume.from })
+    }
+}
+
+fn earlier(a: &Timestamp, b: &Timestamp) -> bool {
+    let (a, b) = (a.normalized(), b.normalized());
+    (a.seconds, a.nanos) < (b.seconds, b.nanos)
 }
 
 /// One subscribe call, up to its `started` message.
 async fn start(
     client: &Client,
     request: &pb::SubscribeRequest,
-) -> Result<(String, tonic::Streaming<pb::SubscribeResponse>), Error> {
+) -> Result<(pb::SubscriptionStarted, tonic::Streaming<pb::SubscribeResponse>), Error> {
     let mut stream = codec::server_streaming(client.channel(), Method::Subscribe, request.clone()).await?;
     match stream.message().await? {
-        Some(pb::SubscribeResponse { kind: Some(Kind::Started(s)) }) => Ok((s.subscription_id, stream)),
+        Some(pb::SubscribeResponse { kind: Some(Kind::Started(s)) }) => Ok((s, stream)),
         other => Err(Error::Protocol(format!("expected `started` first, got {other:?}"))),
     }
 }
 
-pub(crate) async fn open(client: Client, options: SubscribeOptions) -> Result<Subscription, Error> {
-    let (id, stream) = start(&client, &options.request).await?;
-    let (tx, items) = mpsc::channel(BUFFER);
-    // Room for this first item is certain: the channel is new.
-    let _ = tx.try_send(Ok(SubscriptionItem::Started { subscription_id: id }));
-    let stop = CancellationToken::new();
-    tokio::spawn(pump(client, options, stream, tx, stop.clone()));
-    Ok(Subscription { items, _stop: stop.drop_guard() })
+/// Whether the broker's latest positions may seed a request's channels (see
+/// [`Resume::started`]).
+fn seeds(request: &pb::SubscribeRequest) -> bool {
+    request.since.as_ref().is_none_or(|since| since.timestamp.is_none())
 }
 
-/// Forwards events until the subscription ends, subscribing again after each loss.
+pub(crate) async fn open(client: Client, options: SubscribeOptions) -> Result<Subscription, Error> {
+    let (started, stream) = start(&client, &options.request).await?;
+    let resume = Resume::new(options.request.since.as_ref());
+    // The task's, ahead of the reader's by what waits in the channel: where to resume.
+    let mut ahead = resume.clone();
+    let seed = seeds(&options.request);
+    ahead.started(&started, seed);
+    let (tx, updates) = mpsc::channel(BUFFER);
+    // Room for this first item is certain: the channel is new.
+    let _ = tx.try_send(Ok(Update::Started { started, seed }));
+    let stop = CancellationToken::new();
+    tokio::spawn(pump(client, options, ahead, stream, tx, stop.clone()));
+    Ok(Subscription { updates, resume, _stop: stop.drop_guard() })
+}
+
+/// Forwards events until the subscription ends, subscribing again after each loss
+/// from `resume`: where the reader will be once it has read what was forwarded.
 async fn pump(
     client: Client,
     options: SubscribeOptions,
+    mut resume: Resume,
     mut stream: tonic::Streaming<pb::SubscribeResponse>,
-    tx: mpsc::Sender<Result<SubscriptionItem, Error>>,
+    tx: mpsc::Sender<Result<Update, Error>>,
     stop: CancellationToken,
 ) {
-    let send = |item| async {
-        tokio::select! { _ = stop.cancelled() => false, r = tx.send(item) => r.is_ok() }
+    let send = |update| async {
+        tokio::select! { _ = stop.cancelled() => false, r = tx.send(update) => r.is_ok() }
     };
+    let grouped = !options.request.group.is_empty();
     loop {
         let message = tokio::select! {
             _ = stop.cancelled() => return,
@@ -172,7 +406,8 @@ async fn pump(
         };
         let lost = match message {
             Ok(Some(pb::SubscribeResponse { kind: Some(Kind::Events(batch)) })) => {
-                if !send(Ok(SubscriptionItem::Events(batch.events))).await {
+                resume.received(&batch.events);
+                if !send(Ok(Update::Events(batch.events))).await {
                     return;
                 }
                 continue;
@@ -185,18 +420,33 @@ async fn pump(
             let _ = send(Err(lost)).await;
             return;
         }
-        if !send(Ok(SubscriptionItem::Gap { reason: lost.to_string() })).await {
-            return;
-        }
+        let gap = Update::Gap { reason: lost.to_string() };
+        let mut request = options.request.clone();
+        let gap = if grouped {
+            if !send(Ok(gap)).await {
+                return;
+            }
+            None
+        } else {
+            request.since = resume.since();
+            Some(gap)
+        };
         let mut failures = 0;
         stream = loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 () = tokio::time::sleep(options.backoff.delay(failures)) => {}
             }
-            match start(&client, &options.request).await {
-                Ok((id, stream)) => {
-                    if !send(Ok(SubscriptionItem::Started { subscription_id: id })).await {
+            match start(&client, &request).await {
+                Ok((started, stream)) => {
+                    if let Some(gap) = gap.filter(|_| !started.recovered)
+                        && !send(Ok(gap)).await
+                    {
+                        return;
+                    }
+                    let seed = seeds(&request);
+                    resume.started(&started, seed);
+                    if !send(Ok(Update::Started { started, seed })).await {
                         return;
                     }
                     break stream;
@@ -206,10 +456,101 @@ async fn pump(
                     failures = failures.saturating_add(1);
                 }
                 Err(e) => {
+                    if let Some(gap) = gap {
+                        let _ = send(Ok(gap)).await;
+                    }
                     let _ = send(Err(e)).await;
                     return;
                 }
             }
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Option<Timestamp> {
+        Some(Timestamp { seconds, nanos: 0 })
+    }
+
+    fn position(epoch: &str, offset: u64) -> pb::EventPosition {
+        pb::EventPosition { epoch: epoch.into(), offset }
+    }
+
+    fn event(channel: &str, epoch: &str, offset: u64, seconds: i64) -> pb::Event {
+        pb::Event {
+            channel: channel.into(),
+            position: Some(position(epoch, offset)),
+            timestamp: at(seconds),
+            ..Default::default()
+        }
+    }
+
+    fn started(seconds: i64, positions: &[(&str, pb::EventPosition)]) -> pb::SubscriptionStarted {
+        pb::SubscriptionStarted {
+            started_at: at(seconds),
+            positions: positions.iter().map(|(c, p)| ((*c).to_owned(), p.clone())).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn offset(resume: &Resume, channel: &str) -> Option<(String, u64)> {
+        resume.channels.get(channel).map(|l| (l.position.epoch.clone(), l.position.offset))
+    }
+
+    #[test]
+    fn positions_move_forward_within_an_epoch_and_start_over_with_a_new_one() {
+        let mut resume = Resume::default();
+        resume.received(&[event("a", "e1", 3, 10), event("a", "e1", 2, 11), event("b", "e1", 7, 12)]);
+        assert_eq!(offset(&resume, "a"), Some(("e1".into(), 3)), "never back");
+        resume.received(&[event("a", "e2", 1, 13), pb::Event { channel: "c".into(), ..Default::default() }]);
+        assert_eq!(offset(&resume, "a"), Some(("e2".into(), 1)), "another epoch replaces");
+        assert_eq!(offset(&resume, "c"), None, "a channel without history has no position");
+    }
+
+    #[test]
+    fn resumes_from_the_first_start_and_seeds_only_where_nothing_is_being_recovered_by_time() {
+        let mut resume = Resume::default();
+        assert_eq!(resume.since(), None, "nothing known yet");
+        resume.received(&[event("a", "e1", 5, 10)]);
+        resume.started(&started(20, &[("a", position("e1", 9)), ("b", position("e1", 4))]), true);
+        assert_eq!(offset(&resume, "a"), Some(("e1".into(), 5)), "a position received is kept");
+        assert_eq!(offset(&resume, "b"), Some(("e1".into(), 4)), "seeded");
+        resume.started(&started(30, &[("c", position("e1", 2))]), false);
+        assert_eq!(offset(&resume, "c"), None, "a recovery by time may still deliver c's events up to 2");
+        let since = resume.since().unwrap();
+        assert_eq!((since.positions.len(), since.timestamp), (2, at(20)), "the first start's time");
+
+        let asked = pb::SubscribeSince { positions: [("a".to_owned(), position("e0", 8))].into(), timestamp: at(5) };
+        let mut resume = Resume::new(Some(&asked));
+        resume.started(&started(20, &[]), false);
+        assert_eq!(resume.since(), Some(asked), "the time asked for, before the start's");
+        resume.received(&[event("b", "e1", 1, 15)]);
+        assert_eq!(resume.since().unwrap().timestamp, at(5), "still recovering the past");
+        resume.received(&[pb::Event { channel: "plain".into(), timestamp: at(21), ..Default::default() }]);
+        assert_eq!(resume.since().unwrap().timestamp, at(20), "past recovered: from the first start on");
+        resume.started(&started(40, &[]), false);
+        assert_eq!(resume.since().unwrap().timestamp, at(20), "the first start, not a later one");
+    }
+
+    #[test]
+    fn a_since_holds_at_most_the_brokers_limit_of_positions() {
+        let mut resume = Resume::default();
+        resume.started(&started(1, &[]), true);
+        let total = 2 * MAX_POSITIONS;
+        let events: Vec<pb::Event> =
+            (0..total).map(|i| event(&format!("c{i}"), "e", 1, 100 + i64::try_from(i).unwrap())).collect();
+        resume.received(&events);
+        let since = resume.since().unwrap();
+        assert_eq!(since.positions.len(), MAX_POSITIONS);
+        assert!(since.positions.contains_key(&format!("c{}", total - 1)), "the most recent are kept");
+        assert!(!since.positions.contains_key("c0"));
+        let last_dropped = 100 + i64::try_from(MAX_POSITIONS).unwrap() - 1;
+        assert_eq!(since.timestamp, Some(Timestamp { seconds: last_dropped, nanos: 1 }), "just after them");
+
+        resume.received(&[event("one.more", "e", 1, 10_000)]);
+        assert_eq!(resume.channels.len(), MAX_POSITIONS, "memory stays bounded");
     }
 }

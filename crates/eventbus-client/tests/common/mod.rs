@@ -27,7 +27,21 @@ pub struct Broker {
 }
 
 pub fn settings() -> Settings {
-    let mut settings = Settings::default();
+    for_tests(Settings::default())
+}
+
+/// [`settings`] over a configuration file holding `yaml`, read as eventbusd reads its
+/// `--config`.
+pub fn settings_from_file(yaml: &str) -> Settings {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("eventbusd.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let overrides = eventbus_server::config::Overrides { config_file: Some(path), ..Default::default() };
+    for_tests(Settings::load(&overrides, &Default::default()).unwrap())
+}
+
+/// Local addresses picked by the system, a quick shutdown, durable state in memory.
+fn for_tests(mut settings: Settings) -> Settings {
     settings.server.grpc_addr = "127.0.0.1:0".parse().unwrap();
     settings.server.http_addr = "127.0.0.1:0".parse().unwrap();
     settings.server.shutdown_timeout_ms = 500;
