@@ -547,3 +547,72 @@ async fn the_redis_transport_alone_keeps_history() {
         stop.cancel();
     }
 }
+
+/// The Rust client end to end: its subscription on instance B of a redis-mode pair
+/// outlives B's restart by itself (it resubscribes with its positions), while A keeps
+/// publishing: every event once, in order, and no gap reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_rust_client_recovers_across_an_instance_restart_without_a_gap() {
+    use eventbus_client::{Client, ClientOptions};
+    let Some(redis) = RedisProc::start().await else { return };
+    let a = broker_with(&redis, |s| keep(s, 100_000)).await;
+    let b = broker_with(&redis, |s| keep(s, 100_000)).await;
+    let (grpc, http) = (b.addr, b.http);
+    let client = Client::connect(ClientOptions::new(format!("http://{grpc}"))).await.unwrap();
+    let mut subscription = client.subscribe(sub(&["hist.>"])).await.unwrap();
+    let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let publisher = publish_until(a.client().await, "hist.client", stop.clone(), sent.clone());
+
+    let mut seen = Seen::default();
+    seen.read(&mut subscription, 100).await;
+    b.stop().await;
+    let before = sent.load(Ordering::Relaxed);
+    eventually("publishes while B is away", || {
+        let sent = sent.clone();
+        async move { sent.load(Ordering::Relaxed) >= before + 100 }
+    })
+    .await;
+    let b = broker_with(&redis, |s| {
+        keep(s, 100_000);
+        s.server.grpc_addr = grpc;
+        s.server.http_addr = http;
+    })
+    .await;
+    seen.read(&mut subscription, before as usize + 200).await;
+    stop.store(true, Ordering::Relaxed);
+    let last = within(publisher).await.unwrap();
+    seen.read(&mut subscription, last as usize).await;
+    let Seen { numbers: numbers_seen, starts, gaps } = seen;
+    assert_eq!(numbers_seen, (1..=last).collect::<Vec<_>>(), "every event once, in order");
+    assert!(gaps.is_empty(), "nothing was lost, so no gap: {gaps:?}");
+    assert_eq!(starts, [false, true], "subscribed (nothing to recover), then again after the restart, recovered");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// What a client subscription yielded: event numbers, `recovered` of each `Started`,
+/// gaps.
+#[derive(Default)]
+struct Seen {
+    numbers: Vec<u64>,
+    starts: Vec<bool>,
+    gaps: Vec<String>,
+}
+
+impl Seen {
+    /// Reads until `until` events were received in all.
+    async fn read(&mut self, sub: &mut eventbus_client::Subscription, until: usize) {
+        use eventbus_client::SubscriptionItem;
+        within(async {
+            while self.numbers.len() < until {
+                match sub.next().await.expect("open").unwrap() {
+                    SubscriptionItem::Started { recovered, .. } => self.starts.push(recovered),
+                    SubscriptionItem::Gap { reason } => self.gaps.push(reason),
+                    SubscriptionItem::Events(events) => self.numbers.extend(numbers(&events)),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        })
+        .await;
+    }
+}
