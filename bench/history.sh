@@ -47,7 +47,10 @@ start() { # name mode config-or-empty
   port=$(free_port); http=$(free_port)
   local args=(--grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$http" --log-level warn --mode "$mode")
   [ -n "$config" ] && args+=(--config "$config")
-  # Each redis-mode instance has its own prefix: the two never see each other's events.
+  # Each instance has its own data directory, and each redis-mode one its own prefix:
+  # the two never see each other's events.
+  rm -rf "$OUT/history-data-$name"
+  EVENTBUS__DURABLE__DATA_DIR="$OUT/history-data-$name" \
   EVENTBUS__EVENTBUS__REDIS__PORT="$REDIS_PORT" EVENTBUS__EVENTBUS__REDIS__PREFIX="bench-$name" \
     target/release/eventbusd "${args[@]}" >"$OUT/eventbusd-$name.log" 2>&1 &
   PIDS+=($!)
