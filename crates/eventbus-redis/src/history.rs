@@ -33,7 +33,10 @@ use crate::glob::{RedisFilter, redis_filter};
 /// msg, kind, epoch, event_ms, size, max_bytes, ttl_ms, now_ms)` gives the event the
 /// channel's next offset, appends `msg` (the envelope, `kind` `b` binary or `j` JSON)
 /// with its position to the stream, trims the stream to its bounds, and returns the
-/// envelope with the position, to PUBLISH. `epoch` names a history made now (first
+/// envelope with the position, to PUBLISH. Redis trims the stream itself as it appends
+/// (`MAXLEN`): to `size` entries, or fewer when `max_bytes` holds fewer of this
+/// envelope's size (the byte bound reckons every entry at the newest one's size), and
+/// by age (`MINID`) with a ttl. Four commands an event, none reading the stream. `epoch` names a history made now (first
 /// publish, or Redis lost the keys): the event's id.
 pub(crate) const RETAIN: &str = r#"
 local function varint(n)
@@ -45,35 +48,25 @@ local function varint(n)
   return out .. string.char(n)
 end
 local function retain(stream, meta, msg, kind, epoch, event_ms, size, max_bytes, ttl, now)
-  local kept = redis.call('HGET', meta, 'epoch')
-  if kept then
-    epoch = kept
+  local kept = redis.call('HMGET', meta, 'epoch', 'offset', 'last_ms')
+  local offset, last_ms = 0, 0
+  if kept[1] then
+    epoch, offset, last_ms = kept[1], tonumber(kept[2]), tonumber(kept[3])
   else
     redis.call('DEL', stream)
-    redis.call('HSET', meta, 'epoch', epoch, 'offset', 0, 'bytes', 0, 'trimmed', 0, 'trimmed_ms', 0, 'last_ms', 0)
   end
-  local offset = redis.call('HINCRBY', meta, 'offset', 1)
+  offset = offset + 1
   if kind == 'j' then
     msg = string.sub(msg, 1, -2) .. ',"position":{"epoch":"' .. epoch .. '","offset":' .. string.format('%d', offset) .. '}}'
   else
     local body = '\10' .. varint(#epoch) .. epoch .. '\16' .. varint(offset)
     msg = msg .. '\66' .. varint(#body) .. body
   end
-  local ms = math.max(event_ms, tonumber(redis.call('HGET', meta, 'last_ms')))
-  redis.call('HSET', meta, 'last_ms', string.format('%d', ms))
-  redis.call('XADD', stream, string.format('%d-%d', ms, offset), 'e', msg)
-  local bytes = redis.call('HINCRBY', meta, 'bytes', #msg)
-  local len = redis.call('XLEN', stream)
-  while len > 1 do
-    local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
-    local fms, foff = string.match(first[1], '^(%d+)-(%d+)$')
-    fms = tonumber(fms)
-    if not (len > size or bytes > max_bytes or (ttl > 0 and fms < now - ttl)) then break end
-    redis.call('XDEL', stream, first[1])
-    bytes = redis.call('HINCRBY', meta, 'bytes', -#first[2][2])
-    redis.call('HSET', meta, 'trimmed', foff, 'trimmed_ms', string.format('%d', fms))
-    len = len - 1
-  end
+  local ms = math.max(event_ms, last_ms)
+  redis.call('HSET', meta, 'epoch', epoch, 'offset', string.format('%d', offset), 'last_ms', string.format('%d', ms))
+  local cap = math.max(1, math.min(size, math.floor(max_bytes / #msg)))
+  redis.call('XADD', stream, 'MAXLEN', cap, string.format('%d-%d', ms, offset), 'e', msg)
+  if ttl > 0 then redis.call('XTRIM', stream, 'MINID', string.format('%d', math.min(now - ttl, ms))) end
   return msg
 end
 "#;
@@ -143,13 +136,16 @@ pub(crate) enum Sending {
     Text,
 }
 
-/// A channel's history hash.
+/// What a channel's history holds, read from its hash and stream.
 #[derive(Debug, Default)]
 struct Meta {
     epoch: Option<Arc<str>>,
     last: u64,
-    bytes: u64,
+    /// Entries kept.
+    len: u64,
+    /// Offset of the newest event trimmed (0: none): events are trimmed oldest first.
     trimmed: u64,
+    /// No trimmed event is newer than this (ms): the oldest kept entry's time.
     trimmed_ms: u64,
 }
 
@@ -234,13 +230,20 @@ impl RedisHistory {
         let fields: HashMap<String, String> =
             redis::cmd("HGETALL").arg(self.meta_key(channel)).query_async(conn).await?;
         let num = |k: &str| fields.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        Ok(Meta {
-            epoch: fields.get("epoch").map(|e| Arc::from(e.as_str())),
-            last: num("offset"),
-            bytes: num("bytes"),
-            trimmed: num("trimmed"),
-            trimmed_ms: num("trimmed_ms"),
-        })
+        let last = num("offset");
+        let stream = self.stream_key(channel);
+        let len: u64 = redis::cmd("XLEN").arg(&stream).query_async(conn).await?;
+        let trimmed = last.saturating_sub(len);
+        let trimmed_ms = match (trimmed, len) {
+            (0, _) => 0,
+            (_, 0) => num("last_ms"),
+            _ => {
+                let first: Vec<StreamEntry> =
+                    redis::cmd("XRANGE").arg(&stream).arg("-").arg("+").arg("COUNT").arg(1).query_async(conn).await?;
+                first.first().and_then(|(id, _)| id_part(id, 0)).unwrap_or(u64::MAX)
+            }
+        };
+        Ok(Meta { epoch: fields.get("epoch").map(|e| Arc::from(e.as_str())), last, len, trimmed, trimmed_ms })
     }
 
     /// Reads `channel`'s history from `start`, at most `limit` events.
@@ -284,7 +287,7 @@ impl RedisHistory {
                 // Entry ids never go back in time, so an event stamped earlier by a
                 // slower clock may sit after `t`: its own time decides.
                 events.retain(|e| e.timestamp >= *t);
-                (events, meta.trimmed_ms < ms(*t))
+                (events, meta.trimmed == 0 || meta.trimmed_ms < ms(*t))
             }
             Start::Oldest => (range(conn, "XRANGE", &stream, "-", "+", usize::MAX, 0).await?, meta.trimmed == 0),
         };
@@ -352,23 +355,16 @@ impl RedisHistory {
             return Ok(None);
         }
         let meta = self.meta(conn, channel).await?;
-        let stream = self.stream_key(channel);
-        let events: u64 = redis::cmd("XLEN").arg(&stream).query_async(conn).await?;
-        let first = match events {
-            0 => meta.last + 1,
-            _ => range(conn, "XRANGE", &stream, "-", "+", 1, 0)
-                .await?
-                .first()
-                .and_then(|e| e.position.as_ref())
-                .map_or(meta.last + 1, |p| p.offset),
-        };
+        // What Redis holds for the stream, as it reckons it.
+        let bytes: Option<u64> =
+            redis::cmd("MEMORY").arg("USAGE").arg(self.stream_key(channel)).query_async(conn).await?;
         Ok(Some(HistoryInfo {
             channel: channel.to_owned(),
             epoch: meta.epoch.unwrap_or_else(|| Arc::from("")),
-            first_offset: first,
+            first_offset: meta.trimmed + 1,
             last_offset: meta.last,
-            events,
-            bytes: meta.bytes,
+            events: meta.len,
+            bytes: bytes.unwrap_or(0),
         }))
     }
 }
@@ -399,7 +395,7 @@ async fn range(
         from = format!("({last_id}");
         let full = reply.len() == page;
         for (id, fields) in reply {
-            let offset = id.rsplit_once('-').and_then(|(_, o)| o.parse::<u64>().ok()).unwrap_or(u64::MAX);
+            let offset = id_part(&id, 1).unwrap_or(u64::MAX);
             if offset <= back_to {
                 return Ok(out);
             }
@@ -413,6 +409,11 @@ async fn range(
         }
     }
     Ok(out)
+}
+
+/// Part `n` of a stream entry id `<ms>-<offset>`: 0 the time, 1 the offset.
+fn id_part(id: &str, n: usize) -> Option<u64> {
+    id.split('-').nth(n)?.parse().ok()
 }
 
 /// The filter that matches every channel.
