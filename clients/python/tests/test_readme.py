@@ -16,8 +16,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 TOP_README = Path(__file__).resolve().parents[3] / "docs" / "clients.md"
 
 
-def blocks() -> List[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+def blocks(lang: str = "python") -> List[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), re.S)
 
 
 async def run(code: str, daemon: Daemon) -> asyncio.subprocess.Process:
@@ -33,7 +33,7 @@ async def output(proc: asyncio.subprocess.Process) -> str:
 
 
 async def test_readme_examples_run_as_written(own_daemon: Daemon) -> None:
-    publish, subscribe, worker = blocks()
+    publish, subscribe, _, worker = blocks()  # the Recovery example: below
 
     assert re.match(r"published [0-9a-f-]{36}\n", await output(await run(publish, own_daemon)))
     assert await output(await run(subscribe, own_daemon)) == "received orders.shipped parcel 7\n"
@@ -52,3 +52,16 @@ def test_the_top_readme_shows_only_examples_run_here() -> None:
     assert shown, "the guide's clients page shows a Python example"
     for block in shown:
         assert block in blocks(), "a Python example of the guide is not one of the tested ones"
+
+
+async def test_readme_recovery_example_runs_as_written(tmp_path: Path) -> None:
+    """The Recovery example, against a daemon configured with the README's history rule."""
+    (config,) = blocks("yaml")
+    (tmp_path / "history.yaml").write_text(config)
+    daemon = Daemon(tmp_path, env={"EVENTBUS_CONFIG": str(tmp_path / "history.yaml")})
+    daemon.start()
+    try:
+        recovery = blocks()[2]
+        assert await output(await run(recovery, daemon)) == "received 1.08\nrecovered 1.09 at offset 2 complete: True\n"
+    finally:
+        daemon.stop()

@@ -1,8 +1,9 @@
 """Socle EventBus client for asyncio.
 
 - `Client`: connect (token, TLS), `publish`, `publish_batch`, `publish_stream` (ack modes
-  each, cumulative, none), `subscribe` (reconnects by
-  itself and yields a `Gap` after each re-subscription), admin calls.
+  each, cumulative, none), `subscribe` (reconnects by itself, recovers what it missed on
+  channels with history, and yields a `Gap` when it could not; `since=` resumes from a
+  `Since`), admin calls.
 - `Worker`: the push worker for durable consumers (handler → `Ack` / `Retry` / `Term`).
 - `socle_eventbus.inbox.Inbox` (extra `postgres`, psycopg 3): a handler wrapper that
   records each event id in `eventbus_inbox` in the handler's own transaction.
@@ -12,7 +13,7 @@
 """
 
 from ._pb import eventbus_pb2 as pb
-from .client import Backoff, Client, Gap, PublishRefused, Subscription, consumer_config, publish_request
+from .client import Backoff, Client, Gap, PublishRefused, Since, Subscription, consumer_config, publish_request
 from .errors import (
     AlreadyExists,
     EventBusError,
@@ -31,7 +32,7 @@ DeadLetter = pb.DeadLetter
 
 __all__ = [
     "pb", "Event", "Delivery", "DeadLetter",
-    "Client", "Subscription", "Gap", "Backoff", "PublishRefused", "publish_request", "consumer_config",
+    "Client", "Subscription", "Gap", "Since", "Backoff", "PublishRefused", "publish_request", "consumer_config",
     "Worker", "WorkerStats", "Ack", "Retry", "Term",
     "EventBusError", "Unauthenticated", "PermissionDenied", "NotFound", "AlreadyExists",
     "InvalidArgument", "Unavailable", "ResourceExhausted",

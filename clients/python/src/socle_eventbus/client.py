@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import (
     AsyncIterable,
     AsyncIterator,
+    Dict,
+    FrozenSet,
     Iterable,
     List,
     Mapping,
@@ -25,6 +28,7 @@ from typing import (
 
 import grpc
 import grpc.aio
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from ._pb import eventbus_pb2 as pb
 from ._pb import eventbus_pb2_grpc as pb_grpc
@@ -49,13 +53,35 @@ _CHANNEL_OPTIONS = [
 
 @dataclass(frozen=True)
 class Gap:
-    """Yielded by `Client.subscribe` after a re-subscription: core pub/sub is at most once,
-    so events published between `lost_at` and `resumed_at` may have been missed."""
+    """Yielded by `Client.subscribe` after a re-subscription that could not recover
+    everything (channels without history, history trimmed or lost, or a `group`): events
+    published between `lost_at` and `resumed_at` may have been missed."""
 
     reason: str
     lost_at: datetime
     resumed_at: datetime
     reconnects: int
+
+
+PositionLike = Union[pb.EventPosition, Tuple[str, int]]
+"""A channel position: a `pb.EventPosition` or an `(epoch, offset)` pair."""
+TimeLike = Union[datetime, Timestamp]
+"""A point in time: a timezone-aware `datetime` or a protobuf `Timestamp`."""
+
+# Most channels one `SubscribeRequest.since` may name (the broker's limit).
+MAX_SINCE_CHANNELS = 1024
+
+
+@dataclass(frozen=True)
+class Since:
+    """Where a subscription resumes from (`SubscribeRequest.since`): the events after
+    each channel's position in `positions`, and, for the subscription's other channels
+    that keep history, those published at or after `time`. `Subscription.since` is the
+    point a subscription has reached (its `time` a `Timestamp`, to the nanosecond), to
+    pass to a later `Client.subscribe(since=...)`."""
+
+    positions: Mapping[str, PositionLike] = field(default_factory=dict)
+    time: Optional[TimeLike] = None
 
 
 # What a `publish_stream` waits for, by name (the `ack` argument).
@@ -326,18 +352,35 @@ class Client:
         name: str = "",
         reconnect: bool = True,
         backoff: Backoff = Backoff(),
+        since: Union[Since, Mapping[str, PositionLike], TimeLike, None] = None,
     ) -> "Subscription":
         """Subscribes to channels/patterns; iterate the result with `async for`.
 
-        Yields `Event`s, and a `Gap` after each automatic re-subscription (the stream broke:
-        broker restart, network, slow-consumer disconnect). With `reconnect=False` the
-        failure is raised instead. Ends when the subscription is closed by
-        `Admin.Unsubscribe` or `Subscription.aclose()`."""
+        Yields `Event`s. When the stream breaks (broker restart, network, slow-consumer
+        disconnect) it re-subscribes by itself, asking the broker for what it missed on
+        the channels that keep history (from the last position received per channel);
+        when that recovery is incomplete, or with a `group`, it yields a `Gap` first.
+        With `reconnect=False` the failure is raised instead. Ends when the subscription
+        is closed by `Admin.Unsubscribe` or `Subscription.aclose()`.
+
+        `since`: start by recovering from there: a `Since`, a mapping of channel →
+        position (`pb.EventPosition` or `(epoch, offset)`: the last event already had),
+        or a time (`datetime` with a timezone, or `Timestamp`). Not with `group`.
+        `Subscription.recovered` then tells whether everything asked for was
+        recovered."""
         if isinstance(channels, str):
             channels = [channels]
+        if isinstance(since, (datetime, Timestamp)):
+            since = Since(time=since)
+        elif isinstance(since, Mapping):
+            since = Since(positions=since)
+        elif since is not None and not isinstance(since, Since):
+            raise TypeError(f"since must be a Since, a mapping of positions or a time, not {type(since).__name__}")
+        if since is not None and group:
+            raise ValueError("since cannot be used with a group: its members share the events")
         req = pb.SubscribeRequest(channels=list(channels), group=group, queue_capacity=queue_capacity,
                                   overflow=overflow, max_batch=max_batch, name=name)
-        return Subscription(self, req, reconnect, backoff)
+        return Subscription(self, req, reconnect, backoff, since)
 
     # --- admin ---
 
@@ -473,10 +516,51 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class Subscription:
-    """The async iterator returned by `Client.subscribe`: `Event`s and `Gap`s."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
-    def __init__(self, client: Client, request: pb.SubscribeRequest, reconnect: bool, backoff: Backoff) -> None:
+
+def _to_timestamp(t: TimeLike) -> Timestamp:
+    if isinstance(t, Timestamp):
+        out = Timestamp()
+        out.CopyFrom(t)
+        return out
+    if not isinstance(t, datetime):
+        raise TypeError(f"a time must be a datetime or a Timestamp, not {type(t).__name__}")
+    if t.tzinfo is None or t.utcoffset() is None:
+        raise ValueError("a since time must carry a timezone (e.g. datetime.now(timezone.utc))")
+    delta = t - _EPOCH
+    return Timestamp(seconds=delta.days * 86400 + delta.seconds, nanos=delta.microseconds * 1000)
+
+
+def _to_datetime(ts: Timestamp) -> datetime:
+    return _EPOCH + timedelta(seconds=ts.seconds, microseconds=ts.nanos // 1000)
+
+
+def _to_position(p: PositionLike) -> pb.EventPosition:
+    if isinstance(p, pb.EventPosition):
+        out = pb.EventPosition()
+        out.CopyFrom(p)
+        return out
+    epoch, offset = p
+    if not isinstance(epoch, str) or not isinstance(offset, int) or offset < 0:
+        raise TypeError(f"a position is a pb.EventPosition or an (epoch: str, offset: int) pair, not {p!r}")
+    return pb.EventPosition(epoch=epoch, offset=offset)
+
+
+class Subscription:
+    """The async iterator returned by `Client.subscribe`: `Event`s and `Gap`s.
+
+    It tracks, per channel that keeps history, the position of the last event it
+    yielded, and re-subscribes from there after a break (see `since`)."""
+
+    def __init__(
+        self,
+        client: Client,
+        request: pb.SubscribeRequest,
+        reconnect: bool,
+        backoff: Backoff,
+        since: Optional[Since] = None,
+    ) -> None:
         self._client = client
         self._request = request
         self._reconnect = reconnect
@@ -486,7 +570,21 @@ class Subscription:
         """Id of the current server-side subscription (changes on each re-subscription)."""
         self.reconnects = 0
         """Re-subscriptions made so far."""
+        self.recovered: Optional[bool] = None
+        """`SubscriptionStarted.recovered` of the current server-side subscription: True
+        when it was asked to recover (a `since`, or a re-subscription) and everything
+        asked for was; False otherwise; None before the first start."""
         self._started = asyncio.Event()
+        # Last position per channel, the most recently updated last.
+        self._positions: "OrderedDict[str, pb.EventPosition]" = OrderedDict()
+        for channel, position in (since.positions.items() if since is not None else ()):
+            self._positions[channel] = _to_position(position)
+        self._since_time: Optional[Timestamp] = (
+            _to_timestamp(since.time) if since is not None and since.time is not None else None)
+        self._first_started_at: Optional[Timestamp] = None
+        # Tracked channels left out of the current request's `since` (over the broker's
+        # limit): resumed by time, so what was already yielded is skipped here.
+        self._unsent: FrozenSet[str] = frozenset()
 
     def __aiter__(self) -> "Subscription":
         return self
@@ -506,26 +604,93 @@ class Subscription:
         assert self.id is not None
         return self.id
 
+    @property
+    def positions(self) -> Dict[str, pb.EventPosition]:
+        """Per channel that keeps history, the position of the last event yielded (or,
+        for a channel with none yet, its latest position when the subscription started)."""
+        return {channel: _to_position(p) for channel, p in self._positions.items()}
+
+    @property
+    def started_at(self) -> Optional[datetime]:
+        """Broker time when the subscription first went live; None before."""
+        return _to_datetime(self._first_started_at) if self._first_started_at is not None else None
+
+    @property
+    def since(self) -> Since:
+        """Where this subscription stands: what a re-subscription asks to recover from
+        (`positions`, and for other channels with history the time it first started, or
+        the `since` time it was given). Pass it to `Client.subscribe(since=...)` to carry
+        on later from here."""
+        time = self._resume_time()
+        return Since(positions=self.positions, time=_to_timestamp(time) if time is not None else None)
+
+    def _resume_time(self) -> Optional[Timestamp]:
+        return self._since_time if self._since_time is not None else self._first_started_at
+
+    def _next_request(self) -> pb.SubscribeRequest:
+        """The request of the next (re-)subscription: with `since` unless in a group."""
+        req = pb.SubscribeRequest()
+        req.CopyFrom(self._request)
+        self._unsent = frozenset()
+        if req.group:
+            return req
+        sent = list(self._positions.items())[-MAX_SINCE_CHANNELS:]
+        for channel, position in sent:
+            req.since.positions[channel].CopyFrom(position)
+        time = self._resume_time()
+        if time is not None:
+            req.since.timestamp.CopyFrom(time)
+        if len(sent) < len(self._positions):
+            self._unsent = frozenset(self._positions) - {channel for channel, _ in sent}
+        return req
+
+    def _track(self, event: pb.Event) -> bool:
+        """Records the event's position; False for a copy of one already yielded."""
+        if not event.HasField("position"):
+            return True
+        position = event.position
+        had = self._positions.get(event.channel)
+        if had is not None and had.epoch == position.epoch and position.offset <= had.offset:
+            return event.channel not in self._unsent
+        self._positions[event.channel] = _to_position(position)
+        self._positions.move_to_end(event.channel)
+        return True
+
+    def _on_started(self, req: pb.SubscribeRequest, started: pb.SubscriptionStarted) -> None:
+        self.id = started.subscription_id
+        self.recovered = started.recovered
+        if self._first_started_at is None and started.HasField("started_at"):
+            self._first_started_at = Timestamp()
+            self._first_started_at.CopyFrom(started.started_at)
+        # A channel not recovered by time starts from its latest position then.
+        if not req.since.HasField("timestamp"):
+            for channel, position in started.positions.items():
+                if channel not in self._positions:
+                    self._positions[channel] = _to_position(position)
+
     async def _run(self) -> AsyncIterator[Union[pb.Event, Gap]]:
         lost_at: Optional[datetime] = None
         reason = ""
         failures = 0
         while True:
-            call = self._client.bus.Subscribe(self._request, metadata=self._client.metadata)
+            req = self._next_request()
+            call = self._client.bus.Subscribe(req, metadata=self._client.metadata)
             try:
                 async for resp in call:
                     if resp.HasField("events"):
                         for ev in resp.events.events:
-                            yield ev
+                            if self._track(ev):
+                                yield ev
                     else:
-                        self.id = resp.started.subscription_id
+                        self._on_started(req, resp.started)
                         self._started.set()
                         failures = 0
                         if lost_at is not None:
                             self.reconnects += 1
                             gap = Gap(reason=reason, lost_at=lost_at, resumed_at=_now(), reconnects=self.reconnects)
                             lost_at = None
-                            yield gap
+                            if not resp.started.recovered:
+                                yield gap
                 return  # ended with OK: unsubscribed
             except grpc.aio.AioRpcError as e:
                 err = from_rpc_error(e)
@@ -541,4 +706,5 @@ class Subscription:
             await asyncio.sleep(self._backoff.delay(failures))
 
 
-__all__ = ["Client", "Subscription", "Gap", "Backoff", "publish_request", "consumer_config", "EventBusError"]
+__all__ = ["Client", "Subscription", "Gap", "Since", "MAX_SINCE_CHANNELS", "Backoff", "publish_request",
+           "consumer_config", "EventBusError"]
