@@ -27,11 +27,11 @@ use eventbus_core::{Event, Pattern};
 use redis::aio::ConnectionLike;
 
 use crate::envelope::{self, Envelope};
-use crate::glob::{RedisFilter, redis_filter};
 
 /// The Lua function that keeps an event in its channel's history: `retain(stream, meta,
-/// msg, kind, epoch, event_ms, size, max_bytes, ttl_ms, now_ms)` gives the event the
-/// channel's next offset, appends `msg` (the envelope, `kind` `b` binary or `j` JSON)
+/// index, channel, msg, kind, epoch, event_ms, size, max_bytes, ttl_ms, now_ms)` gives
+/// the event the channel's next offset (a new history adds the channel to the set
+/// `index`, where recoveries by time find the channels of a pattern), appends `msg` (the envelope, `kind` `b` binary or `j` JSON)
 /// with its position to the stream, trims the stream to its bounds, and returns the
 /// envelope with the position, to PUBLISH. Redis trims the stream itself as it appends
 /// (`MAXLEN`): to `size` entries, or fewer when `max_bytes` holds fewer of this
@@ -47,13 +47,14 @@ local function varint(n)
   end
   return out .. string.char(n)
 end
-local function retain(stream, meta, msg, kind, epoch, event_ms, size, max_bytes, ttl, now)
+local function retain(stream, meta, index, channel, msg, kind, epoch, event_ms, size, max_bytes, ttl, now)
   local kept = redis.call('HMGET', meta, 'epoch', 'offset', 'last_ms')
   local offset, last_ms = 0, 0
   if kept[1] then
     epoch, offset, last_ms = kept[1], tonumber(kept[2]), tonumber(kept[3])
   else
     redis.call('DEL', stream)
+    redis.call('SADD', index, channel)
   end
   offset = offset + 1
   if kind == 'j' then
@@ -71,12 +72,13 @@ local function retain(stream, meta, msg, kind, epoch, event_ms, size, max_bytes,
 end
 "#;
 
-/// KEYS: stream, meta. ARGV: pub/sub channel, envelope without position, kind, event
-/// id, size, max bytes, ttl ms (0: none), event ms (the order of [`bounds`]), now ms,
-/// publish command (`PUBLISH`, or `SPUBLISH` on a cluster). Returns the receivers.
+/// KEYS: stream, meta, index. ARGV: pub/sub channel, envelope without position, kind,
+/// event id, size, max bytes, ttl ms (0: none), event ms (the order of [`bounds`]), now
+/// ms, publish command (`PUBLISH`, or `SPUBLISH` on a cluster), event channel. Returns
+/// the receivers.
 const PUBLISH: &str = r#"
-local msg = retain(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[8]), tonumber(ARGV[5]),
-  tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9]))
+local msg = retain(KEYS[1], KEYS[2], KEYS[3], ARGV[11], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[8]),
+  tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9]))
 return redis.call(ARGV[10], ARGV[1], msg)
 "#;
 
@@ -105,6 +107,11 @@ pub(crate) fn stream_prefix(prefix: &str) -> String {
 /// What the key of a channel's history hash starts with (the channel follows).
 pub(crate) fn meta_prefix(prefix: &str) -> String {
     format!("{prefix}:history-meta:")
+}
+
+/// The key of the set of channels with a history (single Redis).
+pub(crate) fn index_key(prefix: &str) -> String {
+    format!("{prefix}:history-channels")
 }
 
 /// Most entries one read asks Redis for at a time.
@@ -182,6 +189,27 @@ impl RedisHistory {
         format!("{}{}{channel}", meta_prefix(&self.prefix), self.tag(channel))
     }
 
+    /// The set of channels with a history: one, or on a cluster one per shard (with
+    /// the shard's hash tag, `{prefix}:history-channels:{17}`).
+    fn index_key(&self, channel: &str) -> String {
+        match self.tag(channel).trim_end_matches(':') {
+            "" => index_key(&self.prefix),
+            tag => format!("{}:{tag}", index_key(&self.prefix)),
+        }
+    }
+
+    /// Every set of channels with a history.
+    fn index_keys(&self) -> Vec<String> {
+        match &self.shards {
+            Some(shards) => shards
+                .tags
+                .iter()
+                .map(|tag| format!("{}:{}", index_key(&self.prefix), tag.trim_end_matches(':')))
+                .collect(),
+            None => vec![index_key(&self.prefix)],
+        }
+    }
+
     /// The command that publishes `event` on `pubsub` with `publish` (`PUBLISH`,
     /// `SPUBLISH`) and keeps it in its channel's history.
     pub(crate) fn command(
@@ -197,9 +225,10 @@ impl RedisHistory {
             Sending::Hash => redis::cmd("EVALSHA").arg(self.script.get_hash()).clone(),
             Sending::Text => redis::cmd("EVAL").arg(format!("{RETAIN}\n{PUBLISH}")).clone(),
         };
-        cmd.arg(2).arg(self.stream_key(&event.channel)).arg(self.meta_key(&event.channel));
+        cmd.arg(3).arg(self.stream_key(&event.channel)).arg(self.meta_key(&event.channel));
+        cmd.arg(self.index_key(&event.channel));
         cmd.arg(pubsub).arg(envelope::encode_as(envelope, event)).arg(kind(envelope)).arg(&*event.id);
-        cmd.arg(&bounds(Some(limits), event)[..]).arg(ms(SystemTime::now())).arg(publish);
+        cmd.arg(&bounds(Some(limits), event)[..]).arg(ms(SystemTime::now())).arg(publish).arg(&event.channel);
         cmd
     }
 
@@ -220,9 +249,9 @@ impl RedisHistory {
     ) -> redis::RedisResult<i64> {
         let now = ms(SystemTime::now());
         let mut call = self.script.key(self.stream_key(&event.channel));
-        call.key(self.meta_key(&event.channel));
+        call.key(self.meta_key(&event.channel)).key(self.index_key(&event.channel));
         call.arg(pubsub).arg(envelope::encode_as(envelope, event)).arg(kind(envelope)).arg(&*event.id);
-        call.arg(&bounds(Some(limits), event)[..]).arg(now).arg("PUBLISH");
+        call.arg(&bounds(Some(limits), event)[..]).arg(now).arg("PUBLISH").arg(&event.channel);
         call.invoke_async(conn).await
     }
 
@@ -303,42 +332,17 @@ impl RedisHistory {
         Ok(Some(Recovery { events, complete, last, more }))
     }
 
-    /// Channels matching `filter` with a history on the Redis `conn` is connected to
-    /// (on a cluster: ask each master).
+    /// Channels matching `filter` with a history (the sets where each history adds its
+    /// channel when it is made; on a cluster, one per shard).
     pub(crate) async fn channels(
         &self,
         conn: &mut impl ConnectionLike,
         filter: &Pattern,
     ) -> redis::RedisResult<Vec<String>> {
-        let meta_prefix = meta_prefix(&self.prefix);
-        let glob = match (&self.shards, redis_filter(meta_prefix.trim_end_matches(':'), filter)) {
-            // The tag sits between the prefix and the channel: filtered here instead.
-            (Some(_), _) => match redis_filter(meta_prefix.trim_end_matches(':'), &any()) {
-                RedisFilter::Channel(glob) | RedisFilter::Glob(glob) => glob,
-            },
-            (None, RedisFilter::Channel(key)) => key,
-            (None, RedisFilter::Glob(glob)) => glob,
-        };
         let mut out = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let (next, keys): (u64, Vec<String>) =
-                redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&glob).arg("COUNT").arg(PAGE).query_async(conn).await?;
-            out.extend(
-                keys.iter()
-                    .filter_map(|k| k.strip_prefix(meta_prefix.as_str()))
-                    .filter_map(|k| match &self.shards {
-                        // `{17}:orders.created`
-                        Some(_) => k.strip_prefix('{')?.split_once("}:").map(|(_, channel)| channel),
-                        None => Some(k),
-                    })
-                    .filter(|c| filter.matches(c) && self.limits(c).is_some())
-                    .map(str::to_owned),
-            );
-            if next == 0 {
-                break;
-            }
-            cursor = next;
+        for key in self.index_keys() {
+            let members: Vec<String> = redis::cmd("SMEMBERS").arg(key).query_async(conn).await?;
+            out.extend(members.into_iter().filter(|c| filter.matches(c) && self.limits(c).is_some()));
         }
         out.sort_unstable();
         out.dedup();
@@ -414,11 +418,6 @@ async fn range(
 /// Part `n` of a stream entry id `<ms>-<offset>`: 0 the time, 1 the offset.
 fn id_part(id: &str, n: usize) -> Option<u64> {
     id.split('-').nth(n)?.parse().ok()
-}
-
-/// The filter that matches every channel.
-fn any() -> Pattern {
-    Pattern::parse(">").unwrap_or_else(|_| unreachable!("`>` is a valid pattern"))
 }
 
 fn ms(t: SystemTime) -> u64 {

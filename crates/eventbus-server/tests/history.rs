@@ -169,8 +169,23 @@ async fn events_carry_positions_and_a_resubscribe_misses_nothing_under_publishin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pattern_subscription_recovers_several_channels_and_new_ones_from_a_time() {
     let server = start_with(|s| keep(s, 1000)).await;
+    pattern_recovery(&server).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_pattern_subscription_recovers_several_channels_and_new_ones_from_a_time() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let server = broker_with(&redis, |s| keep(s, 1000)).await;
+    pattern_recovery(&server).await;
+    server.stop().await;
+}
+
+/// `hist.*` sees `hist.a` and `hist.b`, goes away; meanwhile both get more and
+/// `hist.c` gets its first events: recovered by position and, for `hist.c`, by time.
+async fn pattern_recovery(server: &TestServer) {
     let mut client = server.client().await;
-    let mut first = open(&server, sub(&["hist.*"])).await.unwrap();
+    let mut first = open(server, sub(&["hist.*"])).await.unwrap();
     for n in 1..=3 {
         publish_numbered(&mut client, "hist.a", n).await;
         publish_numbered(&mut client, "hist.b", n).await;
@@ -185,7 +200,7 @@ async fn a_pattern_subscription_recovers_several_channels_and_new_ones_from_a_ti
         publish_numbered(&mut client, "hist.c", n).await;
     }
     let req = pb::SubscribeRequest { since: Some(pb::SubscribeSince { positions, timestamp: at }), ..sub(&["hist.*"]) };
-    let mut second = open(&server, req).await.unwrap();
+    let mut second = open(server, req).await.unwrap();
     assert!(second.started.recovered);
     let recovered = second.take(6).await;
     let by_channel = |ch: &str| numbers(&recovered.iter().filter(|e| e.channel == ch).cloned().collect::<Vec<_>>());
@@ -194,7 +209,6 @@ async fn a_pattern_subscription_recovers_several_channels_and_new_ones_from_a_ti
     assert_eq!(by_channel("hist.c"), [4, 5], "a channel first seen in the gap is recovered from the time");
     publish_numbered(&mut client, "hist.a", 6).await;
     assert_eq!(numbers(&second.take(1).await), [6], "then live ones");
-    server.stop().await;
 }
 
 /// At most 64 KiB per channel.

@@ -821,17 +821,8 @@ impl Transport for ClusterTransport {
 
     fn history_channels<'a>(&'a self, filter: &'a Pattern) -> HistoryFuture<'a, Vec<String>> {
         Box::pin(async move {
-            let masters = self.routes.read().masters();
-            if masters.is_empty() {
-                return Err(self.unavailable("no master of the Redis Cluster is known yet"));
-            }
-            let mut out = Vec::new();
-            for mut master in masters {
-                out.extend(self.bounded(self.history.channels(&mut master, filter)).await?);
-            }
-            out.sort_unstable();
-            out.dedup();
-            Ok(out)
+            let mut conn = self.reader()?;
+            self.bounded(self.history.channels(&mut conn, filter)).await
         })
     }
 

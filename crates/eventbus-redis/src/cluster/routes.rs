@@ -75,11 +75,6 @@ pub(super) struct Routes {
 }
 
 impl Routes {
-    /// A connection to each master of the map.
-    pub(super) fn masters(&self) -> Vec<ConnectionManager> {
-        self.nodes.values().cloned().collect()
-    }
-
     /// The map for the topology `CLUSTER SLOTS` answered, reusing `previous`'s
     /// connections to nodes that are still masters.
     pub(super) async fn build(

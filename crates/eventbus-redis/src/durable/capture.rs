@@ -171,6 +171,7 @@ impl Shared {
                     .arg(&self.keys.pubsub)
                     .arg(&self.keys.history_stream)
                     .arg(&self.keys.history_meta)
+                    .arg(&self.keys.history_index)
                     .arg(crate::history::kind(self.envelope))
                     .arg(now_ms());
                 for p in batch.iter() {

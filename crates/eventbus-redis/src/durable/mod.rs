@@ -154,6 +154,7 @@ struct GlobalKeys {
     /// What precedes an event channel in the keys of its history stream and hash.
     history_stream: String,
     history_meta: String,
+    history_index: String,
 }
 
 pub(crate) struct Shared {
@@ -299,6 +300,7 @@ impl GlobalKeys {
             pubsub: redis_channel(p, ""),
             history_stream: crate::history::stream_prefix(p),
             history_meta: crate::history::meta_prefix(p),
+            history_index: crate::history::index_key(p),
         }
     }
 }

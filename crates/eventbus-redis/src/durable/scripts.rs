@@ -298,8 +298,8 @@ end
 /// ephemeral subscribers.
 ///
 /// KEYS: version. ARGV: known version, window ms, pub/sub channel prefix, history
-/// stream key prefix, history hash key prefix, envelope kind of the pub/sub message
-/// (`b`/`j`), now ms, then per event: event id, envelope (stored), pub/sub message
+/// stream key prefix, history hash key prefix, the set of channels with a history,
+/// envelope kind of the pub/sub message (`b`/`j`), now ms, then per event: event id, envelope (stored), pub/sub message
 /// ('' = the envelope), channel, ordering key ('' = none), idempotency key ('' =
 /// none), history size, max bytes, ttl ms and event ms (size 0: the channel keeps no
 /// history), number of consumers n, then n (consumer key base, max_pending) pairs. An event of a channel with history is kept in it with its
@@ -311,9 +311,9 @@ const PUBLISH: &str = r#"
 local v = redis.call('GET', KEYS[1]) or '0'
 if v ~= ARGV[1] then return {'stale', v} end
 local window, pubsub = ARGV[2], ARGV[3]
-local hstream, hmeta, kind, now = ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
+local hstream, hmeta, hindex, kind, now = ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
 local out = {'ok'}
-local j = 8
+local j = 9
 while j <= #ARGV do
   local id, env, msg, channel, key, idem = ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[j + 3], ARGV[j + 4], ARGV[j + 5]
   local size, max_bytes, ttl, ems = tonumber(ARGV[j + 6]), tonumber(ARGV[j + 7]), tonumber(ARGV[j + 8]), tonumber(ARGV[j + 9])
@@ -330,7 +330,7 @@ while j <= #ARGV do
   else
     for i = first, j - 1, 2 do capture(ARGV[i], tonumber(ARGV[i + 1]), id, env, channel, key) end
     if size > 0 then
-      msg = retain(hstream .. channel, hmeta .. channel, msg, kind, id, ems, size, max_bytes, ttl, now)
+      msg = retain(hstream .. channel, hmeta .. channel, hindex, channel, msg, kind, id, ems, size, max_bytes, ttl, now)
     end
     out[#out + 1] = redis.call('PUBLISH', pubsub .. channel, msg)
   end
