@@ -431,3 +431,24 @@ fn cluster_nodes_refuse_single_redis_keys_beside_them_and_bad_nodes() {
     let msg = error(&[nodes, ("EVENTBUS__EVENTBUS__REDIS__SHARD_TOKENS", "0")], Overrides::default());
     assert!(msg.contains("eventbus.redis.shard_tokens"), "{msg}");
 }
+
+#[test]
+fn history_rules_load_in_order_and_bad_ones_are_refused_by_name() {
+    let yaml = "eventbus:\n  history:\n    - channels: \"orders.>\"\n      ttl_ms: 60000\n    - channels: audit\n      size: 5\n      max_bytes: 1024\n";
+    let rules = load_file(yaml, &[]).unwrap().history_rules();
+    assert_eq!(rules.rules().len(), 2);
+    let orders = HistoryLimits { size: 1000, max_bytes: 16 << 20, ttl: Some(Duration::from_secs(60)) };
+    assert_eq!(rules.limits("orders.eu.created"), Some(&orders), "the defaults fill what a rule leaves out");
+    assert_eq!(rules.limits("audit"), Some(&HistoryLimits { size: 5, max_bytes: 1024, ttl: None }));
+    assert_eq!(rules.limits("other"), None);
+    assert!(Settings::default().history_rules().is_empty(), "no history by default");
+    for (rule, key) in [
+        ("    - channels: \"a..b\"\n", "eventbus.history.channels"),
+        ("    - channels: a\n      size: 0\n", "eventbus.history.size"),
+        ("    - channels: a\n      max_bytes: 0\n", "eventbus.history.max_bytes"),
+        ("    - channels: a\n      sizes: 3\n", "sizes"),
+    ] {
+        let err = load_file(&format!("eventbus:\n  history:\n{rule}"), &[]).unwrap_err().to_string();
+        assert!(err.contains(key), "{rule}: {err}");
+    }
+}
