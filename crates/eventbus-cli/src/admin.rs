@@ -73,6 +73,54 @@ pub(crate) async fn channels(client: &Client, json: bool) -> anyhow::Result<()> 
     Ok(())
 }
 
+pub(crate) async fn history(client: &Client, json: bool, args: crate::cli::HistoryArgs) -> anyhow::Result<()> {
+    let since =
+        match args.since.as_deref().map(crate::subscribe::parse_since).transpose().map_err(anyhow::Error::msg)? {
+            None => None,
+            Some(crate::subscribe::Since::Age(age)) => {
+                Some(std::time::SystemTime::now().checked_sub(age).unwrap_or(std::time::UNIX_EPOCH).into())
+            }
+            Some(crate::subscribe::Since::Time(time)) => Some(time),
+            Some(crate::subscribe::Since::Position(_)) => {
+                anyhow::bail!("--since takes an age or a time here; a position's offset goes to --after")
+            }
+        };
+    let request = pb::GetChannelHistoryRequest {
+        channel: args.channel,
+        after_offset: args.after.unwrap_or(0),
+        since,
+        limit: args.limit,
+    };
+    let page = client.channel_history(request).await?;
+    let h = page.history.unwrap_or_default();
+    if json {
+        let events: Vec<_> = page.events.iter().map(crate::output::event_json).collect();
+        let history = json!({
+            "channel": h.channel,
+            "epoch": h.epoch,
+            "first_offset": h.first_offset,
+            "last_offset": h.last_offset,
+            "events": h.events,
+            "bytes": h.bytes,
+        });
+        println!("{}", json!({ "history": history, "events": events, "more": page.more }));
+        return Ok(());
+    }
+    println!(
+        "{}: epoch {}, offsets {}..{}, {} events, {} bytes",
+        h.channel, h.epoch, h.first_offset, h.last_offset, h.events, h.bytes
+    );
+    for event in &page.events {
+        println!("{}", crate::output::event_line(event));
+    }
+    if page.more
+        && let Some(last) = page.events.last().and_then(|e| e.position.as_ref())
+    {
+        println!("(more: --after {})", last.offset);
+    }
+    Ok(())
+}
+
 fn overflow_name(policy: i32) -> &'static str {
     match pb::OverflowPolicy::try_from(policy) {
         Ok(pb::OverflowPolicy::DropNewest) => "drop_newest",

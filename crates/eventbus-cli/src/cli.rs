@@ -75,6 +75,9 @@ pub(crate) enum Command {
     Stats,
     /// Channels with their counters.
     Channels,
+    /// What a channel's history holds (channels with an `eventbus.history` rule), and a
+    /// page of its events.
+    History(HistoryArgs),
     /// Open subscriptions.
     Subscriptions,
     /// Close a subscription by id (its stream ends normally).
@@ -278,6 +281,22 @@ pub(crate) struct ConsumeArgs {
     /// Unacknowledged events this client may hold (0: the consumer's).
     #[arg(long, default_value_t = 0)]
     pub(crate) max_in_flight: u32,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct HistoryArgs {
+    /// An exact channel.
+    pub(crate) channel: String,
+    /// The events after this offset (of the channel's current epoch); default: from
+    /// the oldest kept.
+    #[arg(long, conflicts_with = "since")]
+    pub(crate) after: Option<u64>,
+    /// The events published since: an age (90s, 5m, 2h, 1d) or a time (RFC 3339).
+    #[arg(long)]
+    pub(crate) since: Option<String>,
+    /// Events per page (at most 1000).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) limit: u32,
 }
 
 #[derive(Debug, Args)]

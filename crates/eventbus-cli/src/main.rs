@@ -116,6 +116,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Subscribe(args) => subscribe::run(&client, json, args).await,
         Command::Stats => admin::stats(&client, json).await,
         Command::Channels => admin::channels(&client, json).await,
+        Command::History(args) => admin::history(&client, json, args).await,
         Command::Subscriptions => admin::subscriptions(&client, json).await,
         Command::Unsubscribe { id } => admin::unsubscribe(&client, json, &id).await,
         Command::Consumer { command } => durable::consumer(&client, json, command).await,

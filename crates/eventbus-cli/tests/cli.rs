@@ -234,6 +234,29 @@ async fn lines_without_answers_report_refusals_and_the_totals() {
 }
 
 #[tokio::test]
+async fn history_shows_what_a_channel_keeps_and_pages_its_events() {
+    let broker = broker_with_history().await;
+    for payload in ["a", "b", "c"] {
+        assert!(run(eventbus(&broker, &["publish", "hist.h", payload])).await.ok);
+    }
+    let out = run(eventbus(&broker, &["history", "hist.h", "--limit", "2"])).await;
+    assert!(out.ok, "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(lines[0].starts_with("hist.h: epoch ") && lines[0].contains("offsets 1..3, 3 events"), "{}", out.stdout);
+    assert!(lines[1].ends_with(":1 a") && lines[2].ends_with(":2 b"), "{}", out.stdout);
+    assert_eq!(lines[3], "(more: --after 2)");
+    let out = run(eventbus(&broker, &["--json", "history", "hist.h", "--after", "2"])).await;
+    let page: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!((page["history"]["last_offset"].as_u64(), page["more"].as_bool()), (Some(3), Some(false)));
+    assert_eq!(page["events"][0]["position"]["offset"], 3);
+    let out = run(eventbus(&broker, &["--json", "history", "hist.h", "--since", "1h"])).await;
+    let page: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(page["events"].as_array().unwrap().len(), 3);
+    let out = run(eventbus(&broker, &["history", "plain"])).await;
+    assert!(!out.ok && out.stderr.contains("keeps no history"), "{}", out.stderr);
+}
+
+#[tokio::test]
 async fn subscribe_since_starts_from_the_past_of_a_channel_with_history() {
     let broker = broker_with_history().await;
     for payload in ["old 1", "old 2", "old 3"] {
