@@ -155,6 +155,10 @@ pub fn new_epoch() -> Arc<str> {
     Arc::from(format!("{ms:x}{:04x}", rand::random::<u16>()))
 }
 
+fn millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// What an event costs in a history (as in a subscription's queue).
 pub fn event_bytes(event: &Event) -> usize {
     event.approx_size() + MEMORY_OVERHEAD
@@ -180,8 +184,6 @@ pub(crate) struct MemoryHistory {
     total: Arc<AtomicU64>,
     max_total: u64,
     trimmed: Arc<[AtomicU64; 3]>,
-    /// Publishes so far, to tell which history was published least recently.
-    clock: Arc<AtomicU64>,
 }
 
 impl MemoryHistory {
@@ -198,7 +200,6 @@ impl MemoryHistory {
             total: Arc::default(),
             max_total: max_total as u64,
             trimmed: Arc::new(Default::default()),
-            clock: Arc::default(),
         }
     }
 
@@ -228,8 +229,7 @@ impl MemoryHistory {
             let evict = (self.max_channels / 10).clamp(1, by_age.len());
             by_age.select_nth_unstable_by_key(evict - 1, |(at, _)| *at);
             self.evictions.fetch_add(evict as u64, Ordering::Relaxed);
-            let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-            self.evicted_at.store(now, Ordering::Relaxed);
+            self.evicted_at.store(millis(SystemTime::now()), Ordering::Relaxed);
             for (_, name) in by_age.into_iter().take(evict) {
                 if let Some(h) = channels.remove(&name) {
                     h.evicted.store(true, Ordering::Release);
@@ -243,8 +243,7 @@ impl MemoryHistory {
             total: Arc::clone(&self.total),
             max_total: self.max_total,
             trimmed: Arc::clone(&self.trimmed),
-            clock: Arc::clone(&self.clock),
-            last_append: AtomicU64::new(self.clock.load(Ordering::Relaxed)),
+            last_append: AtomicU64::new(millis(SystemTime::now())),
             // Once a history was evicted, one made now may follow one that was lost.
             complete_since: match self.evictions.load(Ordering::Relaxed) {
                 0 => self.started_at,
@@ -321,8 +320,8 @@ pub(crate) struct ChannelHistory {
     total: Arc<AtomicU64>,
     max_total: u64,
     trimmed: Arc<[AtomicU64; 3]>,
-    clock: Arc<AtomicU64>,
-    /// The store's publish count at this history's latest publish.
+    /// When this history was last published to (ms since the Unix epoch), to tell which
+    /// was published least recently.
     last_append: AtomicU64,
     /// Dropped by the store to keep within `max_channels`: publishers look it up anew.
     evicted: AtomicBool,
@@ -354,7 +353,7 @@ impl ChannelHistory {
     /// the position taken and before the next event of the channel gets one, so the
     /// subscribers see the channel's events in position order.
     pub(crate) fn append<R>(&self, event: &mut Arc<Event>, publish: impl FnOnce(&Arc<Event>) -> R) -> R {
-        self.last_append.store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        self.last_append.store(millis(event.timestamp), Ordering::Relaxed);
         let mut s = self.state.lock();
         s.last_offset += 1;
         let position = Position { epoch: Arc::clone(&self.epoch), offset: s.last_offset };
@@ -528,25 +527,33 @@ mod tests {
         assert!(h.trimmed()[1].1 > 0);
     }
 
+    /// Appends an event published `second` seconds after the Unix epoch.
+    fn append_at(h: &MemoryHistory, channel: &str, second: u64) -> Position {
+        let mut e = event(channel, b"x");
+        Arc::make_mut(&mut e).timestamp = UNIX_EPOCH + Duration::from_secs(second);
+        h.channel(channel).unwrap().append(&mut e, |_| ());
+        e.position.clone().unwrap()
+    }
+
     #[test]
     fn past_max_channels_the_least_recently_published_histories_go_and_come_back_in_a_new_epoch() {
         let rule = HistoryRule { channels: Pattern::parse(">").unwrap(), limits: limits(10, usize::MAX) };
         let h = MemoryHistory::new(HistoryRules::new(vec![rule]), usize::MAX, 10);
-        append(&h, "c0", b"x");
-        let first = append(&h, "c1", b"x");
+        append_at(&h, "c0", 1);
+        let first = append_at(&h, "c1", 2);
         for i in 2..10 {
-            append(&h, &format!("c{i}"), b"x");
+            append_at(&h, &format!("c{i}"), 10 + i);
         }
-        append(&h, "c0", b"y"); // c0 is now the most recent; c1 the least
+        append_at(&h, "c0", 30); // c0 is now the most recent; c1 the least
         let c1 = h.channel("c1").unwrap();
-        append(&h, "c10", b"x");
+        append_at(&h, "c10", 31);
         assert!(c1.is_evicted(), "the least recently published went");
         assert!(!h.channel("c0").unwrap().is_evicted());
         assert_eq!(h.channels_matching(&Pattern::parse(">").unwrap()).len(), 10);
-        let again = append(&h, "c1", b"z");
+        let again = append_at(&h, "c1", 32);
         assert_ne!(again.epoch, first.epoch);
         assert_eq!(again.offset, 1, "a new history starts over, in its own epoch");
-        let r = h.read("c0", &Start::At(SystemTime::UNIX_EPOCH), 10).unwrap();
+        let r = h.read("c0", &Start::At(UNIX_EPOCH), 10).unwrap();
         assert!(!r.complete, "a time before the store started");
     }
 

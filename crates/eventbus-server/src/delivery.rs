@@ -80,9 +80,12 @@ pub(crate) struct Streamer {
 pub(crate) async fn next_batch(state: Option<Streamer>) -> Option<(Result<Frame, Status>, Option<Streamer>)> {
     let mut s = state?;
     let mut events = Vec::new();
+    // Recovered events come first, in batches of their own: their age is the time the
+    // subscriber was away, not a delivery latency.
+    let recovered = s.handle.recovered() > 0;
     match s.handle.next_batch(&mut events).await {
         Ok(()) => {
-            if let Some(metrics) = &s.metrics {
+            if let Some(metrics) = s.metrics.as_ref().filter(|_| !recovered) {
                 metrics.observe_delivery(&events);
             }
             Some((Ok(Frame::Events(events)), Some(s)))

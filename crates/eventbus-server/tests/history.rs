@@ -276,6 +276,10 @@ async fn flood(server: &TestServer) {
 
     let metrics = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("socle_eventbus_history_recoveries_total{outcome=\"incomplete\"} 1"), "{metrics}");
+    let recovered = format!("socle_eventbus_history_recovered_total {}", history.events);
+    assert!(metrics.contains(&recovered), "{metrics}");
+    // The one event delivered live; the recovered ones are not delivery latencies.
+    assert!(metrics.contains("socle_eventbus_delivery_latency_seconds_count 1\n"), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
