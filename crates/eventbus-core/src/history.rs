@@ -93,6 +93,37 @@ pub enum Start {
     Oldest,
 }
 
+/// Which events of a read come back when there are more than fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// The oldest `n` (a page: [`Recovery::more`] says others follow).
+    First(usize),
+    /// The newest `n` (a recovery bounded by a queue: [`Recovery::more`] says older ones
+    /// were left out).
+    Last(usize),
+}
+
+impl Take {
+    /// How many at most.
+    pub fn count(self) -> usize {
+        match self {
+            Self::First(n) | Self::Last(n) => n,
+        }
+    }
+
+    /// Cuts `events` (oldest first) to what this takes; true when some were cut.
+    pub fn apply<T>(self, events: &mut Vec<T>) -> bool {
+        let over = events.len().saturating_sub(self.count());
+        match self {
+            Self::First(n) => events.truncate(n),
+            Self::Last(_) => {
+                events.drain(..over);
+            }
+        }
+        over > 0
+    }
+}
+
 /// What a read of one channel's history found.
 #[derive(Debug, Clone, Default)]
 pub struct Recovery {
@@ -103,7 +134,8 @@ pub struct Recovery {
     pub complete: bool,
     /// The channel's latest position (none before its first event).
     pub last: Option<Position>,
-    /// More events follow `events` than the read's limit let through.
+    /// More events were asked for than the read's [`Take`] let through: newer ones
+    /// follow (`First`), or older ones were left out (`Last`).
     pub more: bool,
 }
 
@@ -261,10 +293,10 @@ impl MemoryHistory {
         self.channels.lock().get(channel).cloned()
     }
 
-    pub(crate) fn read(&self, channel: &str, start: &Start, limit: usize) -> Option<Recovery> {
+    pub(crate) fn read(&self, channel: &str, start: &Start, take: Take) -> Option<Recovery> {
         self.rules.limits(channel)?;
         Some(match self.existing(channel) {
-            Some(h) => h.read(start, limit),
+            Some(h) => h.read(start, take),
             // Nothing published since start: complete unless asked about an older epoch
             // or a time before this process kept anything.
             // Nothing published since start (or its history was evicted): complete
@@ -400,7 +432,7 @@ impl ChannelHistory {
         s.trimmed_at = Some(event.timestamp);
     }
 
-    fn read(&self, start: &Start, limit: usize) -> Recovery {
+    fn read(&self, start: &Start, take: Take) -> Recovery {
         let mut s = self.state.lock();
         self.expire(&mut s, SystemTime::now());
         let (skip, complete) = match start {
@@ -415,9 +447,15 @@ impl ChannelHistory {
             }
             Start::Oldest => (0, s.trimmed_offset == 0),
         };
-        let events: Vec<Arc<Event>> = s.events.iter().skip(skip).take(limit).map(|(e, _)| Arc::clone(e)).collect();
+        let selected = s.events.len().saturating_sub(skip);
+        let from = match take {
+            Take::First(_) => skip,
+            Take::Last(n) => skip + selected.saturating_sub(n),
+        };
+        let events: Vec<Arc<Event>> =
+            s.events.iter().skip(from).take(take.count()).map(|(e, _)| Arc::clone(e)).collect();
         Recovery {
-            more: s.events.len() > skip + events.len(),
+            more: selected > events.len(),
             events,
             complete,
             last: (s.last_offset > 0).then(|| Position { epoch: Arc::clone(&self.epoch), offset: s.last_offset }),
@@ -475,12 +513,16 @@ mod tests {
         let p2 = append(&h, "orders.a", b"2");
         append(&h, "orders.a", b"3");
         assert_eq!((p1.offset, p2.offset), (1, 2));
-        let r = h.read("orders.a", &Start::After(p1.clone()), 100).unwrap();
+        let r = h.read("orders.a", &Start::After(p1.clone()), Take::First(100)).unwrap();
         assert_eq!(offsets(&r), [2, 3]);
         assert!(r.complete);
         assert_eq!(r.last.unwrap().offset, 3);
-        let r = h.read("orders.a", &Start::After(p1), 1).unwrap();
+        let r = h.read("orders.a", &Start::After(p1.clone()), Take::First(1)).unwrap();
         assert_eq!((offsets(&r), r.more), (vec![2], true));
+        let r = h.read("orders.a", &Start::After(p1), Take::Last(1)).unwrap();
+        assert_eq!((offsets(&r), r.more), (vec![3], true), "the newest, older ones left out");
+        let r = h.read("orders.a", &Start::Oldest, Take::Last(10)).unwrap();
+        assert_eq!((offsets(&r), r.more), (vec![1, 2, 3], false));
         assert_eq!(h.channels_matching(&Pattern::parse("orders.*").unwrap()), ["orders.a", "orders.b"]);
     }
 
@@ -491,17 +533,17 @@ mod tests {
         let p2 = append(&h, "orders.a", b"2");
         append(&h, "orders.a", b"3");
         append(&h, "orders.a", b"4");
-        let r = h.read("orders.a", &Start::After(p1), 100).unwrap();
+        let r = h.read("orders.a", &Start::After(p1), Take::First(100)).unwrap();
         assert_eq!((offsets(&r), r.complete), (vec![3, 4], false));
-        let r = h.read("orders.a", &Start::After(p2.clone()), 100).unwrap();
+        let r = h.read("orders.a", &Start::After(p2.clone()), Take::First(100)).unwrap();
         assert_eq!((offsets(&r), r.complete), (vec![3, 4], true));
         let old = Position { epoch: "gone".into(), offset: 2 };
-        let r = h.read("orders.a", &Start::After(old), 100).unwrap();
+        let r = h.read("orders.a", &Start::After(old), Take::First(100)).unwrap();
         assert_eq!((offsets(&r), r.complete), (vec![3, 4], false));
         // Past the last offset: offsets were given again (the store lost its latest
         // writes), so what the subscriber has is unknown.
         let ahead = Position { epoch: p2.epoch.clone(), offset: 9 };
-        let r = h.read("orders.a", &Start::After(ahead), 100).unwrap();
+        let r = h.read("orders.a", &Start::After(ahead), Take::First(100)).unwrap();
         assert_eq!((offsets(&r), r.complete), (vec![3, 4], false));
         let info = h.info("orders.a").unwrap();
         assert_eq!((info.first_offset, info.last_offset, info.events), (3, 4, 2));
@@ -553,7 +595,7 @@ mod tests {
         let again = append_at(&h, "c1", 32);
         assert_ne!(again.epoch, first.epoch);
         assert_eq!(again.offset, 1, "a new history starts over, in its own epoch");
-        let r = h.read("c0", &Start::At(UNIX_EPOCH), 10).unwrap();
+        let r = h.read("c0", &Start::At(UNIX_EPOCH), Take::First(10)).unwrap();
         assert!(!r.complete, "a time before the store started");
     }
 
@@ -562,13 +604,13 @@ mod tests {
         let h = store(2, usize::MAX);
         let before = SystemTime::now();
         append(&h, "orders.a", b"1");
-        let r = h.read("orders.a", &Start::At(before), 10).unwrap();
+        let r = h.read("orders.a", &Start::At(before), Take::First(10)).unwrap();
         assert!(r.complete);
         append(&h, "orders.a", b"2");
         append(&h, "orders.a", b"3");
-        let r = h.read("orders.a", &Start::At(before), 10).unwrap();
+        let r = h.read("orders.a", &Start::At(before), Take::First(10)).unwrap();
         assert_eq!((offsets(&r), r.complete), (vec![2, 3], false));
-        let r = h.read("orders.a", &Start::At(before - Duration::from_secs(3600)), 10).unwrap();
+        let r = h.read("orders.a", &Start::At(before - Duration::from_secs(3600)), Take::First(10)).unwrap();
         assert!(!r.complete, "a time before the store started cannot be complete");
     }
 }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Weak};
 
 use crate::bus::Inner;
 use crate::event::Event;
-use crate::history::{HistoryInfo, Recovery, Start};
+use crate::history::{HistoryInfo, Recovery, Start, Take};
 use crate::name::Pattern;
 
 /// How a publish went: subscriptions (or instances, for a remote transport) that took
@@ -121,16 +121,16 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
         true
     }
 
-    /// Reads `channel`'s history from `start`, at most `limit` events; `None` when the
+    /// Reads `channel`'s history from `start`, the events `take` says; `None` when the
     /// channel keeps none. A transport that keeps history gives every event of such a
     /// channel its position as it publishes it.
     fn read_history<'a>(
         &'a self,
         channel: &'a str,
         start: &'a Start,
-        limit: usize,
+        take: Take,
     ) -> HistoryFuture<'a, Option<Recovery>> {
-        let _ = (channel, start, limit);
+        let _ = (channel, start, take);
         Box::pin(async { Ok(None) })
     }
 

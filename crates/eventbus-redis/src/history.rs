@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use eventbus_core::history::{HistoryInfo, HistoryLimits, HistoryRules, Position, Recovery, Start};
+use eventbus_core::history::{HistoryInfo, HistoryLimits, HistoryRules, Position, Recovery, Start, Take};
 use eventbus_core::{Event, Pattern};
 use redis::aio::ConnectionLike;
 
@@ -281,7 +281,7 @@ impl RedisHistory {
         conn: &mut impl ConnectionLike,
         channel: &str,
         start: &Start,
-        limit: usize,
+        take: Take,
     ) -> redis::RedisResult<Option<Recovery>> {
         let Some(limits) = self.limits(channel) else { return Ok(None) };
         let meta = self.meta(conn, channel).await?;
@@ -295,7 +295,8 @@ impl RedisHistory {
         };
         let last = (meta.last > 0).then(|| Position { epoch: Arc::clone(&epoch), offset: meta.last });
         let stream = self.stream_key(channel);
-        let oldest_kept = limits.ttl.and_then(|ttl| SystemTime::now().checked_sub(ttl));
+        // One more than taken, to know whether there were more.
+        let wanted = take.count().saturating_add(1);
         let (mut events, complete) = match start {
             // A position past the last offset means Redis lost its latest writes (a
             // failover to a lagging replica): offsets are given again, so the history
@@ -303,32 +304,36 @@ impl RedisHistory {
             Start::After(p) if (*p.epoch == *epoch && p.offset <= meta.last) || p.offset == 0 => {
                 // Newest first, back to the position: publishes keep appending while
                 // this reads, and the page boundaries follow them.
-                let mut newest = range(conn, "XREVRANGE", &stream, "+", "-", usize::MAX, p.offset).await?;
+                let count = match take {
+                    Take::First(_) => usize::MAX,
+                    Take::Last(_) => wanted,
+                };
+                let mut newest = range(conn, "XREVRANGE", &stream, "+", "-", count, p.offset).await?;
                 newest.reverse();
                 // Trimmed while this read: the oldest read is not the one after the position.
-                let joined = newest.first().and_then(|e| e.position.as_ref()).is_none_or(|f| f.offset == p.offset + 1);
+                let joined = newest.len() == count
+                    || newest.first().and_then(|e| e.position.as_ref()).is_none_or(|f| f.offset == p.offset + 1);
                 (newest, meta.trimmed <= p.offset && joined)
             }
-            Start::After(_) => (range(conn, "XRANGE", &stream, "-", "+", usize::MAX, 0).await?, false),
+            Start::After(_) => (ends(conn, &stream, "-", take).await?, false),
             Start::At(t) => {
                 let from = ms(*t).to_string();
-                let mut events = range(conn, "XRANGE", &stream, &from, "+", usize::MAX, 0).await?;
+                let mut events = ends(conn, &stream, &from, take).await?;
                 // Entry ids never go back in time, so an event stamped earlier by a
                 // slower clock may sit after `t`: its own time decides.
                 events.retain(|e| e.timestamp >= *t);
                 (events, meta.trimmed == 0 || meta.trimmed_ms < ms(*t))
             }
-            Start::Oldest => (range(conn, "XRANGE", &stream, "-", "+", usize::MAX, 0).await?, meta.trimmed == 0),
+            Start::Oldest => (ends(conn, &stream, "-", take).await?, meta.trimmed == 0),
         };
         let mut complete = complete;
-        if let Some(oldest) = oldest_kept {
+        if let Some(oldest) = limits.ttl.and_then(|ttl| SystemTime::now().checked_sub(ttl)) {
             // Past the ttl but not trimmed yet (no publish since): as good as trimmed.
             let expired = events.partition_point(|e| e.timestamp < oldest);
             complete &= expired == 0;
             events.drain(..expired);
         }
-        let more = events.len() > limit;
-        events.truncate(limit);
+        let more = take.apply(&mut events);
         Ok(Some(Recovery { events, complete, last, more }))
     }
 
@@ -370,6 +375,26 @@ impl RedisHistory {
             events: meta.len,
             bytes: bytes.unwrap_or(0),
         }))
+    }
+}
+
+/// The entries of a stream from `from` (an id, or `-`) on, oldest first: the first or
+/// the last ones as `take` says, and one more when there are (so the caller knows).
+async fn ends(
+    conn: &mut impl ConnectionLike,
+    stream: &str,
+    from: &str,
+    take: Take,
+) -> redis::RedisResult<Vec<Arc<Event>>> {
+    // A few more than asked: entries stamped before a time may open a range from it.
+    let wanted = take.count().saturating_add(65);
+    match take {
+        Take::First(_) => range(conn, "XRANGE", stream, from, "+", wanted, 0).await,
+        Take::Last(_) => {
+            let mut newest = range(conn, "XREVRANGE", stream, "+", from, wanted, 0).await?;
+            newest.reverse();
+            Ok(newest)
+        }
     }
 }
 

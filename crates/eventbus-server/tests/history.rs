@@ -561,7 +561,7 @@ async fn the_redis_transport_alone_keeps_history() {
         let offsets: Vec<u64> = got.iter().map(|e| e.position.as_ref().unwrap().offset).collect();
         assert_eq!(offsets, [1, 2, 3], "{envelope:?}");
         let start = eventbus_core::history::Start::Oldest;
-        let kept = bus.read_history(&channel, &start, 10).await.unwrap().unwrap();
+        let kept = bus.read_history(&channel, &start, eventbus_core::history::Take::First(10)).await.unwrap().unwrap();
         let kept: Vec<u64> = kept.events.iter().map(|e| e.position.as_ref().unwrap().offset).collect();
         assert_eq!(kept, [2, 3], "size 2 keeps the last two");
         let info = bus.history_info(&channel).await.unwrap().unwrap();
@@ -681,6 +681,40 @@ async fn events_past_their_ttl_leave_the_history() {
             .unwrap()
             .into_inner();
         assert_eq!(info.history.unwrap().last_offset, 2);
+        server.stop().await;
+    }
+}
+
+/// A recovery holds at most the subscription's queue capacity: the newest events, and
+/// the subscriber hears the rest is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_is_bounded_by_the_queue_and_keeps_the_newest() {
+    let redis = RedisProc::start().await;
+    let mut servers = vec![start_with(|s| keep(s, 1000)).await];
+    if let Some(redis) = &redis {
+        servers.push(broker_with(redis, |s| keep(s, 1000)).await);
+    }
+    for server in servers {
+        let mut first = open(&server, sub(&["hist.q.*"])).await.unwrap();
+        let mut client = server.client().await;
+        publish_numbered(&mut client, "hist.q.a", 0).await;
+        let positions = last_positions(&first.take(1).await);
+        let at = first.started.started_at;
+        drop(first);
+        for n in 1..=10 {
+            publish_numbered(&mut client, "hist.q.a", n).await;
+            publish_numbered(&mut client, "hist.q.b", 100 + n).await;
+        }
+        let req = pb::SubscribeRequest {
+            queue_capacity: 4,
+            since: Some(pb::SubscribeSince { positions, timestamp: at }),
+            ..sub(&["hist.q.*"])
+        };
+        let mut second = open(&server, req).await.unwrap();
+        assert!(!second.started.recovered, "16 of 20 left out");
+        assert_eq!(numbers(&second.take(4).await), [9, 109, 10, 110], "the newest four, in publish order");
+        publish_numbered(&mut client, "hist.q.a", 11).await;
+        assert_eq!(numbers(&second.take(1).await), [11], "then live");
         server.stop().await;
     }
 }

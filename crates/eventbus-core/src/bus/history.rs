@@ -1,7 +1,7 @@
 //! Reading channel histories, and recovering a subscriber from where it was.
 
 use super::*;
-use crate::history::{HistoryInfo, Recovery, Start, TrimReason};
+use crate::history::{HistoryInfo, Recovery, Start, Take, TrimReason};
 
 /// Most channels a subscriber may name in [`Since::positions`].
 pub const MAX_SINCE_CHANNELS: usize = 1024;
@@ -29,14 +29,14 @@ impl Bus {
         &self.inner.config.history
     }
 
-    /// Reads `channel`'s history from `start`, at most `limit` events; `None` when the
+    /// Reads `channel`'s history from `start`, the events `take` says; `None` when the
     /// channel keeps none.
-    pub async fn read_history(&self, channel: &str, start: &Start, limit: usize) -> Result<Option<Recovery>, Error> {
+    pub async fn read_history(&self, channel: &str, start: &Start, take: Take) -> Result<Option<Recovery>, Error> {
         if let Some(history) = &self.inner.history {
-            return Ok(history.read(channel, start, limit));
+            return Ok(history.read(channel, start, take));
         }
         match &self.inner.transport {
-            Some(transport) => Ok(transport.read_history(channel, start, limit).await?),
+            Some(transport) => Ok(transport.read_history(channel, start, take).await?),
             None => Ok(None),
         }
     }
@@ -82,7 +82,7 @@ impl Bus {
             if !exact {
                 continue;
             }
-            if let Some(last) = self.read_history(channel, &Start::Oldest, 0).await?.and_then(|r| r.last) {
+            if let Some(last) = self.read_history(channel, &Start::Oldest, Take::First(0)).await?.and_then(|r| r.last) {
                 out.insert(channel.clone(), last);
             }
         }
@@ -147,15 +147,19 @@ impl Bus {
         if let (Some(at), Some(history)) = (since.timestamp, &self.inner.history) {
             complete &= at >= history.kept_since();
         }
-        let mut runs: Vec<Vec<Arc<Event>>> = Vec::new();
+        // At most a queue's worth is recovered, the newest: each channel's newest that
+        // many, merged into what is kept so far, so a recovery holds at most two queues'
+        // worth at a time however many channels it reads.
+        let capacity = spec.capacity;
+        let mut events: Vec<Arc<Event>> = Vec::new();
         let mut seam = HashMap::new();
         for (channel, start) in reads {
-            let Some(read) = self.read_history(&channel, &start, usize::MAX).await? else {
+            let Some(read) = self.read_history(&channel, &start, Take::Last(capacity)).await? else {
                 // Asked for by position, yet the channel keeps no history (any more).
                 complete = false;
                 continue;
             };
-            complete &= read.complete;
+            complete &= read.complete && !read.more;
             let had = match start {
                 Start::After(p) => Some(p),
                 Start::At(_) | Start::Oldest => None,
@@ -165,13 +169,10 @@ impl Bus {
             if let Some(position) = last.or(had.filter(current)) {
                 seam.insert(channel, position);
             }
-            runs.push(read.events);
-        }
-        let mut events = merge_by_time(runs);
-        let capacity = spec.capacity;
-        if events.len() > capacity {
-            events.drain(..events.len() - capacity);
-            complete = false;
+            events = merge_by_time(vec![events, read.events]);
+            if Take::Last(capacity).apply(&mut events) {
+                complete = false;
+            }
         }
         handle.recovered = events.into();
         handle.seam = seam;

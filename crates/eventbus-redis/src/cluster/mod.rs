@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use eventbus_core::history::{HistoryInfo, Recovery, Start};
+use eventbus_core::history::{HistoryInfo, Recovery, Start, Take};
 use eventbus_core::name::{Token, validate_channel};
 use eventbus_core::transport::{HistoryFuture, PublishAllFuture, PublishFuture, WatchedFuture};
 use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Supervisor, Transport, TransportError, TransportStatus};
@@ -808,14 +808,14 @@ impl Transport for ClusterTransport {
         &'a self,
         channel: &'a str,
         start: &'a Start,
-        limit: usize,
+        take: Take,
     ) -> HistoryFuture<'a, Option<Recovery>> {
         Box::pin(async move {
             if self.history.limits(channel).is_none() {
                 return Ok(None);
             }
             let mut conn = self.reader()?;
-            self.bounded(self.history.read(&mut conn, channel, start, limit)).await
+            self.bounded(self.history.read(&mut conn, channel, start, take)).await
         })
     }
 

@@ -1,7 +1,7 @@
 //! Channel histories: the admin page of one, in both wire forms.
 
 use super::*;
-use eventbus_core::history::{HistoryInfo, Position, Recovery, Start};
+use eventbus_core::history::{HistoryInfo, Position, Recovery, Start, Take};
 
 /// Largest page of a channel's history.
 const MAX_HISTORY_LIMIT: usize = 1000;
@@ -43,7 +43,7 @@ pub(crate) async fn history_page(
         0 => DEFAULT_HISTORY_LIMIT,
         n => n.min(MAX_HISTORY_LIMIT),
     };
-    let read = bus.read_history(channel, &start, limit).await?.ok_or_else(no_history)?;
+    let read = bus.read_history(channel, &start, Take::First(limit)).await?.ok_or_else(no_history)?;
     Ok(HistoryPage { info, read })
 }
 
