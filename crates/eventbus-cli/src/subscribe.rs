@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::bail;
 use eventbus_client::{Client, SubscribeOptions, SubscriptionItem, pb};
+use eventbus_core::history::parse_age;
 
 use crate::cli::SubscribeArgs;
 use crate::output;
@@ -47,21 +48,6 @@ pub(crate) fn parse_since(s: &str) -> Result<Since, String> {
 fn looks_like_a_date(s: &str) -> bool {
     let b = s.as_bytes();
     b.len() >= 10 && b[4] == b'-' && b[7] == b'-' && b[..4].iter().all(u8::is_ascii_digit)
-}
-
-fn parse_age(s: &str) -> Option<Duration> {
-    let split = s.find(|c: char| !c.is_ascii_digit()).filter(|&i| i > 0)?;
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    let ms = match unit {
-        "ms" => 1,
-        "s" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return None,
-    };
-    n.checked_mul(ms).map(Duration::from_millis)
 }
 
 impl Since {

@@ -181,6 +181,23 @@ impl TrimReason {
     }
 }
 
+/// An age as people write it for a recovery or a history read: `500ms`, `90s`, `5m`,
+/// `2h`, `1d`; `None` for anything else.
+pub fn parse_age(s: &str) -> Option<Duration> {
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let ms = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(ms).map(Duration::from_millis)
+}
+
 /// A fresh epoch name: unique across restarts (time and randomness).
 pub fn new_epoch() -> Arc<str> {
     let ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);

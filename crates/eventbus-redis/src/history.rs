@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use eventbus_core::history::{HistoryInfo, HistoryLimits, HistoryRules, Position, Recovery, Start, Take};
-use eventbus_core::{Event, Pattern};
+use eventbus_core::{Event, Pattern, TransportError};
 use redis::aio::ConnectionLike;
 
 use crate::envelope::{self, Envelope};
@@ -123,6 +123,8 @@ pub(crate) struct RedisHistory {
     prefix: String,
     rules: HistoryRules,
     script: redis::Script,
+    /// The script's text, for `EVAL` and `SCRIPT LOAD`.
+    text: String,
     /// On a Redis Cluster: how a channel's shard is found, and each shard's hash tag.
     shards: Option<Shards>,
 }
@@ -158,8 +160,8 @@ struct Meta {
 
 impl RedisHistory {
     pub(crate) fn new(prefix: &str, rules: HistoryRules, shards: Option<Shards>) -> Self {
-        let script = redis::Script::new(&format!("{RETAIN}\n{PUBLISH}"));
-        Self { prefix: prefix.to_owned(), rules, script, shards }
+        let text = format!("{RETAIN}\n{PUBLISH}");
+        Self { prefix: prefix.to_owned(), rules, script: redis::Script::new(&text), text, shards }
     }
 
     /// What `channel` keeps, if anything.
@@ -223,7 +225,7 @@ impl RedisHistory {
     ) -> redis::Cmd {
         let mut cmd = match send {
             Sending::Hash => redis::cmd("EVALSHA").arg(self.script.get_hash()).clone(),
-            Sending::Text => redis::cmd("EVAL").arg(format!("{RETAIN}\n{PUBLISH}")).clone(),
+            Sending::Text => redis::cmd("EVAL").arg(&self.text).clone(),
         };
         cmd.arg(3).arg(self.stream_key(&event.channel)).arg(self.meta_key(&event.channel));
         cmd.arg(self.index_key(&event.channel));
@@ -234,7 +236,7 @@ impl RedisHistory {
 
     /// `SCRIPT LOAD` of the publishing script, to precede [`Sending::Hash`] commands.
     pub(crate) fn load(&self) -> redis::Cmd {
-        redis::cmd("SCRIPT").arg("LOAD").arg(format!("{RETAIN}\n{PUBLISH}")).clone()
+        redis::cmd("SCRIPT").arg("LOAD").arg(&self.text).clone()
     }
 
     /// Publishes `event` on `pubsub` and keeps it, with its position, in the channel's
@@ -275,8 +277,43 @@ impl RedisHistory {
         Ok(Meta { epoch: fields.get("epoch").map(|e| Arc::from(e.as_str())), last, len, trimmed, trimmed_ms })
     }
 
-    /// Reads `channel`'s history from `start`, at most `limit` events.
+    /// Reads `channel`'s history from `start`, the events `take` says, on `conn` (the
+    /// transport's, or why it has none); `None` when the channel keeps no history.
     pub(crate) async fn read(
+        &self,
+        conn: Result<impl ConnectionLike, TransportError>,
+        channel: &str,
+        start: &Start,
+        take: Take,
+    ) -> Result<Option<Recovery>, TransportError> {
+        if self.limits(channel).is_none() {
+            return Ok(None);
+        }
+        bounded(self.read_on(&mut conn?, channel, start, take)).await
+    }
+
+    /// Channels matching `filter` with a history, asked on `conn`.
+    pub(crate) async fn channels(
+        &self,
+        conn: Result<impl ConnectionLike, TransportError>,
+        filter: &Pattern,
+    ) -> Result<Vec<String>, TransportError> {
+        bounded(self.channels_on(&mut conn?, filter)).await
+    }
+
+    /// What `channel`'s history holds, asked on `conn`; `None` when it keeps none.
+    pub(crate) async fn info(
+        &self,
+        conn: Result<impl ConnectionLike, TransportError>,
+        channel: &str,
+    ) -> Result<Option<HistoryInfo>, TransportError> {
+        if self.limits(channel).is_none() {
+            return Ok(None);
+        }
+        bounded(self.info_on(&mut conn?, channel)).await
+    }
+
+    async fn read_on(
         &self,
         conn: &mut impl ConnectionLike,
         channel: &str,
@@ -339,11 +376,7 @@ impl RedisHistory {
 
     /// Channels matching `filter` with a history (the sets where each history adds its
     /// channel when it is made; on a cluster, one per shard).
-    pub(crate) async fn channels(
-        &self,
-        conn: &mut impl ConnectionLike,
-        filter: &Pattern,
-    ) -> redis::RedisResult<Vec<String>> {
+    async fn channels_on(&self, conn: &mut impl ConnectionLike, filter: &Pattern) -> redis::RedisResult<Vec<String>> {
         let mut out = Vec::new();
         for key in self.index_keys() {
             let members: Vec<String> = redis::cmd("SMEMBERS").arg(key).query_async(conn).await?;
@@ -355,11 +388,7 @@ impl RedisHistory {
     }
 
     /// What `channel`'s history holds.
-    pub(crate) async fn info(
-        &self,
-        conn: &mut impl ConnectionLike,
-        channel: &str,
-    ) -> redis::RedisResult<Option<HistoryInfo>> {
+    async fn info_on(&self, conn: &mut impl ConnectionLike, channel: &str) -> redis::RedisResult<Option<HistoryInfo>> {
         if self.limits(channel).is_none() {
             return Ok(None);
         }
@@ -450,4 +479,14 @@ fn ms(t: SystemTime) -> u64 {
 }
 
 /// How long a history read may take before it fails (a hung Redis).
-pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(5);
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs a history read within [`READ_TIMEOUT`].
+async fn bounded<T>(read: impl Future<Output = redis::RedisResult<T>>) -> Result<T, TransportError> {
+    let failed = |reason: String| TransportError { transport: "redis", reason };
+    match tokio::time::timeout(READ_TIMEOUT, read).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => Err(failed(format!("reading history failed: {err}"))),
+        Err(_) => Err(failed("reading history timed out".to_owned())),
+    }
+}

@@ -30,7 +30,7 @@ use crate::demand::Demand;
 use crate::envelope::{self, Envelope};
 use crate::glob::{RedisFilter, event_channel, redis_channel, redis_filter};
 use crate::groups::FleetGroups;
-use crate::history::{self, RedisHistory};
+use crate::history::RedisHistory;
 
 /// First reconnection delay; doubles up to [`MAX_BACKOFF`].
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -212,15 +212,6 @@ impl RedisTransport {
             .read()
             .clone()
             .ok_or_else(|| self.unavailable(format!("not connected to Redis at {}", self.target)))
-    }
-
-    /// Runs a history read within [`history::READ_TIMEOUT`].
-    async fn bounded<T>(&self, read: impl Future<Output = redis::RedisResult<T>>) -> Result<T, TransportError> {
-        match tokio::time::timeout(history::READ_TIMEOUT, read).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(self.unavailable(format!("reading history failed: {err}"))),
-            Err(_) => Err(self.unavailable("reading history timed out")),
-        }
     }
 
     async fn run(self: Arc<Self>, client: Client, local: LocalFanout, shutdown: CancellationToken) {
@@ -454,30 +445,15 @@ impl Transport for RedisTransport {
         start: &'a Start,
         take: Take,
     ) -> HistoryFuture<'a, Option<Recovery>> {
-        Box::pin(async move {
-            if self.history.limits(channel).is_none() {
-                return Ok(None);
-            }
-            let mut conn = self.reader()?;
-            self.bounded(self.history.read(&mut conn, channel, start, take)).await
-        })
+        Box::pin(self.history.read(self.reader(), channel, start, take))
     }
 
     fn history_channels<'a>(&'a self, filter: &'a Pattern) -> HistoryFuture<'a, Vec<String>> {
-        Box::pin(async move {
-            let mut conn = self.reader()?;
-            self.bounded(self.history.channels(&mut conn, filter)).await
-        })
+        Box::pin(self.history.channels(self.reader(), filter))
     }
 
     fn history_info<'a>(&'a self, channel: &'a str) -> HistoryFuture<'a, Option<HistoryInfo>> {
-        Box::pin(async move {
-            if self.history.limits(channel).is_none() {
-                return Ok(None);
-            }
-            let mut conn = self.reader()?;
-            self.bounded(self.history.info(&mut conn, channel)).await
-        })
+        Box::pin(self.history.info(self.reader(), channel))
     }
 }
 

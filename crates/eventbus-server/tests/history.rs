@@ -395,27 +395,14 @@ async fn a_restarted_redis_instance_lets_its_subscriber_recover_every_event_once
     let Some(redis) = RedisProc::start().await else { return };
     let a = broker_with(&redis, |s| keep(s, 100_000)).await;
     let b = broker_with(&redis, |s| keep(s, 100_000)).await;
-    let (grpc, http) = (b.addr, b.http);
     let mut first = open(&b, sub(&["hist.>"])).await.unwrap();
 
     let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
     let publisher = publish_until(a.client().await, "hist.fleet", stop.clone(), sent.clone());
     let mut received = first.at_least(100).await;
     let positions = last_positions(&received);
-    let before = sent.load(Ordering::Relaxed);
-    b.stop().await;
     drop(first);
-    eventually("publishes while B is away", || {
-        let sent = sent.clone();
-        async move { sent.load(Ordering::Relaxed) >= before + 100 }
-    })
-    .await;
-    let b = broker_with(&redis, |s| {
-        keep(s, 100_000);
-        s.server.grpc_addr = grpc;
-        s.server.http_addr = http;
-    })
-    .await;
+    let (b, _) = restart_while_publishing(&redis, b, &sent).await;
     let mut second =
         open(&b, pb::SubscribeRequest { since: Some(since(&positions)), ..sub(&["hist.>"]) }).await.unwrap();
     assert!(second.started.recovered, "Redis kept everything");
@@ -426,6 +413,23 @@ async fn a_restarted_redis_instance_lets_its_subscriber_recover_every_event_once
     assert_eq!(numbers(&received), (1..=last).collect::<Vec<_>>(), "every event once, in order");
     a.stop().await;
     b.stop().await;
+}
+
+/// Stops redis-mode instance `b`, waits until 100 more events are published while it
+/// is away, and starts it again on the same addresses. Returns it, and how many events
+/// were published when it stopped.
+async fn restart_while_publishing(redis: &RedisProc, b: TestServer, sent: &AtomicU64) -> (TestServer, u64) {
+    let (grpc, http) = (b.addr, b.http);
+    let before = sent.load(Ordering::Relaxed);
+    b.stop().await;
+    eventually("publishes while B is away", || async { sent.load(Ordering::Relaxed) >= before + 100 }).await;
+    let b = broker_with(redis, |s| {
+        keep(s, 100_000);
+        s.server.grpc_addr = grpc;
+        s.server.http_addr = http;
+    })
+    .await;
+    (b, before)
 }
 
 /// Redis flushed: a new epoch, and the subscriber is told it missed events.
@@ -579,7 +583,7 @@ async fn the_rust_client_recovers_across_an_instance_restart_without_a_gap() {
     let Some(redis) = RedisProc::start().await else { return };
     let a = broker_with(&redis, |s| keep(s, 100_000)).await;
     let b = broker_with(&redis, |s| keep(s, 100_000)).await;
-    let (grpc, http) = (b.addr, b.http);
+    let grpc = b.addr;
     let client = Client::connect(ClientOptions::new(format!("http://{grpc}"))).await.unwrap();
     let mut subscription = client.subscribe(sub(&["hist.>"])).await.unwrap();
     let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
@@ -587,19 +591,7 @@ async fn the_rust_client_recovers_across_an_instance_restart_without_a_gap() {
 
     let mut seen = Seen::default();
     seen.read(&mut subscription, 100).await;
-    b.stop().await;
-    let before = sent.load(Ordering::Relaxed);
-    eventually("publishes while B is away", || {
-        let sent = sent.clone();
-        async move { sent.load(Ordering::Relaxed) >= before + 100 }
-    })
-    .await;
-    let b = broker_with(&redis, |s| {
-        keep(s, 100_000);
-        s.server.grpc_addr = grpc;
-        s.server.http_addr = http;
-    })
-    .await;
+    let (b, before) = restart_while_publishing(&redis, b, &sent).await;
     seen.read(&mut subscription, before as usize + 200).await;
     stop.store(true, Ordering::Relaxed);
     let last = within(publisher).await.unwrap();

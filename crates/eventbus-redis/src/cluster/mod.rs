@@ -44,7 +44,7 @@ use tracing::{debug, info, warn};
 use crate::demand::Demand;
 use crate::envelope::{self, Envelope};
 use crate::groups::FleetGroups;
-use crate::history::{self, RedisHistory, Sending, Shards};
+use crate::history::{RedisHistory, Sending, Shards};
 use crate::transport::{RedisOptions, refuses_credentials};
 use routes::{NodeAccess, Routes};
 
@@ -709,15 +709,6 @@ impl ClusterTransport {
             .clone()
             .ok_or_else(|| self.unavailable(format!("not connected to the Redis Cluster at {}", self.target)))
     }
-
-    /// Runs a history read within [`history::READ_TIMEOUT`].
-    async fn bounded<T>(&self, read: impl Future<Output = redis::RedisResult<T>>) -> Result<T, TransportError> {
-        match tokio::time::timeout(history::READ_TIMEOUT, read).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(self.unavailable(format!("reading history failed: {err}"))),
-            Err(_) => Err(self.unavailable("reading history timed out")),
-        }
-    }
 }
 
 impl Transport for ClusterTransport {
@@ -810,30 +801,15 @@ impl Transport for ClusterTransport {
         start: &'a Start,
         take: Take,
     ) -> HistoryFuture<'a, Option<Recovery>> {
-        Box::pin(async move {
-            if self.history.limits(channel).is_none() {
-                return Ok(None);
-            }
-            let mut conn = self.reader()?;
-            self.bounded(self.history.read(&mut conn, channel, start, take)).await
-        })
+        Box::pin(self.history.read(self.reader(), channel, start, take))
     }
 
     fn history_channels<'a>(&'a self, filter: &'a Pattern) -> HistoryFuture<'a, Vec<String>> {
-        Box::pin(async move {
-            let mut conn = self.reader()?;
-            self.bounded(self.history.channels(&mut conn, filter)).await
-        })
+        Box::pin(self.history.channels(self.reader(), filter))
     }
 
     fn history_info<'a>(&'a self, channel: &'a str) -> HistoryFuture<'a, Option<HistoryInfo>> {
-        Box::pin(async move {
-            if self.history.limits(channel).is_none() {
-                return Ok(None);
-            }
-            let mut conn = self.reader()?;
-            self.bounded(self.history.info(&mut conn, channel)).await
-        })
+        Box::pin(self.history.info(self.reader(), channel))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Channel histories: the admin page of one, in both wire forms.
 
 use super::*;
-use eventbus_core::history::{HistoryInfo, Position, Recovery, Start, Take};
+use eventbus_core::history::{HistoryInfo, Position, Recovery, Start, Take, parse_age};
 
 /// Largest page of a channel's history.
 const MAX_HISTORY_LIMIT: usize = 1000;
@@ -115,22 +115,6 @@ pub(crate) fn history_from_query(since: Option<&str>) -> Result<HistoryFrom, Edg
     Err(EdgeError::BadRequest(format!(
         "invalid since {since:?}: expected an offset (42), a time (2026-11-27T10:00:00Z) or an age (90s, 5m, 2h)"
     )))
-}
-
-/// `90s`, `5m`, `2h`, `1d`, `500ms`.
-pub(crate) fn parse_age(s: &str) -> Option<Duration> {
-    let split = s.find(|c: char| !c.is_ascii_digit())?;
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    let ms = match unit {
-        "ms" => 1,
-        "s" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return None,
-    };
-    n.checked_mul(ms).map(Duration::from_millis)
 }
 
 #[cfg(test)]
