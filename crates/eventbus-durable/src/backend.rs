@@ -51,6 +51,10 @@ impl DurableBackend for Durable {
         Box::pin(Durable::delete_consumer(self, name))
     }
 
+    fn definitions(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.definitions.subscribe()
+    }
+
     fn log<'a>(
         &'a self,
         name: &'a str,

@@ -18,7 +18,7 @@ use eventbus_core::durable::{
 };
 use eventbus_core::tasks::TaskHandle;
 use parking_lot::{Mutex, RwLock};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::client::{Attached, ClientHandle};
@@ -69,6 +69,8 @@ pub(crate) struct Inner {
     pub(crate) outbox: outbox::Outbox,
     /// The disk watermark, read at most once a second.
     disk: DiskCheck,
+    /// Bumped by every create, redefinition and delete.
+    pub(crate) definitions: watch::Sender<u64>,
 }
 
 /// The last reading of the store's free disk space.
@@ -113,6 +115,7 @@ impl Durable {
             sink: OnceLock::new(),
             outbox,
             disk: DiskCheck::default(),
+            definitions: watch::Sender::new(0),
         });
         // The scheduler holds the engine weakly (it must not keep it alive), and the
         // weak reference is taken from the finished engine: it can fail to upgrade only
@@ -201,6 +204,8 @@ impl Durable {
         if registry.by_name.insert(name, Arc::clone(&consumer)).is_none() {
             self.inner.consumer_count.fetch_add(1, Ordering::Relaxed);
         }
+        drop(registry);
+        self.definitions_changed();
         Ok(consumer)
     }
 
@@ -340,6 +345,12 @@ impl Durable {
             registry.trie.insert(f, Arc::clone(&replacement.name));
         }
         registry.by_name.insert(Arc::clone(&replacement.name), replacement);
+        drop(registry);
+        self.definitions_changed();
+    }
+
+    fn definitions_changed(&self) {
+        self.inner.definitions.send_modify(|v| *v = v.wrapping_add(1));
     }
 
     pub fn get_consumer(&self, name: &str) -> Result<ConsumerInfo, DurableError> {
@@ -374,6 +385,7 @@ impl Durable {
             self.inner.consumer_count.fetch_sub(1, Ordering::Relaxed);
         }
         drop(registry);
+        self.definitions_changed();
         let mut st = consumer.state.lock();
         st.deleted = true;
         st.clients.clear();

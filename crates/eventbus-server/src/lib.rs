@@ -23,6 +23,7 @@
 //!   the one table from a refusal to its gRPC status and HTTP code.
 //! - `request_limit`: publish requests too large to read, refused like any oversized
 //!   payload (the gRPC decode limit and the REST body limit).
+//! - `push`: push consumers: the broker POSTs their events to HTTP endpoints.
 //! - [`telemetry`]: logging setup.
 //! - [`shutdown`]: SIGINT/SIGTERM handling.
 
@@ -41,10 +42,12 @@ mod grpc;
 mod http_server;
 mod listener;
 mod publish_stream;
+mod push;
 mod request_limit;
 mod tls;
 
 pub use config::Settings;
 pub use listener::PeerInfo;
+pub use push::PushSetupError;
 pub use server::{Reloader, Server, ServerError};
 pub use tls::{TlsError, TlsSettings};

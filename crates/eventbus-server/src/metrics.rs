@@ -136,6 +136,14 @@ impl Metrics {
         Ok(())
     }
 
+    /// Serves the push consumers' metrics too.
+    pub(crate) fn register_push(&self, push: &PushMetrics) -> Result<(), prometheus::Error> {
+        self.registry.register(Box::new(push.requests.clone()))?;
+        self.registry.register(Box::new(push.duration.clone()))?;
+        self.registry.register(Box::new(push.in_flight.clone()))?;
+        Ok(())
+    }
+
     pub(crate) fn observe_publish(&self, took: Duration) {
         self.publish_duration.observe(took.as_secs_f64());
     }
@@ -179,6 +187,58 @@ impl Metrics {
         let mut out = Vec::with_capacity(16 * 1024);
         TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
         String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+    }
+}
+
+/// Push consumers' requests (docs/push.md), per consumer: the first
+/// `max_consumer_labels` push consumers of this instance get their own label, the
+/// others share `_other`. They exist whether or not metrics are served.
+#[derive(Debug, Clone)]
+pub(crate) struct PushMetrics {
+    /// Requests by answer class: `2xx`, `3xx`, `4xx`, `5xx`, `timeout`, `error`.
+    pub(crate) requests: IntCounterVec,
+    pub(crate) duration: HistogramVec,
+    pub(crate) in_flight: IntGaugeVec,
+    labels: Arc<Mutex<HashSet<String>>>,
+    max_labels: usize,
+}
+
+impl PushMetrics {
+    pub(crate) fn new(prefix: &str, max_labels: usize) -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            requests: IntCounterVec::new(
+                Opts::new(
+                    format!("{prefix}_push_requests_total"),
+                    "Requests to push endpoints, per consumer and answer class (2xx, 3xx, 4xx, 5xx, timeout, \
+                     error: no answer).",
+                ),
+                &["consumer", "class"],
+            )?,
+            duration: HistogramVec::new(
+                HistogramOpts::new(
+                    format!("{prefix}_push_request_duration_seconds"),
+                    "Time from sending a push request to its answer (or its failure), per consumer.",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["consumer"],
+            )?,
+            in_flight: IntGaugeVec::new(
+                Opts::new(format!("{prefix}_push_in_flight"), "Push requests waiting for their answer, per consumer."),
+                &["consumer"],
+            )?,
+            labels: Arc::default(),
+            max_labels,
+        })
+    }
+
+    /// The label of `consumer`'s series: its name while there is room, else `_other`.
+    pub(crate) fn label(&self, consumer: &str) -> String {
+        let mut labels = self.labels.lock();
+        if labels.contains(consumer) || (labels.len() < self.max_labels && labels.insert(consumer.to_owned())) {
+            consumer.to_owned()
+        } else {
+            OTHER_LABEL.to_owned()
+        }
     }
 }
 

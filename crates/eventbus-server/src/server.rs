@@ -26,7 +26,8 @@ use crate::grpc::{AdminService, Authenticate, EventBusService};
 use crate::http::{self, HttpState, Readiness};
 use crate::http_server;
 use crate::listener::{Incoming, TrackRequestsLayer};
-use crate::metrics::{EdgeCounters, LabelLimits, Metrics};
+use crate::metrics::{EdgeCounters, LabelLimits, Metrics, PushMetrics};
+use crate::push::{Endpoints, PushSetupError, Pusher};
 use crate::request_limit::{PayloadLimit, RequestErrors};
 use crate::tls::{Protocols, Tls, TlsError};
 
@@ -77,6 +78,8 @@ pub enum ServerError {
     Tls(#[from] TlsError),
     #[error(transparent)]
     Auth(#[from] AuthError),
+    #[error(transparent)]
+    Push(#[from] PushSetupError),
 }
 
 /// A broker with its listeners bound, ready to [`run`](Server::run).
@@ -96,6 +99,8 @@ pub struct Server {
     grpc_addr: SocketAddr,
     http: TcpListener,
     http_addr: SocketAddr,
+    /// Serves the push consumers.
+    pusher: Option<Pusher>,
 }
 
 async fn listen(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
@@ -113,6 +118,7 @@ impl Server {
         if settings.auth.enabled {
             Authenticator::load(&settings.auth)?;
         }
+        Endpoints::new(&settings.push)?;
         Ok(())
     }
 
@@ -182,20 +188,25 @@ impl Server {
                 })
             }
         };
-        let metrics = match settings.eventbus.metrics.enabled {
+        let m = &settings.eventbus.metrics;
+        let push_metrics = PushMetrics::new(&m.prefix, m.max_consumer_labels)?;
+        let metrics = match m.enabled {
             true => {
-                let m = &settings.eventbus.metrics;
                 let limits = LabelLimits { subscriptions: m.max_subscription_labels, consumers: m.max_consumer_labels };
                 let metrics = Metrics::new(&m.prefix, limits, bus.clone())?;
                 metrics.register_edge(&counters)?;
+                metrics.register_push(&push_metrics)?;
                 Some(Arc::new(metrics))
             }
             false => None,
         };
+        let endpoints = Endpoints::new(&settings.push)?;
         match settings.eventbus.mode {
             Mode::InMemory => start_durable(&settings, &bus, metrics.clone(), &supervisor).await?,
             Mode::Redis => start_redis_durable(&settings, &bus, metrics.clone(), transport_stop.clone(), &supervisor)?,
         }
+        let pusher =
+            bus.durable().map(|durable| Pusher::start(Arc::clone(durable), endpoints, push_metrics, &supervisor));
         Ok(Self {
             settings,
             bus,
@@ -209,6 +220,7 @@ impl Server {
             grpc_addr,
             http,
             http_addr,
+            pusher,
         })
     }
 
@@ -255,6 +267,7 @@ impl Server {
             grpc_addr,
             http,
             http_addr,
+            pusher,
         } = self;
         // Stops the transport whichever way this function returns.
         let _transport_guard = transport_stop.drop_guard();
@@ -326,7 +339,7 @@ impl Server {
             disk_watch,
             stopped.clone(),
         ));
-        let on_stop = Stopping { readiness: readiness.clone(), health, supervisor };
+        let on_stop = Stopping { readiness: readiness.clone(), health, supervisor, pusher };
         let drain = drain(bus.clone(), shutdown, settings.shutdown_timeout(), on_stop, stopped.clone());
         // Pings find connections whose peer vanished without a FIN (a crashed host, a
         // dropped NAT entry) and close them.
@@ -516,6 +529,7 @@ struct Stopping {
     readiness: Readiness,
     health: HealthReporter,
     supervisor: Supervisor,
+    pusher: Option<Pusher>,
 }
 
 fn health_status(ready: bool) -> ServingStatus {
@@ -597,10 +611,18 @@ async fn drain(
     on_stop.readiness.shutting_down();
     set_health(&on_stop.health, ServingStatus::NotServing).await;
     bus.begin_shutdown();
+    let deadline = tokio::time::Instant::now() + timeout;
+    // Push requests in flight get their answers (each within its push.timeout_ms)
+    // before the consumers' clients are detached.
+    if let Some(pusher) = &on_stop.pusher
+        && tokio::time::timeout_at(deadline, pusher.stop()).await.is_err()
+    {
+        warn!(timeout_ms = timeout.as_millis() as u64, "shutdown timeout reached with push requests in flight");
+    }
     if let Some(durable) = bus.durable() {
         durable.detach_all();
     }
-    if tokio::time::timeout(timeout, bus.drained()).await.is_err() {
+    if tokio::time::timeout_at(deadline, bus.drained()).await.is_err() {
         warn!(
             remaining = bus.stats().active_subscriptions,
             timeout_ms = timeout.as_millis() as u64,

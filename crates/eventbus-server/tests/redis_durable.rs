@@ -442,6 +442,7 @@ async fn consumers_declared_in_the_configuration_outlive_a_redis_that_lost_its_d
         dead_letter_channel: String::new(),
         exclusive: false,
         max_pending: 0,
+        push: None,
     };
     let a = broker_with(&redis, |s| s.durable.consumers = vec![declared]).await;
     eventually("the declared consumer", || async { get(&a, "declared").await.is_ok() }).await;

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::durable::config::ConsumerConfig;
 use crate::durable::dead_letter::DeadLetterSink;
@@ -199,6 +199,11 @@ pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
     /// The last known state of every consumer, without I/O (for metrics scrapes; the
     /// Redis engine refreshes it on [`DurableBackend::list_consumers`]).
     fn consumers_snapshot(&self) -> Vec<ConsumerInfo>;
+
+    /// Follows the consumer definitions: the value changes whenever a consumer is
+    /// created, redefined or deleted (in redis mode, by any instance), so a watcher
+    /// reads [`DurableBackend::consumers_snapshot`] again.
+    fn definitions(&self) -> watch::Receiver<u64>;
 
     /// Deletes a consumer, what it holds and its log; attached clients are detached.
     fn delete_consumer<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), DurableError>>;

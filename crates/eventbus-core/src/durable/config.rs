@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::durable::push::{PushConfig, PushError};
 use crate::name::{MAX_NAME_BYTES, MAX_TOKENS, NameError, Pattern};
 
 /// How retry delays grow with the attempt.
@@ -81,6 +82,10 @@ pub struct ConsumerConfig {
     /// limit existed read as the default.
     #[serde(default = "default_max_pending")]
     pub max_pending: u64,
+    /// Served by the broker itself: its events are POSTed to an HTTP endpoint
+    /// (docs/push.md) instead of waiting for clients to attach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push: Option<PushConfig>,
 }
 
 /// [`ConsumerConfig::max_pending`] when not given.
@@ -104,6 +109,7 @@ impl ConsumerConfig {
             owner: String::new(),
             exclusive: false,
             max_pending: DEFAULT_MAX_PENDING,
+            push: None,
         }
     }
 
@@ -157,6 +163,9 @@ impl ConsumerConfig {
         }
         if let Some(dlq) = &self.dead_letter_channel {
             crate::name::validate_channel(dlq).map_err(ConfigError::DeadLetterChannel)?;
+        }
+        if let Some(push) = &self.push {
+            push.validate(self.ack_deadline_ms, self.max_in_flight)?;
         }
         Ok(filters)
     }
@@ -239,6 +248,8 @@ pub enum ConfigError {
     Backoff,
     #[error("dead_letter_channel: {0}")]
     DeadLetterChannel(NameError),
+    #[error(transparent)]
+    Push(#[from] PushError),
     #[error("create_if_missing names {}, not {}", crate::error::quoted(given), crate::error::quoted(attached))]
     NameMismatch { given: String, attached: String },
 }

@@ -12,6 +12,7 @@
 //! - [`dead_letter`]: a dead letter, and how it is encoded and published.
 //! - [`log`]: the terminal log's records.
 //! - [`options`]: engine settings.
+//! - [`push`]: a push consumer's HTTP endpoint.
 //! - [`error`]: why a call was refused ([`DurableError`]).
 
 pub mod backend;
@@ -21,6 +22,7 @@ pub mod delivery;
 pub mod error;
 pub mod log;
 pub mod options;
+pub mod push;
 
 pub use backend::{
     Attachment, BoxFuture, CaptureRequest, Captured, ConsumerClient, ConsumerInfo, DurableBackend, MAX_REDRIVE,
@@ -36,3 +38,4 @@ pub use delivery::{
 pub use error::{BoxError, DurableError};
 pub use log::{Failure, LogEntry, LogSlice, LogStatus, Retention, epoch_ms, from_epoch_ms};
 pub use options::{AckObserver, DurableOptions};
+pub use push::{PushConfig, PushEnvelope, PushError};

@@ -148,6 +148,7 @@ impl Shared {
             info!(consumer = %rt.name, "durable consumer deleted; detaching its local clients");
             rt.stop(runtime::StopReason::Deleted);
         }
+        self.definitions.send_modify(|v| *v = v.wrapping_add(1));
         debug!(%version, "durable consumer definitions loaded");
         Ok(())
     }

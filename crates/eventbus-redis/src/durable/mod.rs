@@ -186,6 +186,8 @@ pub(crate) struct Shared {
     snapshot: Mutex<Vec<ConsumerInfo>>,
     next_client: AtomicU64,
     shutdown: CancellationToken,
+    /// Bumped by every reload of the definitions.
+    definitions: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -269,6 +271,7 @@ impl RedisDurable {
             snapshot: Mutex::default(),
             next_client: AtomicU64::new(1),
             shutdown,
+            definitions: tokio::sync::watch::Sender::new(0),
         });
         let supervisor = &shared.options.supervisor;
         let follower = supervisor.spawn("durable consumer follower (redis)", follow_changes(Arc::downgrade(&shared)));
@@ -716,6 +719,10 @@ impl DurableBackend for RedisDurable {
 
     fn consumers_snapshot(&self) -> Vec<ConsumerInfo> {
         self.shared.snapshot.lock().clone()
+    }
+
+    fn definitions(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.definitions.subscribe()
     }
 
     fn delete_consumer<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), DurableError>> {

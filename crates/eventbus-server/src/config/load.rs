@@ -32,6 +32,7 @@ pub(super) const LIST_KEYS: &[&str] = &[
     "auth.default_permissions.subscribe.deny",
     "auth.default_permissions.consumers.allow",
     "auth.default_permissions.manage_consumers",
+    "push.deny_networks",
 ];
 
 /// The keys of the Java-style `eventbus.common` section; each is a spelling of the flat

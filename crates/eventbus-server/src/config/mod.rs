@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
 use eventbus_auth::AuthSettings;
-use eventbus_core::durable::{Backoff, BackoffKind, ConsumerConfig};
+use eventbus_core::durable::{Backoff, BackoffKind, ConsumerConfig, PushConfig};
 use eventbus_core::history::{HistoryLimits, HistoryRule, HistoryRules};
 use eventbus_core::{BusConfig, Overflow};
 use eventbus_redis::{Envelope, RedisOptions};
@@ -51,6 +51,7 @@ pub struct Settings {
     pub server: ServerSettings,
     pub eventbus: EventBusSettings,
     pub durable: DurableSettings,
+    pub push: PushSettings,
     pub auth: AuthSettings,
     pub log: LogSettings,
 }

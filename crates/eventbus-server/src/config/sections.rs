@@ -43,6 +43,38 @@ pub struct ConsumerSetting {
     /// Most unfinished events kept (0 = unlimited).
     #[serde(default = "defaults::max_pending")]
     pub max_pending: u64,
+    /// The broker POSTs the events to this endpoint (docs/push.md).
+    #[serde(default)]
+    pub push: Option<PushConfig>,
+}
+
+/// The `push` section: how push consumers reach their endpoints (docs/push.md).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushSettings {
+    /// Address ranges (CIDR or single addresses) never pushed to.
+    pub deny_networks: Vec<String>,
+    /// PEM file of CA certificates trusted for https:// endpoints beside the system's
+    /// ("" = the system's only).
+    pub ca_file: String,
+}
+
+impl PushSettings {
+    /// The deny list, parsed; the error names the entry.
+    pub fn denied(&self) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+        self.deny_networks
+            .iter()
+            .map(|n| {
+                let parsed =
+                    n.parse::<ipnet::IpNet>().or_else(|_| n.parse::<std::net::IpAddr>().map(ipnet::IpNet::from));
+                parsed.map_err(|_| ConfigError::Invalid {
+                    key: "push.deny_networks",
+                    value: n.clone(),
+                    problem: "not an address range like 10.0.0.0/8 or ::1/128, nor an address",
+                })
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -96,6 +128,7 @@ impl ConsumerSetting {
             owner: String::new(),
             exclusive: self.exclusive,
             max_pending: self.max_pending,
+            push: self.push.clone(),
         }
     }
 }

@@ -57,6 +57,7 @@ impl Settings {
             let scheme = url.split_once("://").map(|(scheme, _)| scheme.to_owned());
             return Err(ConfigError::RedisUrlScheme { scheme });
         }
+        self.push.denied()?;
         let invalid = |key, value: &str, problem| Err(ConfigError::Invalid { key, value: value.to_owned(), problem });
         let cluster = &e.redis.cluster_nodes;
         if !cluster.is_empty() {

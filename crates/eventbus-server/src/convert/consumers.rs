@@ -15,6 +15,7 @@ pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig, owner: &str) -> Res
         dead_letter_channel,
         exclusive,
         max_pending,
+        push,
     } = c;
     let defaults = ConsumerConfig::new(name.clone(), Vec::new());
     let b = backoff.unwrap_or_default();
@@ -35,7 +36,46 @@ pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig, owner: &str) -> Res
         owner: owner.to_owned(),
         exclusive,
         max_pending: max_pending.unwrap_or(defaults.max_pending),
+        push: push.map(push_from_pb).transpose()?,
     })
+}
+
+/// A push endpoint from the wire; zero values take the defaults.
+fn push_from_pb(p: pb::PushConfig) -> Result<PushConfig, EdgeError> {
+    let pb::PushConfig { url, headers, timeout_ms, max_concurrency, batch, envelope, secret } = p;
+    let defaults = PushConfig::new(url);
+    let envelope = match pb::PushEnvelope::try_from(envelope) {
+        Ok(pb::PushEnvelope::Raw) => PushEnvelope::Raw,
+        Ok(pb::PushEnvelope::Json) => PushEnvelope::Json,
+        Err(_) => return Err(EdgeError::BadRequest(format!("invalid push.envelope: unknown envelope {envelope}"))),
+    };
+    Ok(PushConfig {
+        headers: headers.into_iter().collect(),
+        timeout_ms: if timeout_ms == 0 { defaults.timeout_ms } else { timeout_ms },
+        max_concurrency: if max_concurrency == 0 { defaults.max_concurrency } else { max_concurrency },
+        batch: if batch == 0 { defaults.batch } else { batch },
+        envelope,
+        secret,
+        ..defaults
+    })
+}
+
+/// A push endpoint for the wire, its credentials redacted.
+fn push(p: &PushConfig) -> pb::PushConfig {
+    let PushConfig { url, headers, timeout_ms, max_concurrency, batch, envelope, secret } = p.redacted();
+    let envelope = match envelope {
+        PushEnvelope::Raw => pb::PushEnvelope::Raw,
+        PushEnvelope::Json => pb::PushEnvelope::Json,
+    };
+    pb::PushConfig {
+        url,
+        headers: headers.into_iter().collect(),
+        timeout_ms,
+        max_concurrency,
+        batch,
+        envelope: envelope.into(),
+        secret,
+    }
 }
 
 fn backoff_kind_from_pb(kind: i32) -> Result<BackoffKind, EdgeError> {
@@ -65,6 +105,7 @@ fn consumer_config(c: &ConsumerConfig) -> pb::ConsumerConfig {
         owner: _,
         exclusive,
         max_pending,
+        push: push_config,
     } = c;
     let Backoff { initial_ms, multiplier, max_ms, kind } = *backoff;
     pb::ConsumerConfig {
@@ -77,6 +118,7 @@ fn consumer_config(c: &ConsumerConfig) -> pb::ConsumerConfig {
         dead_letter_channel: dead_letter_channel.clone().unwrap_or_default(),
         exclusive: *exclusive,
         max_pending: Some(*max_pending),
+        push: push_config.as_ref().map(push),
     }
 }
 
@@ -133,6 +175,9 @@ pub(crate) struct ConsumerJson {
     owner: String,
     exclusive: bool,
     max_pending: u64,
+    /// Credentials redacted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    push: Option<PushConfig>,
     paused: bool,
     pending: u64,
     in_flight: u64,
@@ -170,6 +215,7 @@ pub(crate) fn consumer_info_json(i: &ConsumerInfo) -> ConsumerJson {
         owner,
         exclusive,
         max_pending,
+        push,
     } = config;
     let Backoff { initial_ms, multiplier, max_ms, kind } = *backoff;
     ConsumerJson {
@@ -183,6 +229,7 @@ pub(crate) fn consumer_info_json(i: &ConsumerInfo) -> ConsumerJson {
         owner: owner.clone(),
         exclusive: *exclusive,
         max_pending: *max_pending,
+        push: push.as_ref().map(PushConfig::redacted),
         paused: *paused,
         redriven: *redriven,
         redrivable: *redrivable,

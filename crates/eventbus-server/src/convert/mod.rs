@@ -28,7 +28,8 @@ use bytes::Bytes;
 use eventbus_core::durable::from_epoch_ms;
 use eventbus_core::durable::{
     Backoff, BackoffKind, ConsumerConfig, ConsumerInfo, Delivery, DurableBackend, DurableError, Failure, LogEntry,
-    LogSlice, LogStatus, PendingEntry, PendingSlice, PendingState, PublishedDeadLetter, Redriven,
+    LogSlice, LogStatus, PendingEntry, PendingSlice, PendingState, PublishedDeadLetter, PushConfig, PushEnvelope,
+    Redriven,
 };
 use eventbus_core::{
     Bus, BusStats, ChannelStats, CloseReason, Error, ErrorKind, Event, Overflow, PublishInput, Published,
@@ -149,7 +150,7 @@ pub(crate) fn timestamp(t: SystemTime) -> prost_types::Timestamp {
 }
 
 /// A time in JSON: RFC 3339, UTC.
-fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     timestamp(t).to_string()
 }
 

@@ -1,0 +1,217 @@
+//! Push consumers (docs/push.md): the broker is the worker. For every consumer with a
+//! `push` endpoint, each instance attaches to it like any client (so in redis mode the
+//! engine shares its events among the instances) and POSTs what it is handed; the
+//! answer acks, retries or dead-letters.
+//!
+//! - this file: [`Pusher`], which follows the consumer definitions and runs one worker
+//!   per push consumer, and the HTTP client they share;
+//! - `worker`: one consumer's attachment, its concurrency cap and its requests;
+//! - `request`: what a request carries and what its answer means;
+//! - `resolve`: `push.deny_networks` applied to every resolved address.
+
+mod request;
+mod resolve;
+mod worker;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use eventbus_core::durable::{DurableBackend, PushConfig};
+use eventbus_core::{Supervisor, TaskHandle};
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::PushSettings;
+use crate::metrics::PushMetrics;
+use resolve::{DenyList, Resolver};
+use worker::Worker;
+
+/// Why push consumers cannot be served with these settings.
+#[derive(Debug, thiserror::Error)]
+pub enum PushSetupError {
+    #[error("push.ca_file {path}: {problem}")]
+    CaFile { path: String, problem: String },
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot build the push HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+}
+
+/// The HTTP client every push worker shares (one connection pool), and the deny list.
+#[derive(Debug, Clone)]
+pub(crate) struct Endpoints {
+    pub(crate) client: reqwest::Client,
+    pub(crate) deny: DenyList,
+}
+
+impl Endpoints {
+    /// The client of `settings`: rustls with the system's roots and `ca_file`'s, no
+    /// redirects followed, no proxy, names resolved past the deny list.
+    pub(crate) fn new(settings: &PushSettings) -> Result<Self, PushSetupError> {
+        let deny = DenyList::new(settings.denied()?);
+        let mut builder = reqwest::Client::builder()
+            .user_agent(concat!("eventbusd/", env!("CARGO_PKG_VERSION")))
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .tcp_nodelay(true)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .tls_built_in_native_certs(true)
+            .dns_resolver(Arc::new(Resolver::new(deny.clone())));
+        if !settings.ca_file.is_empty() {
+            let ca_error = |problem: String| PushSetupError::CaFile { path: settings.ca_file.clone(), problem };
+            let pem = std::fs::read(&settings.ca_file).map_err(|e| ca_error(e.to_string()))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ca_error(e.to_string()))?;
+            if certs.is_empty() {
+                return Err(ca_error("holds no PEM certificate".to_owned()));
+            }
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        Ok(Self { client: builder.build().map_err(PushSetupError::Client)?, deny })
+    }
+}
+
+/// Longest wait for a connection to an endpoint (the request's own timeout also bounds it).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Retry delays of the definitions follower when the engine cannot list consumers.
+const LIST_RETRY: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(10));
+
+/// Runs one worker per push consumer, for as long as the consumer has a push endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct Pusher {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    durable: Arc<dyn DurableBackend>,
+    endpoints: Endpoints,
+    metrics: PushMetrics,
+    supervisor: Supervisor,
+    /// Cancelled at shutdown: workers stop taking events and finish their requests.
+    stop: CancellationToken,
+    workers: Mutex<HashMap<String, Running>>,
+    follower: Mutex<Option<TaskHandle>>,
+}
+
+/// A worker and the endpoint it was started for.
+#[derive(Debug)]
+struct Running {
+    push: PushConfig,
+    worker: Arc<Worker>,
+    _task: TaskHandle,
+}
+
+impl Pusher {
+    /// Starts following `durable`'s consumers.
+    pub(crate) fn start(
+        durable: Arc<dyn DurableBackend>,
+        endpoints: Endpoints,
+        metrics: PushMetrics,
+        supervisor: &Supervisor,
+    ) -> Self {
+        let inner = Arc::new(Inner {
+            durable,
+            endpoints,
+            metrics,
+            supervisor: supervisor.clone(),
+            stop: CancellationToken::new(),
+            workers: Mutex::default(),
+            follower: Mutex::default(),
+        });
+        let follower = supervisor.spawn("push consumer follower", follow(Arc::downgrade(&inner)));
+        *inner.follower.lock() = Some(follower);
+        Self { inner }
+    }
+
+    /// Shutdown: every worker stops taking events; resolves once their requests have
+    /// been answered (each is bounded by its timeout).
+    pub(crate) async fn stop(&self) {
+        self.inner.stop.cancel();
+        self.inner.follower.lock().take();
+        let workers: Vec<Arc<Worker>> = self.inner.workers.lock().values().map(|r| Arc::clone(&r.worker)).collect();
+        for worker in workers {
+            worker.idle().await;
+        }
+    }
+}
+
+/// Follows the definitions: lists the consumers on every change and brings the
+/// workers in line.
+async fn follow(inner: std::sync::Weak<Inner>) {
+    let Some(mut changes) = inner.upgrade().map(|i| i.durable.definitions()) else { return };
+    let mut retry = LIST_RETRY.0;
+    loop {
+        let Some(this) = inner.upgrade() else { return };
+        let stop = this.stop.clone();
+        let listed = this.durable.list_consumers().await;
+        let wait = match listed {
+            Ok(consumers) => {
+                retry = LIST_RETRY.0;
+                this.reconcile(consumers.into_iter().filter_map(|c| Some((c.config.name, c.config.push?))));
+                None
+            }
+            Err(err) => {
+                warn!(%err, retry_in = ?retry, "cannot list durable consumers to find the push consumers");
+                let wait = retry;
+                retry = (retry * 2).min(LIST_RETRY.1);
+                Some(wait)
+            }
+        };
+        drop(this);
+        let retried = async {
+            match wait {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = retried => {}
+            changed = changes.changed() => if changed.is_err() {
+                // The engine is gone: only at shutdown.
+                return stop.cancelled().await;
+            },
+        }
+    }
+}
+
+impl Inner {
+    /// Starts a worker for each push consumer without one (or whose endpoint changed),
+    /// and retires the workers of consumers gone or no longer pushed.
+    fn reconcile(self: &Arc<Self>, push_consumers: impl Iterator<Item = (String, PushConfig)>) {
+        if self.stop.is_cancelled() {
+            return;
+        }
+        let wanted: HashMap<String, PushConfig> = push_consumers.collect();
+        let mut workers = self.workers.lock();
+        workers.retain(|name, running| {
+            let keep = wanted.get(name) == Some(&running.push);
+            if !keep {
+                info!(consumer = %name, "push consumer retired (deleted, or its endpoint changed)");
+            }
+            keep
+        });
+        for (name, push) in wanted {
+            if workers.contains_key(&name) {
+                continue;
+            }
+            info!(consumer = %name, url = %push.url, max_concurrency = push.max_concurrency, "pushing a durable consumer's events");
+            let label = self.metrics.label(&name);
+            let worker = Arc::new(Worker::new(
+                name.clone(),
+                push.clone(),
+                self.endpoints.clone(),
+                self.metrics.clone(),
+                label,
+                self.stop.child_token(),
+            ));
+            let task = self.supervisor.spawn("push consumer", Arc::clone(&worker).run(Arc::clone(&self.durable)));
+            workers.insert(name, Running { push, worker, _task: task });
+        }
+    }
+}
