@@ -243,6 +243,104 @@ pub(crate) struct CreateArgs {
     /// Where dead letters go (default: dlq.<channel>).
     #[arg(long)]
     pub(crate) dead_letter_channel: Option<String>,
+    /// Make it a push consumer: the broker POSTs its events to this http:// or https://
+    /// URL itself and takes a 2xx answer as the ack.
+    #[arg(long, value_name = "URL", help_heading = "Push consumer")]
+    pub(crate) push_url: Option<String>,
+    /// Extra request header, e.g. 'Authorization: Bearer …' (repeatable); its value is
+    /// shown back as "(redacted)".
+    #[arg(
+        long = "push-header",
+        value_name = "NAME: VALUE",
+        requires = "push_url",
+        value_parser = PushHeaderParser,
+        help_heading = "Push consumer"
+    )]
+    pub(crate) push_headers: Vec<(String, String)>,
+    /// A request not answered within this long fails and is retried (default 10000; at
+    /// most the ack deadline).
+    #[arg(long, value_name = "MS", requires = "push_url", help_heading = "Push consumer")]
+    pub(crate) push_timeout_ms: Option<u64>,
+    /// Requests each broker instance keeps open to the endpoint (default 16).
+    #[arg(long, value_name = "N", requires = "push_url", help_heading = "Push consumer")]
+    pub(crate) push_max_concurrency: Option<u32>,
+    /// Events per request (default 1; above 1 needs --push-envelope json).
+    #[arg(long, value_name = "N", requires = "push_url", help_heading = "Push consumer")]
+    pub(crate) push_batch: Option<u32>,
+    /// How a request carries its events: `raw` (the payload is the body, the event's
+    /// fields `eventbus-*` headers; one event per request) or `json` (default raw).
+    #[arg(long, value_enum, requires = "push_url", help_heading = "Push consumer")]
+    pub(crate) push_envelope: Option<PushEnvelope>,
+    /// Key of the HMAC-SHA256 `eventbus-signature` header of every request; shown back
+    /// as "(redacted)".
+    #[arg(
+        long,
+        value_name = "SECRET",
+        requires = "push_url",
+        value_parser = parse_secret,
+        help_heading = "Push consumer"
+    )]
+    pub(crate) push_secret: Option<Secret>,
+}
+
+/// A credential given on the command line, never shown by `Debug`.
+#[derive(Clone)]
+pub(crate) struct Secret(pub(crate) String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+fn parse_secret(s: &str) -> Result<Secret, String> {
+    Ok(Secret(s.to_owned()))
+}
+
+/// `--push-header`: `Name: value`, split at the first `:`, both sides trimmed.
+pub(crate) fn parse_push_header(s: &str) -> Result<(String, String), String> {
+    match s.split_once(':') {
+        Some((name, value)) if !name.trim().is_empty() => Ok((name.trim().to_owned(), value.trim().to_owned())),
+        Some(_) => Err("--push-header: the header name before ':' is empty (expected 'Name: value')".to_owned()),
+        None => Err("--push-header: expected 'Name: value', with a ':' after the header name".to_owned()),
+    }
+}
+
+/// [`parse_push_header`] as a clap parser whose error does not repeat the value (it
+/// may hold a credential).
+#[derive(Clone)]
+struct PushHeaderParser;
+
+impl clap::builder::TypedValueParser for PushHeaderParser {
+    type Value = (String, String);
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        let invalid = |message: String| {
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{message}\n")).with_cmd(cmd)
+        };
+        let text = value.to_str().ok_or_else(|| invalid("--push-header: not valid UTF-8".to_owned()))?;
+        parse_push_header(text).map_err(invalid)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PushEnvelope {
+    Raw,
+    Json,
+}
+
+impl From<PushEnvelope> for eventbus_client::pb::PushEnvelope {
+    fn from(e: PushEnvelope) -> Self {
+        match e {
+            PushEnvelope::Raw => Self::Raw,
+            PushEnvelope::Json => Self::Json,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -492,6 +590,53 @@ mod tests {
         let c = &cli.connect;
         assert_eq!((c.server.as_str(), c.token.as_deref()), ("https://broker:50051", Some("t")));
         assert_eq!((c.tls_ca.is_some(), c.tls_cert.is_some(), c.tls_key.is_some()), (true, true, true));
+    }
+
+    #[test]
+    fn push_headers_split_at_the_first_colon() {
+        assert_eq!(parse_push_header("Authorization: Bearer a:b "), Ok(("Authorization".into(), "Bearer a:b".into())));
+        assert_eq!(parse_push_header(" X-Empty :"), Ok(("X-Empty".into(), String::new())));
+        assert!(parse_push_header("Bearer x").is_err_and(|e| e.contains("--push-header")));
+        assert!(parse_push_header(" : x").is_err());
+    }
+
+    #[test]
+    fn push_options_need_a_push_url() {
+        let create = |extra: &[&str]| {
+            let mut args = vec!["eventbus", "consumer", "create", "c", "-c", "a.>"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args)
+        };
+        let cli = create(&["--push-url", "http://h/", "--push-header", "A: 1", "--push-envelope", "json"]).unwrap();
+        let Command::Consumer { command: ConsumerCommand::Create(a) } = cli.command else { panic!() };
+        assert_eq!((a.push_url.as_deref(), a.push_envelope), (Some("http://h/"), Some(PushEnvelope::Json)));
+        assert_eq!(a.push_headers, [("A".to_owned(), "1".to_owned())]);
+        for flag in
+            [["--push-batch", "4"], ["--push-header", "A: 1"], ["--push-envelope", "json"], ["--push-secret", "s"]]
+        {
+            let err = create(&flag).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument, "{flag:?}");
+        }
+        let err = create(&["--push-url", "http://h/", "--push-header", "Bearer secret"]).unwrap_err();
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn a_push_secret_is_not_in_debug_output() {
+        let cli = Cli::try_parse_from([
+            "eventbus",
+            "consumer",
+            "create",
+            "c",
+            "-c",
+            "a",
+            "--push-url",
+            "http://h/",
+            "--push-secret",
+            "hunter2",
+        ])
+        .unwrap();
+        assert!(!format!("{cli:?}").contains("hunter2"));
     }
 
     /// Every option and argument of every command says what it is for in `--help`.

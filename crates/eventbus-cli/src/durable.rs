@@ -20,6 +20,26 @@ fn backoff_kind_name(kind: i32) -> &'static str {
     }
 }
 
+/// `PushConfig.envelope` as the REST routes and the configuration spell it.
+fn push_envelope_name(envelope: i32) -> &'static str {
+    match pb::PushEnvelope::try_from(envelope) {
+        Ok(pb::PushEnvelope::Raw) => "raw",
+        Ok(pb::PushEnvelope::Json) => "json",
+        Err(_) => "unknown",
+    }
+}
+
+/// A push endpoint as the broker shows it: header values and the secret come back
+/// redacted, so only the header names and whether a secret is set are news.
+fn push_json(p: &pb::PushConfig) -> serde_json::Value {
+    let headers: std::collections::BTreeMap<&String, &String> = p.headers.iter().collect();
+    json!({
+        "url": p.url, "envelope": push_envelope_name(p.envelope), "batch": p.batch,
+        "max_concurrency": p.max_concurrency, "timeout_ms": p.timeout_ms, "headers": headers,
+        "secret_set": !p.secret.is_empty(),
+    })
+}
+
 fn info_json(i: &pb::ConsumerInfo) -> serde_json::Value {
     let c = i.config.clone().unwrap_or_default();
     let b = c.backoff.unwrap_or_default();
@@ -32,7 +52,7 @@ fn info_json(i: &pb::ConsumerInfo) -> serde_json::Value {
         "pending": i.pending, "in_flight": i.in_flight, "clients": i.clients,
         "acked": i.acked, "dead_lettered": i.dead_lettered, "redelivered": i.redelivered,
         "redrivable": i.redrivable, "redriven": i.redriven, "dropped": i.dropped,
-        "max_pending": c.max_pending,
+        "max_pending": c.max_pending, "push": c.push.as_ref().map(push_json),
     })
 }
 
@@ -44,6 +64,9 @@ pub(crate) fn print_info(json: bool, i: &pb::ConsumerInfo) {
     let v = info_json(i);
     if let Some(map) = v.as_object() {
         for (k, v) in map {
+            if k == "push" && v.is_null() {
+                continue;
+            }
             println!("{k:<20} {v}");
         }
     }
@@ -52,7 +75,7 @@ pub(crate) fn print_info(json: bool, i: &pb::ConsumerInfo) {
 pub(crate) async fn consumer(client: &Client, json: bool, cmd: ConsumerCommand) -> anyhow::Result<()> {
     match cmd {
         ConsumerCommand::Create(a) => {
-            print_info(json, &client.create_consumer(config(a)).await?);
+            print_info(json, &client.create_consumer(config(a)?).await?);
         }
         ConsumerCommand::Info { name } => {
             print_info(json, &client.consumer(name).await?);
@@ -81,6 +104,7 @@ pub(crate) async fn consumer(client: &Client, json: bool, cmd: ConsumerCommand) 
                             yes_no(i.paused),
                             yes_no(c.exclusive),
                             kind.to_owned(),
+                            c.push.map_or_else(|| "-".to_owned(), |p| p.url),
                         ]
                     })
                     .collect();
@@ -97,6 +121,7 @@ pub(crate) async fn consumer(client: &Client, json: bool, cmd: ConsumerCommand) 
                     "PAUSED",
                     "EXCLUSIVE",
                     "BACKOFF",
+                    "PUSH",
                 ];
                 print!("{}", table(&header, &rows));
             }
@@ -113,8 +138,9 @@ pub(crate) async fn consumer(client: &Client, json: bool, cmd: ConsumerCommand) 
     Ok(())
 }
 
-fn config(a: CreateArgs) -> pb::ConsumerConfig {
-    pb::ConsumerConfig {
+fn config(a: CreateArgs) -> anyhow::Result<pb::ConsumerConfig> {
+    let push = a.push_url.as_ref().map(|url| push_config(url.clone(), &a)).transpose()?;
+    Ok(pb::ConsumerConfig {
         name: a.name,
         channels: a.channels,
         ack_deadline_ms: a.ack_deadline_ms,
@@ -129,7 +155,28 @@ fn config(a: CreateArgs) -> pb::ConsumerConfig {
         dead_letter_channel: a.dead_letter_channel.unwrap_or_default(),
         exclusive: a.exclusive,
         max_pending: a.max_pending,
+        push,
+    })
+}
+
+/// The `--push-*` options; what is not given is 0, the broker's default.
+fn push_config(url: String, a: &CreateArgs) -> anyhow::Result<pb::PushConfig> {
+    let mut headers = std::collections::HashMap::new();
+    for (name, value) in &a.push_headers {
+        if headers.keys().any(|k: &String| k.eq_ignore_ascii_case(name)) {
+            anyhow::bail!("--push-header {name:?} is given twice");
+        }
+        headers.insert(name.clone(), value.clone());
     }
+    Ok(pb::PushConfig {
+        url,
+        headers,
+        timeout_ms: a.push_timeout_ms.unwrap_or_default(),
+        max_concurrency: a.push_max_concurrency.unwrap_or_default(),
+        batch: a.push_batch.unwrap_or_default(),
+        envelope: a.push_envelope.map(pb::PushEnvelope::from).unwrap_or_default().into(),
+        secret: a.push_secret.as_ref().map(|s| s.0.clone()).unwrap_or_default(),
+    })
 }
 
 /// A manual-mode command.
@@ -303,6 +350,62 @@ pub(crate) async fn log(client: &Client, json: bool, a: LogArgs) -> anyhow::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn create(args: &[&str]) -> CreateArgs {
+        use clap::Parser as _;
+        let mut line = vec!["eventbus", "consumer", "create", "c", "-c", "a.>"];
+        line.extend_from_slice(args);
+        match crate::cli::Cli::try_parse_from(line).map(|c| c.command) {
+            Ok(crate::cli::Command::Consumer { command: ConsumerCommand::Create(a) }) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn push_options_fill_the_push_config() {
+        assert!(config(create(&[])).unwrap().push.is_none());
+        let c = config(create(&[
+            "--push-url",
+            "https://h/hook",
+            "--push-header",
+            "Authorization: Bearer x",
+            "--push-batch",
+            "4",
+            "--push-envelope",
+            "json",
+            "--push-secret",
+            "s",
+        ]))
+        .unwrap();
+        let p = c.push.unwrap();
+        assert_eq!((p.url.as_str(), p.batch, p.envelope), ("https://h/hook", 4, pb::PushEnvelope::Json as i32));
+        assert_eq!((p.timeout_ms, p.max_concurrency, p.secret.as_str()), (0, 0, "s"), "0: the broker's default");
+        assert_eq!(p.headers.get("Authorization").map(String::as_str), Some("Bearer x"));
+        let twice = create(&["--push-url", "http://h/", "--push-header", "A: 1", "--push-header", "a: 2"]);
+        assert!(config(twice).is_err_and(|e| e.to_string().contains("given twice")));
+    }
+
+    #[test]
+    fn push_is_shown_with_header_names_and_whether_a_secret_is_set() {
+        let push = pb::PushConfig {
+            url: "http://h/".into(),
+            headers: [("Authorization".to_owned(), "(redacted)".to_owned())].into(),
+            timeout_ms: 10_000,
+            max_concurrency: 16,
+            batch: 4,
+            envelope: pb::PushEnvelope::Json.into(),
+            secret: "(redacted)".into(),
+        };
+        let info = pb::ConsumerInfo {
+            config: Some(pb::ConsumerConfig { push: Some(push), ..Default::default() }),
+            ..Default::default()
+        };
+        let v = info_json(&info);
+        assert_eq!(v["push"]["envelope"], "json");
+        assert_eq!(v["push"]["headers"]["Authorization"], "(redacted)");
+        assert_eq!((v["push"]["secret_set"].as_bool(), v["push"]["batch"].as_u64()), (Some(true), Some(4)));
+        assert!(info_json(&pb::ConsumerInfo::default())["push"].is_null());
+    }
 
     #[test]
     fn manual_commands_parse() {

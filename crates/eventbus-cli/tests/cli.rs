@@ -596,12 +596,12 @@ async fn consumer_operations_end_to_end() {
 
     let out = run(eventbus(&broker, &["consumer", "list"])).await;
     let header = out.stdout.lines().next().unwrap();
-    for column in ["REDRIVABLE", "REDRIVEN", "PAUSED", "EXCLUSIVE", "BACKOFF"] {
+    for column in ["REDRIVABLE", "REDRIVEN", "PAUSED", "EXCLUSIVE", "BACKOFF", "PUSH"] {
         assert!(header.contains(column), "{header}");
     }
     let row = out.stdout.lines().nth(1).unwrap();
     let cells: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!((cells[0], &cells[7..]), ("pay", &["0", "3", "no", "yes", "linear"][..]), "{}", out.stdout);
+    assert_eq!((cells[0], &cells[7..]), ("pay", &["0", "3", "no", "yes", "linear", "-"][..]), "{}", out.stdout);
     let out = run(eventbus(&broker, &["consumer", "info", "pay"])).await;
     assert!(out.stdout.lines().any(|l| l.starts_with("redriven") && l.ends_with(" 3")), "{}", out.stdout);
 

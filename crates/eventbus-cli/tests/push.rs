@@ -1,0 +1,161 @@
+//! `eventbus consumer create --push-*` end to end, against a real server started in-process.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
+
+use std::time::Duration;
+
+use eventbus_server::{Server, Settings};
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+const BIN: &str = env!("CARGO_BIN_EXE_eventbus");
+const DEADLINE: Duration = Duration::from_secs(10);
+
+struct Broker {
+    url: String,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Serves the default settings on local addresses the system picks, durable state in memory.
+async fn broker() -> Broker {
+    let mut settings = Settings::default();
+    settings.server.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    settings.server.http_addr = "127.0.0.1:0".parse().unwrap();
+    settings.durable.data_dir = String::new();
+    let server = Server::bind(settings).await.unwrap();
+    let url = format!("http://{}", server.grpc_addr());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(server.run(shutdown.clone()));
+    Broker { url, shutdown }
+}
+
+fn eventbus(broker: &Broker, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--server").arg(&broker.url).args(args).kill_on_drop(true);
+    cmd
+}
+
+struct Output {
+    ok: bool,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+async fn run(mut cmd: Command) -> Output {
+    let out = tokio::time::timeout(DEADLINE, cmd.output()).await.expect("timed out").unwrap();
+    Output {
+        ok: out.status.success(),
+        code: out.status.code(),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// Nothing listens on port 9 (discard): the broker's requests fail and are retried,
+/// which does not matter to what `consumer info` shows.
+const HOOK: &str = "http://127.0.0.1:9/hook";
+
+#[tokio::test]
+async fn a_push_consumer_is_created_and_shown_with_its_credentials_redacted() {
+    let broker = broker().await;
+    let out = run(eventbus(
+        &broker,
+        &[
+            "consumer",
+            "create",
+            "hooked",
+            "-c",
+            "orders.>",
+            "--push-url",
+            HOOK,
+            "--push-header",
+            "Authorization: Bearer x",
+            "--push-envelope",
+            "json",
+            "--push-batch",
+            "4",
+            "--push-secret",
+            "s",
+        ],
+    ))
+    .await;
+    assert!(out.ok, "{}", out.stderr);
+    assert!(out.stdout.contains(HOOK) && !out.stdout.contains("Bearer x"), "{}", out.stdout);
+
+    let out = run(eventbus(&broker, &["consumer", "info", "hooked", "--json"])).await;
+    assert!(out.ok, "{}", out.stderr);
+    let info: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let push = &info["push"];
+    assert_eq!(push["url"], HOOK, "{info}");
+    assert_eq!(push["envelope"], "json", "{info}");
+    assert_eq!(push["batch"], 4, "{info}");
+    assert_eq!(push["headers"]["Authorization"], "(redacted)", "{info}");
+    assert_eq!(push["secret_set"], true, "{info}");
+    assert!(push["timeout_ms"].as_u64().is_some_and(|ms| ms > 0), "the broker's default: {info}");
+    assert!(push["max_concurrency"].as_u64().is_some_and(|n| n > 0), "the broker's default: {info}");
+    assert!(!out.stdout.contains("Bearer x") && !out.stdout.contains("\"s\""), "{}", out.stdout);
+
+    // The same in the list, and as text.
+    let out = run(eventbus(&broker, &["--json", "consumer", "list"])).await;
+    let list: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(list[0]["push"]["url"], HOOK, "{list}");
+    let out = run(eventbus(&broker, &["consumer", "list"])).await;
+    assert!(out.stdout.lines().next().is_some_and(|h| h.contains("PUSH")), "{}", out.stdout);
+    assert!(out.stdout.lines().nth(1).is_some_and(|row| row.starts_with("hooked") && row.contains(HOOK)));
+    let out = run(eventbus(&broker, &["consumer", "info", "hooked"])).await;
+    let line = out.stdout.lines().find(|l| l.starts_with("push ")).unwrap_or_default();
+    assert!(line.contains(HOOK) && line.contains("(redacted)"), "{}", out.stdout);
+
+    // A pull consumer has none.
+    assert!(run(eventbus(&broker, &["consumer", "create", "pulled", "-c", "orders.>"])).await.ok);
+    let out = run(eventbus(&broker, &["consumer", "info", "pulled", "--json"])).await;
+    let info: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert!(info["push"].is_null(), "{info}");
+}
+
+#[tokio::test]
+async fn a_push_url_the_broker_refuses_is_an_error_naming_push_url() {
+    let broker = broker().await;
+    let out = run(eventbus(&broker, &["consumer", "create", "ftp", "-c", "orders.>", "--push-url", "ftp://x/"])).await;
+    assert!(!out.ok, "{}", out.stdout);
+    assert!(out.stderr.contains("push.url") && out.stderr.contains("InvalidArgument"), "{}", out.stderr);
+    let out = run(eventbus(&broker, &["consumer", "list"])).await;
+    assert_eq!(out.stdout.lines().count(), 1, "nothing was created: {}", out.stdout);
+}
+
+#[tokio::test]
+async fn push_options_without_push_url_are_refused_before_connecting() {
+    let broker = broker().await;
+    let out = run(eventbus(&broker, &["consumer", "create", "c", "-c", "orders.>", "--push-batch", "4"])).await;
+    assert_eq!(out.code, Some(2), "a usage error: {}", out.stderr);
+    assert!(out.stderr.contains("--push-url"), "{}", out.stderr);
+
+    let out = run(eventbus(
+        &broker,
+        &["consumer", "create", "c", "-c", "a", "--push-url", HOOK, "--push-header", "Bearer x"],
+    ))
+    .await;
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--push-header") && !out.stderr.contains("Bearer x"), "{}", out.stderr);
+
+    let out = run(eventbus(&broker, &["consumer", "list"])).await;
+    assert_eq!(out.stdout.lines().count(), 1, "nothing was created: {}", out.stdout);
+}
+
+#[tokio::test]
+async fn the_push_secret_is_set_and_never_shown() {
+    let broker = broker().await;
+    let args = ["--json", "consumer", "create", "signed", "-c", "orders.>", "--push-url", HOOK, "--push-secret", "s3"];
+    let out = run(eventbus(&broker, &args)).await;
+    assert!(out.ok, "{}", out.stderr);
+    let info: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(info["push"]["secret_set"], true, "{info}");
+    assert!(!out.stdout.contains("\"s3\""), "{}", out.stdout);
+}
