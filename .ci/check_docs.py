@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Runs the shell examples of the guide's first pages, in order, as a reader would.
 
-docs/getting-started.md, docs/durable.md, then the walk-through of docs/security.md: every ```sh block runs with bash
+docs/getting-started.md, docs/durable.md, docs/push.md, then the walk-through of
+docs/security.md: every ```sh block runs with bash
 (`set -euo pipefail`) and must succeed, one after the other, against one eventbusd.
 The install block runs as written (`cargo install`), with `--debug --root <tmp>` added
 so that it reuses the workspace's debug build and installs into a scratch directory; the
@@ -12,6 +13,12 @@ later blocks run the binaries it installed. A block preceded by a comment steers
                                    block stands)
     <!-- check: background -->     run in the background: it must end by itself,
                                    successfully, before the check does
+    <!-- check: save NAME -->      the block (any language) is a file the reader saves:
+                                   written as NAME in the service directory
+    <!-- check: service HOST:PORT --> a server the reader leaves running: started in
+                                   the background from the service directory, the
+                                   check goes on once HOST:PORT accepts connections,
+                                   and stops it at the end
 
 Every relative link of README.md and docs/ is checked first: the file exists, and so
 does the anchor.
@@ -24,6 +31,7 @@ pointed at the check's daemon, and `EVENTBUS_SERVER` names its gRPC address.
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,31 +40,35 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = ["docs/getting-started.md", "docs/durable.md", "docs/security.md"]
+PAGES = ["docs/getting-started.md", "docs/durable.md", "docs/push.md", "docs/security.md"]
 BLOCK_TIMEOUT = 300  # the install block may compile
 DEADLINE = 30
 
 
 def blocks(page):
-    """(marker, code, line) of each ```sh block of `page`."""
+    """(marker, argument, code, line) of each ```sh block of `page`, and of each block
+    marked `save`."""
     lines = (ROOT / page).read_text().split("\n")
     out, i = [], 0
     while i < len(lines):
-        if lines[i].strip() == "```sh":
+        fence = lines[i].strip()
+        if fence.startswith("```") and len(fence) > 3:
             start = i
-            marker = ""
+            marker, argument = "", ""
             j = i - 1
             while j >= 0 and not lines[j].strip():
                 j -= 1
             if j >= 0:
-                m = re.match(r"<!-- check: (\w+)", lines[j].strip())
-                marker = m.group(1) if m else ""
+                m = re.match(r"<!-- check: (\w+)(?: (\S+))?", lines[j].strip())
+                if m:
+                    marker, argument = m.group(1), m.group(2) or ""
             code = []
             i += 1
             while lines[i].strip() != "```":
                 code.append(lines[i])
                 i += 1
-            out.append((marker, "\n".join(code), start + 1))
+            if fence == "```sh" or marker == "save":
+                out.append((marker, argument, "\n".join(code), start + 1))
         i += 1
     return out
 
@@ -122,12 +134,26 @@ def main():
     env = dict(os.environ)
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     env["CARGO_TARGET_DIR"] = str(ROOT / "target")
+    services_dir = scratch / "services"
+    services_dir.mkdir()
     daemon, grpc, http = None, None, None
-    background = []
+    background, services = [], []
     try:
         for page in PAGES:
-            for marker, code, line in blocks(page):
+            for marker, argument, code, line in blocks(page):
                 where = f"{page}:{line}"
+                if marker == "save":
+                    (services_dir / argument).write_text(code + "\n")
+                    print(f"-- {where}: saved as {argument}")
+                    continue
+                if marker == "service":
+                    print(f"-- {where} (service on {argument})\n{code}", flush=True)
+                    proc = subprocess.Popen(["bash", "-c", f"set -euo pipefail\n{code}\n"], cwd=services_dir,
+                                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                            start_new_session=True)
+                    services.append((where, proc))
+                    wait_for_port(argument, proc, where)
+                    continue
                 if marker == "skip":
                     if daemon is None and "eventbusd" in code:
                         daemon, grpc, http = start_daemon(bin_dir, scratch)
@@ -161,9 +187,29 @@ def main():
         for _, proc in background:
             if proc.poll() is None:
                 proc.kill()
+        for where, proc in services:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 15)
+            out, _ = proc.communicate(timeout=DEADLINE)
+            print(f"-- {where} (service) printed:\n{out}", end="")
         if daemon is not None:
             daemon.terminate()
             daemon.wait(timeout=DEADLINE)
+
+
+def wait_for_port(address, proc, where):
+    """A service is up once `address` (HOST:PORT) accepts a connection."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"FAILED: the service at {where} exited with {proc.returncode}:\n{proc.stdout.read()}")
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"FAILED: the service at {where} never listened on {address}")
 
 
 def wait_for_subscription(env):

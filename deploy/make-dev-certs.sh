@@ -80,7 +80,7 @@ for candidate in "$here/../target/release/eventbus" "$here/../target/debug/event
   if [[ -n "$candidate" && -x "$candidate" ]]; then cli="$candidate"; break; fi
 done
 if [[ -n "$cli" ]]; then
-  token="$("$cli" auth new-token admin | head -n 1)"
+  token="$("$cli" auth new-token admin | sed -n 1p)"
 else
   token="ebt_$(openssl rand -hex 32)"
 fi
