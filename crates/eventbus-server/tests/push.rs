@@ -509,3 +509,26 @@ async fn two_redis_instances_share_a_push_consumer() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_waits_for_the_answers_of_requests_in_flight() {
+    let endpoint = Endpoint::start(|_| Reply::Slow(Duration::from_millis(500))).await;
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().to_str().unwrap().to_owned();
+    let server = start_with(|s| s.durable.data_dir = dir.clone()).await;
+    create(&server, push_consumer("patient", &["jobs"], push_to(&endpoint.url))).await;
+    publish(&server, event("jobs", "x")).await;
+    endpoint.wait_for(1).await;
+    server.stop().await;
+    // Answered while the broker stopped: acked, and not sent again after the restart.
+    // (A copy: in-process, the stopped server's tasks may hold the store open a little
+    // longer; a real process would have exited.)
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(data.path(), copy.path());
+    let dir = copy.path().to_str().unwrap().to_owned();
+    let server = start_with(|s| s.durable.data_dir = dir).await;
+    let i = info(&server, "patient").await;
+    assert_eq!((i.acked, i.pending, i.in_flight), (1, 0, 0));
+    assert_eq!(endpoint.received().len(), 1);
+    server.stop().await;
+}

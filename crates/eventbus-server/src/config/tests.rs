@@ -452,3 +452,17 @@ fn history_rules_load_in_order_and_bad_ones_are_refused_by_name() {
         assert!(err.contains(key), "{rule}: {err}");
     }
 }
+
+#[test]
+fn push_deny_networks_are_ranges_or_addresses_named_when_wrong() {
+    let s =
+        load(&[("EVENTBUS__PUSH__DENY_NETWORKS", "127.0.0.0/8, ::1, 169.254.0.0/16")], Overrides::default()).unwrap();
+    assert_eq!(s.push.deny_networks, ["127.0.0.0/8", "::1", "169.254.0.0/16"]);
+    let denied = s.push.denied().unwrap();
+    assert_eq!(denied.len(), 3);
+    assert!(denied[1].contains(&"::1".parse::<std::net::IpAddr>().unwrap()), "a single address is a /128");
+    let err = error(&[("EVENTBUS__PUSH__DENY_NETWORKS", "10.0.0.0/33")], Overrides::default());
+    assert!(err.contains("push.deny_networks") && err.contains("10.0.0.0/33"), "{err}");
+    let err = error(&[("EVENTBUS__PUSH__CA_FLIE", "x")], Overrides::default());
+    assert!(err.contains("ca_flie"), "{err}");
+}
