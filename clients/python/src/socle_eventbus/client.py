@@ -411,14 +411,18 @@ class Client:
         max_in_flight: int = 0,
         dead_letter_channel: str = "",
         exclusive: bool = False,
+        push: Optional[pb.PushConfig] = None,
     ) -> pb.ConsumerInfo:
         """Creates a durable consumer (idempotent for an identical definition,
         `AlreadyExists` for a different one). Zero values take the broker defaults;
         `max_attempts=None` → 5, `0` → unlimited. `exclusive`: one attached client
-        receives at a time; linear backoff: `pb.Backoff(kind=pb.BACKOFF_KIND_LINEAR, ...)`."""
+        receives at a time; linear backoff: `pb.Backoff(kind=pb.BACKOFF_KIND_LINEAR, ...)`.
+        `push`: the broker itself POSTs the events to an HTTP endpoint,
+        `pb.PushConfig(url=..., secret=...)` (docs/push.md)."""
         return await self._unary(self.admin.CreateConsumer, pb.CreateConsumerRequest(config=consumer_config(
             name, channels, ack_deadline_ms=ack_deadline_ms, max_attempts=max_attempts, backoff=backoff,
-            max_in_flight=max_in_flight, dead_letter_channel=dead_letter_channel, exclusive=exclusive)))
+            max_in_flight=max_in_flight, dead_letter_channel=dead_letter_channel, exclusive=exclusive,
+            push=push)))
 
     async def get_consumer(self, name: str) -> pb.ConsumerInfo:
         """A consumer's state; `NotFound` when unknown."""
@@ -498,6 +502,7 @@ def consumer_config(
     max_in_flight: int = 0,
     dead_letter_channel: str = "",
     exclusive: bool = False,
+    push: Optional[pb.PushConfig] = None,
 ) -> pb.ConsumerConfig:
     """A `ConsumerConfig` (for `create_consumer` or `Worker(create_if_missing=...)`)."""
     if isinstance(channels, str):
@@ -509,6 +514,8 @@ def consumer_config(
         cfg.max_attempts = max_attempts
     if backoff is not None:
         cfg.backoff.CopyFrom(backoff)
+    if push is not None:
+        cfg.push.CopyFrom(push)
     return cfg
 
 
