@@ -58,7 +58,7 @@ pub enum ConfigError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A consumer declared in `durable.consumers` is not a valid definition.
-    #[error("invalid value for durable.consumers: {reason}")]
+    #[error("invalid value for durable.consumers ({name:?}): {reason}")]
     Consumer { name: String, reason: eventbus_core::durable::ConfigError },
     /// `log.level` is neither a level nor filter directives.
     #[error("invalid value for log.level: {value:?}: {source}")]

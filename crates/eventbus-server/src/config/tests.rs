@@ -466,3 +466,16 @@ fn push_deny_networks_are_ranges_or_addresses_named_when_wrong() {
     let err = error(&[("EVENTBUS__PUSH__CA_FLIE", "x")], Overrides::default());
     assert!(err.contains("ca_flie"), "{err}");
 }
+
+#[test]
+fn a_declared_consumer_may_push_and_a_bad_endpoint_names_the_key() {
+    let yaml = "durable:\n  consumers:\n    - name: hook\n      channels: ['orders.>']\n      push:\n        url: https://hooks.example.com/x\n        headers: {authorization: 'Bearer t'}\n        envelope: json\n        batch: 10\n";
+    let s = load_file(yaml, &[]).unwrap();
+    let push = s.durable.consumers[0].to_config().push.unwrap();
+    assert_eq!(push.url, "https://hooks.example.com/x");
+    assert_eq!((push.batch, push.envelope, push.timeout_ms), (10, eventbus_core::durable::PushEnvelope::Json, 10_000));
+    assert_eq!(push.headers["authorization"], "Bearer t");
+    let bad = "durable:\n  consumers:\n    - name: hook\n      channels: ['a']\n      push: {url: 'ftp://x/'}\n";
+    let err = load_file(bad, &[]).unwrap_err().to_string();
+    assert!(err.contains("push.url") && err.contains("hook"), "{err}");
+}
