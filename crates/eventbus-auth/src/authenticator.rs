@@ -17,6 +17,7 @@ use crate::jwt::JwtVerifier;
 use crate::principal::Principal;
 use crate::principals::Directory;
 use crate::ratelimit::RateLimiter;
+use crate::session::{SESSION_PREFIX, SessionTokens};
 use crate::settings::AuthSettings;
 use crate::token::digest;
 
@@ -80,6 +81,8 @@ struct Inner {
     generation: AtomicU64,
     /// Per principal name, kept across reloads so a reload does not refill buckets.
     limiters: Mutex<HashMap<String, Arc<RateLimiter>>>,
+    /// `None` when authentication is off.
+    sessions: Option<SessionTokens>,
 }
 
 /// Everything read from files, replaced whole on reload.
@@ -128,22 +131,24 @@ impl Authenticator {
             return Ok(Self::disabled());
         }
         let state = State::load(settings)?;
+        let sessions = SessionTokens::load(&settings.session_tokens)?;
         tracing::info!(principals = state.directory.len(), jwt = state.jwt.is_some(), "authentication on");
-        Ok(Self::new(Some(settings.clone()), state))
+        Ok(Self::new(Some(settings.clone()), state, Some(sessions)))
     }
 
     /// Authentication off: every request is [`Principal::anonymous`].
     pub fn disabled() -> Authenticator {
-        Self::new(None, State::default())
+        Self::new(None, State::default(), None)
     }
 
-    fn new(settings: Option<AuthSettings>, state: State) -> Self {
+    fn new(settings: Option<AuthSettings>, state: State, sessions: Option<SessionTokens>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 settings,
                 state: ArcSwap::from_pointee(state),
                 generation: AtomicU64::new(0),
                 limiters: Mutex::new(HashMap::new()),
+                sessions,
             }),
         }
     }
@@ -191,6 +196,11 @@ impl Authenticator {
                 if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
                     return Err(AuthFailure::Malformed);
                 }
+                if let Some(jwt) = token.strip_prefix(SESSION_PREFIX)
+                    && let Some(sessions) = &self.inner.sessions
+                {
+                    return sessions.verify(jwt);
+                }
                 let digest = digest(token);
                 if let Some(principal) = state.directory.tokens.get(&digest) {
                     return Ok(Arc::clone(principal));
@@ -207,6 +217,17 @@ impl Authenticator {
                 .map(Arc::clone)
                 .ok_or(AuthFailure::UnknownCertificate),
         }
+    }
+
+    /// A session token for `principal` (docs/web.md), valid for `ttl` or the configured
+    /// lifetime, whichever is shorter, and when it expires; `None` with authentication
+    /// off (no token is needed).
+    pub fn mint_session(
+        &self,
+        principal: &Principal,
+        ttl: Option<std::time::Duration>,
+    ) -> Option<(String, std::time::SystemTime)> {
+        self.inner.sessions.as_ref().map(|s| s.mint(principal, ttl))
     }
 
     /// The publish-rate bucket of `principal` (by name), or `None` without a

@@ -25,6 +25,7 @@ pub mod permissions;
 pub mod principal;
 pub mod principals;
 pub mod ratelimit;
+pub mod session;
 pub mod settings;
 pub mod token;
 
@@ -35,5 +36,6 @@ pub use pattern::{covers, overlaps};
 pub use permissions::{AllowDeny, CompiledPermissions, ConsumerRights, Permissions};
 pub use principal::{CredentialKind, Principal};
 pub use ratelimit::RateLimiter;
-pub use settings::{AuthSettings, JwtSettings};
+pub use session::SESSION_PREFIX;
+pub use settings::{AuthSettings, JwtSettings, SessionSettings};
 pub use token::{new_token, token_sha256};

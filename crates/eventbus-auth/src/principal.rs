@@ -13,6 +13,8 @@ pub enum CredentialKind {
     Jwt,
     /// A verified client certificate whose subject the principals file names.
     Certificate,
+    /// A session token the broker minted (`POST /v1/tokens`).
+    Session,
     /// Authentication is off.
     Anonymous,
 }

@@ -31,6 +31,26 @@ pub struct AuthSettings {
     /// Most bytes queued across the subscriptions of a principal whose permissions set no
     /// `max_queued_bytes` (0 = no bound but `eventbus.max_queued_bytes`).
     pub default_max_queued_bytes: u64,
+    /// Short-lived tokens minted by `POST /v1/tokens` (docs/web.md).
+    pub session_tokens: SessionSettings,
+}
+
+/// `auth.session_tokens`: the key that signs session tokens and how long they last.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionSettings {
+    /// File holding the signing key (32 bytes or more; trailing whitespace ignored),
+    /// shared by every instance of a fleet; `""` = a random key per process, so a token
+    /// is accepted only by the instance that minted it.
+    pub secret_file: String,
+    /// Lifetime of a token, also the longest one a caller may ask for.
+    pub ttl_ms: u64,
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        Self { secret_file: String::new(), ttl_ms: 300_000 }
+    }
 }
 
 /// `auth.jwt`: keys and the claims a token must carry.

@@ -62,6 +62,7 @@ fn setup() -> (TempDir, AuthSettings) {
         default_max_consumers: 0,
         allow_empty_principals: false,
         default_max_queued_bytes: 0,
+        session_tokens: Default::default(),
     };
     (dir, settings)
 }

@@ -150,6 +150,16 @@ impl Access {
         self.inner.auth.enabled()
     }
 
+    /// A session token with `principal`'s name and rights (docs/web.md); `None` with
+    /// authentication off.
+    pub(crate) fn mint_session(
+        &self,
+        principal: &Principal,
+        ttl: Option<std::time::Duration>,
+    ) -> Option<(String, std::time::SystemTime)> {
+        self.inner.auth.mint_session(principal, ttl)
+    }
+
     pub(crate) fn protect_metrics(&self) -> bool {
         self.inner.auth.enabled() && self.inner.auth.protect_metrics()
     }

@@ -31,6 +31,7 @@ use tokio::sync::watch;
 use crate::access::{Access, Caller, Operation};
 use crate::config::ConsumerSetting;
 use crate::convert::{self, EdgeError};
+use crate::grpc::EventBusService;
 use crate::listener::PeerInfo;
 use crate::metrics::Metrics;
 use crate::request_limit::PayloadLimit;
@@ -100,6 +101,10 @@ pub(crate) struct HttpState {
     pub(crate) access: Access,
     /// `server.http.allowed_origins`: foreign origins whose pages may call admin routes.
     pub(crate) allowed_origins: Arc<[String]>,
+    /// The gRPC service, whose subscribe path `/v1/subscribe` takes.
+    pub(crate) events: EventBusService,
+    /// `server.http.sse_heartbeat_ms`.
+    pub(crate) sse_heartbeat: std::time::Duration,
 }
 
 /// Longest request target (path and query) the router reads; longer: 414.
@@ -135,8 +140,11 @@ pub(crate) fn router(state: HttpState) -> Router {
         .route("/admin/eventbus/consumers/{name}/resume", post(resume))
         .route_layer(middleware::from_fn_with_state(state.access.clone(), authenticate));
     let origins = state.allowed_origins.clone();
+    let web = crate::web::routes(state.access.clone());
     probes
         .merge(admin)
+        .merge(crate::ui::routes())
+        .merge(web)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
@@ -175,7 +183,7 @@ async fn request_limits(req: axum::extract::Request, next: Next) -> Response {
 
 /// Methods and request headers a page from an allowed origin may use (CORS preflight).
 const CORS_METHODS: &str = "GET, POST, DELETE";
-const CORS_HEADERS: &str = "authorization, content-type";
+const CORS_HEADERS: &str = "authorization, content-type, last-event-id";
 /// How long a browser may cache a preflight's answer, seconds.
 const CORS_MAX_AGE: &str = "600";
 
@@ -194,7 +202,8 @@ enum Site {
 /// `application/json` ([`body`]: 415), which also keeps "simple" cross-site form posts
 /// out.
 async fn cross_site(State(allowed): State<Arc<[String]>>, req: axum::extract::Request, next: Next) -> Response {
-    if !req.uri().path().starts_with("/admin/") {
+    let path = req.uri().path();
+    if !(path.starts_with("/admin/") || path.starts_with("/v1/")) {
         return next.run(req).await;
     }
     let site = match req.headers().get(header::ORIGIN) {
@@ -275,6 +284,33 @@ pub(crate) struct ApiError {
 impl ApiError {
     fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self { status, code: tonic::Code::Unknown, message: message.into() }
+    }
+
+    /// An HTTP-only refusal.
+    pub(crate) fn status(status: StatusCode, message: impl Into<String>) -> Self {
+        Self::new(status, message)
+    }
+
+    /// A refusal the gRPC path answered, with the HTTP code of its status code.
+    pub(crate) fn from_status(status: tonic::Status) -> Self {
+        use tonic::Code;
+        let http = match status.code() {
+            Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::AlreadyExists | Code::FailedPrecondition | Code::Aborted => StatusCode::CONFLICT,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Self { status: http, code: status.code(), message: status.message().to_owned() }
+    }
+
+    /// The gRPC status code of the same refusal.
+    pub(crate) fn code(&self) -> tonic::Code {
+        self.code
     }
 }
 
@@ -418,7 +454,11 @@ async fn unsubscribe(
 /// A request body, or why it could not be read: not `application/json` is 415 (a
 /// browser sends other types cross-site without asking first), over the body limit an
 /// oversized publish (413 naming `max_payload_bytes`), anything else a bad request.
-fn body(state: &HttpState, headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn body(
+    state: &HttpState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
     if !is_json(headers) {
         return Err(ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "request bodies must be application/json"));
     }

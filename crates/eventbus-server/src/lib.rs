@@ -24,6 +24,7 @@
 //! - `request_limit`: publish requests too large to read, refused like any oversized
 //!   payload (the gRPC decode limit and the REST body limit).
 //! - `push`: push consumers: the broker POSTs their events to HTTP endpoints.
+//! - `web`: the browser's routes: Server-Sent Events, JSON publish, session tokens.
 //! - [`telemetry`]: logging setup.
 //! - [`shutdown`]: SIGINT/SIGTERM handling.
 
@@ -45,6 +46,8 @@ mod publish_stream;
 mod push;
 mod request_limit;
 mod tls;
+mod ui;
+mod web;
 
 pub use config::Settings;
 pub use listener::PeerInfo;

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::http::{HeaderName, HeaderValue, Method};
 use eventbus_auth::{AuthError, Authenticator};
 use eventbus_core::durable::{AckObserver, DurableBackend, DurableOptions};
 use eventbus_core::{Bus, Supervisor, TransportStatus};
@@ -300,7 +301,7 @@ impl Server {
             EventBusServer::new(event_bus_service.clone()).max_decoding_message_size(limit.grpc_message_limit());
         // Subscribe streams are encoded by `delivery`, the other methods by the generated
         // server; tonic's own refusals of any of them get our statuses.
-        let event_bus = EncodedStreams::new(event_bus, event_bus_service, limit);
+        let event_bus = EncodedStreams::new(event_bus, event_bus_service.clone(), limit);
         let event_bus = InterceptedService::new(RequestErrors::new(event_bus, Some(limit)), authenticate.clone());
         let admin = InterceptedService::new(
             RequestErrors::new(AdminServer::new(AdminService::new(bus.clone(), access.clone())), None),
@@ -347,11 +348,16 @@ impl Server {
         // The windows bound what a client can send unread; half the connection window is
         // also h2's budget for unread small DATA frames (docs/limits.md).
         let grpc_server = tonic::transport::Server::builder()
+            // gRPC-Web (browsers) over HTTP/1.1 as well as HTTP/2, its CORS from
+            // server.http.allowed_origins.
+            .accept_http1(true)
             .http2_keepalive_interval(keepalive(settings.server.keepalive_interval_ms))
             .http2_keepalive_timeout(keepalive(settings.server.keepalive_timeout_ms))
             .initial_stream_window_size(settings.server.grpc_stream_window_bytes)
             .initial_connection_window_size(settings.server.grpc_connection_window_bytes)
             .layer(TrackRequestsLayer)
+            .layer(grpc_web_cors(&settings.server.http.allowed_origins))
+            .layer(tonic_web::GrpcWebLayer::new())
             .add_service(health_service)
             .add_optional_service(reflection_v1)
             .add_optional_service(reflection_v1alpha)
@@ -360,7 +366,17 @@ impl Server {
             .serve_with_incoming_shutdown(incoming, drain);
 
         let allowed_origins = settings.server.http.allowed_origins.clone().into();
-        let app = http::router(HttpState { bus: bus.clone(), metrics, readiness, limit, access, allowed_origins });
+        let sse_heartbeat = Duration::from_millis(settings.server.http.sse_heartbeat_ms);
+        let app = http::router(HttpState {
+            bus: bus.clone(),
+            metrics,
+            readiness,
+            limit,
+            access,
+            allowed_origins,
+            events: event_bus_service,
+            sse_heartbeat,
+        });
         let header_read_timeout = Duration::from_millis(settings.server.http.header_read_timeout_ms);
         let http_server = http_server::serve(http, app, header_read_timeout, stopped.clone());
 
@@ -530,6 +546,27 @@ struct Stopping {
     health: HealthReporter,
     supervisor: Supervisor,
     pusher: Option<Pusher>,
+}
+
+/// CORS for gRPC-Web calls from the pages of `origins` (`server.http.allowed_origins`):
+/// preflights answered, the gRPC status headers exposed. Other origins get no CORS
+/// headers, so a browser refuses them the answer.
+fn grpc_web_cors(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let origins = origins.iter().filter_map(|o| HeaderValue::from_str(o).ok());
+    let header = HeaderName::from_static;
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([Method::POST])
+        .allow_headers([
+            header("authorization"),
+            header("content-type"),
+            header("x-grpc-web"),
+            header("x-user-agent"),
+            header("grpc-timeout"),
+        ])
+        .expose_headers([header("grpc-status"), header("grpc-message"), header("grpc-status-details-bin")])
+        .max_age(Duration::from_secs(600))
 }
 
 fn health_status(ready: bool) -> ServingStatus {

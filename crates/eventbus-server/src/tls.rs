@@ -149,7 +149,8 @@ fn build(settings: &TlsSettings) -> Result<(rustls::ServerConfig, rustls::Server
     };
     let mut grpc = builder.with_single_cert(chain, key).map_err(config_error)?;
     let mut http = grpc.clone();
-    grpc.alpn_protocols = vec![b"h2".to_vec()];
+    // HTTP/1.1 on the gRPC port too: gRPC-Web clients may speak it.
+    grpc.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     http.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok((grpc, http))
 }

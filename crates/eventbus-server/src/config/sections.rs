@@ -175,8 +175,12 @@ pub struct HttpSettings {
     /// next request on a kept-alive connection).
     pub header_read_timeout_ms: u64,
     /// Origins (`scheme://host[:port]`) whose browser pages may call the admin REST
-    /// routes, besides the broker's own; empty = same-origin only.
+    /// routes, the `/v1` routes and gRPC-Web, besides the broker's own; empty =
+    /// same-origin only.
     pub allowed_origins: Vec<String>,
+    /// Comment lines sent on an idle Server-Sent Events stream this often, so proxies
+    /// and browsers keep it open.
+    pub sse_heartbeat_ms: u64,
 }
 
 /// Bounds of the gRPC flow-control windows: the HTTP/2 minimum and maximum.

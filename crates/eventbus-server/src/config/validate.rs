@@ -113,6 +113,7 @@ impl Settings {
             });
         }
         at_least("server.http.header_read_timeout_ms", server.http.header_read_timeout_ms, 1)?;
+        within("server.http.sse_heartbeat_ms", server.http.sse_heartbeat_ms, 1_000, 3_600_000)?;
         for origin in &server.http.allowed_origins {
             if !is_origin(origin) {
                 return invalid(
