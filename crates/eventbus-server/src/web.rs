@@ -172,9 +172,10 @@ async fn subscribe(
     // Resuming after the last event received: recovered from history when every filter
     // has one (the events published from that event's millisecond on), else a gap.
     let mut gap = false;
-    if let Some(last) = last_event_id.filter(|id| !id.is_empty()) {
+    let last_event_id = last_event_id.filter(|id| !id.is_empty());
+    if let Some(last) = &last_event_id {
         let at = event_time(&last).ok_or_else(|| {
-            EdgeError::BadRequest(format!("Last-Event-ID {} is not an event id", eventbus_core::quoted(&last)))
+            EdgeError::BadRequest(format!("Last-Event-ID {} is not an event id", eventbus_core::quoted(last)))
         })?;
         let rules = state.bus.history_rules();
         let covered = req.group.is_empty()
@@ -190,7 +191,9 @@ async fn subscribe(
     request.extensions_mut().insert(caller);
     request.extensions_mut().insert(peer);
     let frames = state.events.open_subscription(request).await.map_err(ApiError::from_status)?;
-    let events = frames.flat_map(move |frame| stream::iter(sse_events(frame, &mut gap)));
+    // The last event received is never sent again (others of its millisecond may be).
+    let seen = last_event_id;
+    let events = frames.flat_map(move |frame| stream::iter(sse_events(frame, &mut gap, seen.as_deref())));
     let mut response =
         Sse::new(events).keep_alive(KeepAlive::new().interval(state.sse_heartbeat).text("keepalive")).into_response();
     // Proxies that buffer responses (nginx) must pass each event on at once.
@@ -199,8 +202,13 @@ async fn subscribe(
     Ok(response)
 }
 
-/// The SSE events of one subscription frame; `gap` is reported after `started`.
-fn sse_events(frame: Result<Frame, tonic::Status>, gap: &mut bool) -> Vec<Result<SseEvent, Infallible>> {
+/// The SSE events of one subscription frame; `gap` is reported after `started`, and
+/// the event `seen` is left out.
+fn sse_events(
+    frame: Result<Frame, tonic::Status>,
+    gap: &mut bool,
+    seen: Option<&str>,
+) -> Vec<Result<SseEvent, Infallible>> {
     match frame {
         Ok(Frame::Started(started)) => {
             let Some(pb::subscribe_response::Kind::Started(s)) = started.kind else { return Vec::new() };
@@ -216,7 +224,7 @@ fn sse_events(frame: Result<Frame, tonic::Status>, gap: &mut bool) -> Vec<Result
             }
             out
         }
-        Ok(Frame::Events(events)) => events.iter().map(|e| Ok(message(e))).collect(),
+        Ok(Frame::Events(events)) => events.iter().filter(|e| Some(&*e.id) != seen).map(|e| Ok(message(e))).collect(),
         Err(status) => {
             let data = json!({ "code": format!("{:?}", status.code()), "reason": status.message() });
             vec![Ok(SseEvent::default().event("end").data(data.to_string()))]

@@ -187,9 +187,8 @@ async fn last_event_id_resumes_from_history_or_reports_a_gap() {
     while payloads.last().map(String::as_str) != Some("4") {
         let e = again.next_event().await;
         assert_eq!(e.event, "message");
-        if e.id != seen.id {
-            payloads.push(e.json()["payload"].as_str().unwrap().to_owned());
-        }
+        assert_ne!(e.id, seen.id, "the last event received is not sent again");
+        payloads.push(e.json()["payload"].as_str().unwrap().to_owned());
     }
     assert_eq!(payloads, ["2", "3", "4"], "nothing missed, nothing twice");
 
