@@ -252,6 +252,13 @@
       else ctx.moveTo(x, y);
     });
     ctx.stroke();
+    ctx.lineTo(w, h);
+    ctx.lineTo(w - (points.length - 1) * step, h);
+    ctx.closePath();
+    ctx.globalAlpha = 0.12;
+    ctx.fillStyle = style.color;
+    ctx.fill();
+    ctx.globalAlpha = 1;
   }
 
   async function refreshChannels(gen) {
@@ -375,7 +382,7 @@
 
   // --- live tail (EventSource on /v1/subscribe) ---
 
-  const tail = { run: 0, es: null, lastId: '', started: false, retry: 0, timer: 0, patterns: [], seen: new Set() };
+  const tail = { run: 0, es: null, lastId: '', started: 0, connections: 0, retry: 0, timer: 0, patterns: [], seen: new Set() };
 
   function tailStatus(text, kind = '') {
     $('tail-status').textContent = text;
@@ -436,9 +443,11 @@
     if (run !== tail.run) return;
     const es = new EventSource(subscribeUrl(token));
     tail.es = es;
-    tail.started = false;
+    tail.started = 0;
     es.addEventListener('started', () => {
-      tail.started = true;
+      tail.started = Date.now();
+      tail.connections += 1;
+      $('tail-status').dataset.connections = String(tail.connections);
       tailStatus('live', 'ok');
     });
     es.addEventListener('gap', (e) => {
@@ -481,6 +490,9 @@
   function tailRetry(run, why) {
     if (run !== tail.run) return;
     tail.es = null;
+    // A stream that lasted (its session token expired, say) reconnects after 1 s; one
+    // that keeps failing backs off.
+    if (tail.started && Date.now() - tail.started > 10000) tail.retry = 0;
     const delay = Math.min(1000 * 2 ** tail.retry, 15000);
     tail.retry += 1;
     tailStatus(`${why}; reconnecting in ${Math.round(delay / 1000)} s`, 'warn');
@@ -634,6 +646,8 @@
     state.token = '';
     sessionStorage.removeItem(TOKEN_KEY);
     overview.prev = null;
+    // The next principal starts on its own first page, not on this one's.
+    history.replaceState(null, '', location.pathname + location.search);
     showLogin();
   }
 
