@@ -174,7 +174,7 @@ async fn subscribe(
     let mut gap = false;
     let last_event_id = last_event_id.filter(|id| !id.is_empty());
     if let Some(last) = &last_event_id {
-        let at = event_time(&last).ok_or_else(|| {
+        let at = event_time(last).ok_or_else(|| {
             EdgeError::BadRequest(format!("Last-Event-ID {} is not an event id", eventbus_core::quoted(last)))
         })?;
         let rules = state.bus.history_rules();
