@@ -145,6 +145,7 @@ impl Worker {
         loop {
             if waiting.is_empty() {
                 let handed = tokio::select! {
+                    biased;
                     () = self.stop.cancelled() => break,
                     handed = deliveries.recv() => handed,
                 };
@@ -158,7 +159,9 @@ impl Worker {
                 waiting.extend(handed);
                 continue;
             }
+            // Stopping wins over a free slot: nothing new is sent once the stop is asked.
             let permit = tokio::select! {
+                biased;
                 () = self.stop.cancelled() => break,
                 permit = Arc::clone(&self.permits).acquire_owned() => permit,
             };
