@@ -424,6 +424,10 @@ pub(crate) enum BenchWorkload {
     /// Like `durable`, but consumed by an `eventbus-client` Worker with a no-op handler
     /// (its overhead over the raw consume loop of `durable`).
     Worker(crate::durable_bench::WorkerArgs),
+    /// Like `worker`, but the broker is the worker: a push consumer POSTs the events to
+    /// a no-op HTTP endpoint this command serves on 127.0.0.1 (so the broker must run on
+    /// this host), timed from its resume until every event is received and acked.
+    Push(crate::push_bench::PushArgs),
 }
 
 #[derive(Debug, Args)]

@@ -15,7 +15,7 @@ use eventbus_client::{Client, ConsumeMessage, Delivery, Outcome, Worker, pb};
 use tokio_util::sync::CancellationToken;
 
 /// Bound on a consume phase that stops making progress.
-const STALL: Duration = Duration::from_secs(10);
+pub(crate) const STALL: Duration = Duration::from_secs(10);
 
 /// `eventbus bench worker`.
 #[derive(Debug, Clone, clap::Args)]
@@ -48,7 +48,17 @@ async fn fill(client: &Client, a: &DurableArgs) -> anyhow::Result<Filled> {
         ..Default::default()
     };
     client.create_consumer(config).await.context("create consumer")?;
+    let (publish_secs, latency) = publish(client, a, channel).await?;
+    Ok(Filled { name, publish_secs, latency })
+}
 
+/// Publishes `a.count` events of `a.payload` bytes to `channel` from `a.publishers`
+/// connections in `a.mode`; the seconds it took and each publish's latency.
+pub(crate) async fn publish(
+    client: &Client,
+    a: &DurableArgs,
+    channel: String,
+) -> anyhow::Result<(f64, Histogram<u64>)> {
     let req = pb::PublishRequest { channel, payload: bytes::Bytes::from(vec![0xAB; a.payload]), ..Default::default() };
     let mut clients = Vec::new();
     for _ in 0..a.publishers.max(1) {
@@ -70,12 +80,12 @@ async fn fill(client: &Client, a: &DurableArgs) -> anyhow::Result<Filled> {
     for t in tasks {
         latency.add(&t.await??)?;
     }
-    Ok(Filled { name, publish_secs: start.elapsed().as_secs_f64(), latency })
+    Ok((start.elapsed().as_secs_f64(), latency))
 }
 
 /// Acks are applied after they are sent (redis mode: one script per batch), so the
 /// clock stops once the broker counts every one of them, not at the last delivery.
-async fn until_acked(client: &Client, name: &str, count: u64) -> anyhow::Result<()> {
+pub(crate) async fn until_acked(client: &Client, name: &str, count: u64) -> anyhow::Result<()> {
     let waiting = Instant::now();
     loop {
         let info = client.consumer(name).await?;

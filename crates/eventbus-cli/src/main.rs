@@ -6,7 +6,7 @@
 //! - `cli`: the command line (clap), including the connection options.
 //! - `publish`, `subscribe`, `admin`, `durable`, `consumer_ops`: the commands.
 //! - `bench` runs `eventbus_bench`; `durable_bench` the `durable` and `worker`
-//!   workloads, `idle` the idle one.
+//!   workloads, `push_bench` the `push` one, `idle` the idle one.
 //! - `relay`: the PostgreSQL outbox relay with its /metrics listener.
 //! - `auth`: `auth new-token`, a token and its principals-file entry.
 //! - `output`: how events and tables are printed, for people and for scripts (`--json`).
@@ -20,6 +20,7 @@ mod durable_bench;
 mod idle;
 mod output;
 mod publish;
+mod push_bench;
 mod relay;
 mod subscribe;
 
@@ -42,6 +43,7 @@ async fn bench(client: &Client, json: bool, workload: &cli::BenchWorkload) -> an
         cli::BenchWorkload::Idle(args) => return idle::run(client, json, args).await,
         cli::BenchWorkload::Durable(args) => return durable_bench::run(client, json, args).await,
         cli::BenchWorkload::Worker(args) => return durable_bench::run_worker(client, json, args).await,
+        cli::BenchWorkload::Push(args) => return push_bench::run(client, json, args).await,
         cli::BenchWorkload::Traffic(workload) => workload,
     };
     let target = eventbus_bench::eventbus::EventBusTarget::new(client.clone());

@@ -159,3 +159,23 @@ async fn the_push_secret_is_set_and_never_shown() {
     assert_eq!(info["push"]["secret_set"], true, "{info}");
     assert!(!out.stdout.contains("\"s3\""), "{}", out.stdout);
 }
+
+/// `bench push` in both envelopes: every event reaches its endpoint and is acked, and
+/// the bench removes its consumer.
+#[tokio::test]
+async fn bench_push_delivers_every_event_and_removes_its_consumer() {
+    let broker = broker().await;
+    for extra in [&[][..], &["--batch", "10", "--concurrency", "4"][..]] {
+        let mut args = vec!["--json", "bench", "push", "--count", "300", "--publishers", "2", "--mode", "stream"];
+        args.extend_from_slice(extra);
+        let out = run(eventbus(&broker, &args)).await;
+        assert!(out.ok, "{extra:?}: {}", out.stderr);
+        let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        assert!(report["received_events"].as_u64().is_some_and(|n| n >= 300), "{report}");
+        assert!(report["acked_per_sec"].as_f64().is_some_and(|r| r > 0.0), "{report}");
+        let envelope = if extra.is_empty() { "raw" } else { "json" };
+        assert_eq!(report["params"]["envelope"], envelope, "{report}");
+    }
+    let out = run(eventbus(&broker, &["consumer", "list"])).await;
+    assert_eq!(out.stdout.lines().count(), 1, "the bench removed its consumers: {}", out.stdout);
+}

@@ -12,7 +12,7 @@ use eventbus_core::durable::{
 };
 use prometheus::{Histogram, IntCounter, IntGauge};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -140,6 +140,7 @@ impl Worker {
     async fn serve(self: &Arc<Self>, attachment: Attachment) {
         let Attachment { mut deliveries, client, .. } = attachment;
         let client: Arc<dyn ConsumerClient> = Arc::from(client);
+        let acks = Acks::start(Arc::clone(&client), self.push.max_concurrency as usize);
         let batch = self.push.batch as usize;
         let mut waiting: VecDeque<Delivery> = VecDeque::new();
         loop {
@@ -173,7 +174,7 @@ impl Worker {
                 }
             }
             let chunk: Vec<Delivery> = waiting.drain(..waiting.len().min(batch)).collect();
-            tokio::spawn(Arc::clone(self).post(chunk, Arc::clone(&client), permit));
+            tokio::spawn(Arc::clone(self).post(chunk, Arc::clone(&client), acks.clone(), permit));
         }
         // Shutdown: what was handed over and not sent goes back at once, uncounted.
         deliveries.close();
@@ -194,7 +195,8 @@ impl Worker {
         self: Arc<Self>,
         deliveries: Vec<Delivery>,
         client: Arc<dyn ConsumerClient>,
-        _permit: OwnedSemaphorePermit,
+        acks: Acks,
+        permit: OwnedSemaphorePermit,
     ) {
         let now = SystemTime::now();
         // The ack deadline covers the request: one that waited for its turn has it
@@ -210,7 +212,7 @@ impl Worker {
         if let Some(i) = CLASSES.iter().position(|c| *c == class) {
             self.requests[i].inc();
         }
-        self.settle(outcome, deliveries, client.as_ref()).await;
+        self.settle(outcome, deliveries, client.as_ref(), acks, permit).await;
     }
 
     /// Sends one request; its answer class and outcome.
@@ -256,13 +258,21 @@ impl Worker {
     }
 
     /// Acks, retries or dead-letters the events of one request.
-    async fn settle(&self, outcome: Outcome, deliveries: Vec<Delivery>, client: &dyn ConsumerClient) {
+    /// The request's slot (`permit`) is given back once its outcome is applied.
+    async fn settle(
+        &self,
+        outcome: Outcome,
+        deliveries: Vec<Delivery>,
+        client: &dyn ConsumerClient,
+        acks: Acks,
+        permit: OwnedSemaphorePermit,
+    ) {
         match outcome {
             Outcome::Ack => {
                 if self.failing.swap(false, Ordering::Relaxed) {
                     info!(consumer = %self.consumer, url = %self.push.url, "push endpoint answers again");
                 }
-                client.ack(ids(deliveries.iter())).await;
+                acks.send(ids(deliveries.iter()), permit).await;
             }
             Outcome::Retry { reason, delay } => {
                 if !self.failing.swap(true, Ordering::Relaxed) {
@@ -282,6 +292,39 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+/// The acks of one attachment's requests, applied together: requests answered while
+/// an ack call is under way go in the next one, so a store commit carries many. A
+/// request's slot is given back once its ack is applied (a stopping worker waits for
+/// its slots, so no answered event is redelivered after a graceful stop).
+#[derive(Debug, Clone)]
+struct Acks {
+    tx: mpsc::Sender<(Vec<String>, OwnedSemaphorePermit)>,
+}
+
+impl Acks {
+    fn start(client: Arc<dyn ConsumerClient>, capacity: usize) -> Self {
+        let (tx, mut rx) = mpsc::channel::<(Vec<String>, OwnedSemaphorePermit)>(capacity.max(1));
+        // Ends once every request of the attachment is settled (the senders dropped).
+        tokio::spawn(async move {
+            while let Some((mut ids, permit)) = rx.recv().await {
+                let mut permits = vec![permit];
+                while let Ok((more, permit)) = rx.try_recv() {
+                    ids.extend(more);
+                    permits.push(permit);
+                }
+                client.ack(ids).await;
+                drop(permits);
+            }
+        });
+        Self { tx }
+    }
+
+    async fn send(&self, ids: Vec<String>, permit: OwnedSemaphorePermit) {
+        // The receiver lives while any sender does.
+        let _ = self.tx.send((ids, permit)).await;
     }
 }
 
