@@ -2,32 +2,17 @@
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
 
+mod common;
+
 use std::process::Stdio;
 use std::time::Duration;
 
+use common::*;
 use eventbus_server::{Server, Settings};
 use tokio::io::Lines;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStderr, Command};
 use tokio_util::sync::CancellationToken;
-
-const BIN: &str = env!("CARGO_BIN_EXE_eventbus");
-const DEADLINE: Duration = Duration::from_secs(10);
-
-struct Broker {
-    url: String,
-    shutdown: CancellationToken,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-async fn broker() -> Broker {
-    serve(Settings::default()).await
-}
 
 /// A broker started with a configuration file in which the channels under `hist.` keep
 /// their latest 1,000 events.
@@ -37,39 +22,6 @@ async fn broker_with_history() -> Broker {
     std::fs::write(&path, "eventbus:\n  history:\n    - channels: \"hist.>\"\n      size: 1000\n").unwrap();
     let overrides = eventbus_server::config::Overrides { config_file: Some(path), ..Default::default() };
     serve(Settings::load(&overrides, &Default::default()).unwrap()).await
-}
-
-/// Serves `settings` on local addresses the system picks, durable state in memory.
-async fn serve(mut settings: Settings) -> Broker {
-    settings.server.grpc_addr = "127.0.0.1:0".parse().unwrap();
-    settings.server.http_addr = "127.0.0.1:0".parse().unwrap();
-    settings.durable.data_dir = String::new();
-    let server = Server::bind(settings).await.unwrap();
-    let url = format!("http://{}", server.grpc_addr());
-    let shutdown = CancellationToken::new();
-    tokio::spawn(server.run(shutdown.clone()));
-    Broker { url, shutdown }
-}
-
-fn eventbus(broker: &Broker, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("--server").arg(&broker.url).args(args).kill_on_drop(true);
-    cmd
-}
-
-struct Output {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-async fn run(mut cmd: Command) -> Output {
-    let out = tokio::time::timeout(DEADLINE, cmd.output()).await.expect("timed out").unwrap();
-    Output {
-        ok: out.status.success(),
-        stdout: String::from_utf8(out.stdout).unwrap(),
-        stderr: String::from_utf8(out.stderr).unwrap(),
-    }
 }
 
 /// A running `eventbus subscribe`, with the rest of its stderr.

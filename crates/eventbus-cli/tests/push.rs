@@ -2,61 +2,9 @@
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
 
-use std::time::Duration;
+mod common;
 
-use eventbus_server::{Server, Settings};
-use tokio::process::Command;
-use tokio_util::sync::CancellationToken;
-
-const BIN: &str = env!("CARGO_BIN_EXE_eventbus");
-const DEADLINE: Duration = Duration::from_secs(10);
-
-struct Broker {
-    url: String,
-    shutdown: CancellationToken,
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-/// Serves the default settings on local addresses the system picks, durable state in memory.
-async fn broker() -> Broker {
-    let mut settings = Settings::default();
-    settings.server.grpc_addr = "127.0.0.1:0".parse().unwrap();
-    settings.server.http_addr = "127.0.0.1:0".parse().unwrap();
-    settings.durable.data_dir = String::new();
-    let server = Server::bind(settings).await.unwrap();
-    let url = format!("http://{}", server.grpc_addr());
-    let shutdown = CancellationToken::new();
-    tokio::spawn(server.run(shutdown.clone()));
-    Broker { url, shutdown }
-}
-
-fn eventbus(broker: &Broker, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("--server").arg(&broker.url).args(args).kill_on_drop(true);
-    cmd
-}
-
-struct Output {
-    ok: bool,
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-async fn run(mut cmd: Command) -> Output {
-    let out = tokio::time::timeout(DEADLINE, cmd.output()).await.expect("timed out").unwrap();
-    Output {
-        ok: out.status.success(),
-        code: out.status.code(),
-        stdout: String::from_utf8(out.stdout).unwrap(),
-        stderr: String::from_utf8(out.stderr).unwrap(),
-    }
-}
+use common::*;
 
 /// Nothing listens on port 9 (discard): the broker's requests fail and are retried,
 /// which does not matter to what `consumer info` shows.

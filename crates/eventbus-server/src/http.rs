@@ -282,13 +282,9 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self { status, code: tonic::Code::Unknown, message: message.into() }
-    }
-
     /// An HTTP-only refusal.
-    pub(crate) fn status(status: StatusCode, message: impl Into<String>) -> Self {
-        Self::new(status, message)
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self { status, code: tonic::Code::Unknown, message: message.into() }
     }
 
     /// A refusal the gRPC path answered, with the HTTP code of its status code.
@@ -306,11 +302,6 @@ impl ApiError {
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self { status: http, code: status.code(), message: status.message().to_owned() }
-    }
-
-    /// The gRPC status code of the same refusal.
-    pub(crate) fn code(&self) -> tonic::Code {
-        self.code
     }
 }
 
@@ -487,6 +478,15 @@ async fn publish(
         Ok::<_, ApiError>(state.bus.publish(input).await?)
     }
     .await;
+    published_json(&state, published)
+}
+
+/// The answer to a publish over HTTP, its duration or its refusal counted as a gRPC
+/// publish's is.
+pub(crate) fn published_json(
+    state: &HttpState,
+    published: Result<eventbus_core::Published, ApiError>,
+) -> Result<Json<convert::PublishedJson>, ApiError> {
     let Some(metrics) = &state.metrics else { return published.map(|p| Json(convert::publish_response_json(p))) };
     match published {
         Ok(published) => {

@@ -31,7 +31,7 @@ use serde_json::json;
 use crate::access::{Access, Caller};
 use crate::convert::{self, EdgeError};
 use crate::delivery::Frame;
-use crate::http::{ApiError, HttpState, body};
+use crate::http::{ApiError, HttpState, body, published_json};
 use crate::listener::PeerInfo;
 
 /// The `/v1` routes, authenticated by header or by a session token in the query.
@@ -126,7 +126,7 @@ async fn tokens(
     }
     let principal = caller.principal();
     if principal.source == CredentialKind::Session {
-        return Err(ApiError::status(
+        return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "a session token cannot mint another: ask with the credential it was minted from",
         ));
@@ -378,19 +378,7 @@ async fn publish(
         Ok::<_, ApiError>(state.bus.publish(input).await?)
     }
     .await;
-    match (published, &state.metrics) {
-        (Ok(published), metrics) => {
-            if let Some(metrics) = metrics {
-                metrics.observe_publish(published.duration);
-            }
-            Ok(Json(convert::publish_response_json(published)))
-        }
-        (Err(refused), Some(metrics)) => {
-            metrics.count_refused(refused.code());
-            Err(refused)
-        }
-        (Err(refused), None) => Err(refused),
-    }
+    published_json(&state, published)
 }
 
 #[cfg(test)]

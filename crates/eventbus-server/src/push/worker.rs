@@ -251,9 +251,13 @@ impl Worker {
                 let reason = format!("no answer within push.timeout_ms ({} ms)", self.push.timeout_ms);
                 ("timeout", Outcome::Retry { reason, delay: None })
             }
-            Err(err) => {
-                ("error", Outcome::Retry { reason: format!("cannot reach the endpoint: {}", chain(&err)), delay: None })
-            }
+            Err(err) => (
+                "error",
+                Outcome::Retry {
+                    reason: format!("cannot reach the endpoint: {}", eventbus_core::error_chain(&err)),
+                    delay: None,
+                },
+            ),
         }
     }
 
@@ -330,16 +334,4 @@ impl Acks {
 
 fn ids<'a>(deliveries: impl Iterator<Item = &'a Delivery>) -> Vec<String> {
     deliveries.map(|d| d.event.id.to_string()).collect()
-}
-
-/// An error and its causes, `: `-separated (reqwest's own message names only the URL).
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        out.push_str(": ");
-        out.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    out
 }
