@@ -336,10 +336,23 @@ impl IntoResponse for ApiError {
 
 /// Authenticates a request the way gRPC calls are ([`Access::authenticate`]); the
 /// [`Caller`] rides in its extensions for the handler.
-async fn authenticate(State(access): State<Access>, mut req: axum::extract::Request, next: Next) -> Response {
+async fn authenticate(State(access): State<Access>, req: axum::extract::Request, next: Next) -> Response {
     let mut values = req.headers().get_all(header::AUTHORIZATION).iter();
     let authorization = values.next().map(|v| v.as_bytes());
     let repeated = values.next().is_some();
+    let authorization = authorization.map(<[u8]>::to_vec);
+    admit(&access, req, authorization.as_deref(), repeated, next).await
+}
+
+/// Passes the request on with its [`Caller`] when `authorization` authenticates it
+/// (`repeated`: the request carried more than one credential); else the refusal.
+pub(crate) async fn admit(
+    access: &Access,
+    mut req: axum::extract::Request,
+    authorization: Option<&[u8]>,
+    repeated: bool,
+    next: Next,
+) -> Response {
     let peer = req.extensions().get::<ConnectInfo<PeerInfo>>().map(|c| &c.0);
     match access.authenticate(authorization, repeated, peer) {
         Ok(caller) => {

@@ -31,7 +31,7 @@ use serde_json::json;
 use crate::access::{Access, Caller};
 use crate::convert::{self, EdgeError};
 use crate::delivery::Frame;
-use crate::http::{ApiError, HttpState, body, published_json};
+use crate::http::{ApiError, HttpState, admit, body, published_json};
 use crate::listener::PeerInfo;
 
 /// The `/v1` routes, authenticated by header or by a session token in the query.
@@ -49,7 +49,7 @@ const SUBSCRIBE_PARAMS: &str = "channel, group, queue_capacity, max_queue_bytes,
 
 /// Authenticates like the admin routes, but also takes `token=` from the query: a
 /// session token only.
-async fn authenticate(State(access): State<Access>, mut req: axum::extract::Request, next: Next) -> Response {
+async fn authenticate(State(access): State<Access>, req: axum::extract::Request, next: Next) -> Response {
     let query_token = req.uri().query().and_then(|q| {
         url::form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "token").map(|(_, v)| v.into_owned())
     });
@@ -75,14 +75,7 @@ async fn authenticate(State(access): State<Access>, mut req: axum::extract::Requ
         }
         (None, None) => None,
     };
-    let peer = req.extensions().get::<ConnectInfo<PeerInfo>>().map(|c| &c.0);
-    match access.authenticate(authorization.as_deref(), repeated, peer) {
-        Ok(caller) => {
-            req.extensions_mut().insert(caller);
-            next.run(req).await
-        }
-        Err(refused) => ApiError::from(refused).into_response(),
-    }
+    admit(&access, req, authorization.as_deref(), repeated, next).await
 }
 
 /// `GET /v1/whoami`: who the caller is and what it may do, for a page to show only
