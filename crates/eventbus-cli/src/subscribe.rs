@@ -27,6 +27,7 @@ pub(crate) fn parse_since(s: &str) -> Result<Since, String> {
         return Ok(Since::Age(age));
     }
     if let Ok(time) = s.parse::<prost_types::Timestamp>() {
+        eventbus_proto::time::check_timestamp(&time).map_err(|e| format!("invalid time {s:?}: {e}"))?;
         return Ok(Since::Time(time));
     }
     // An epoch is opaque, printable and without `:`; a date that did not parse as a
@@ -191,6 +192,16 @@ mod tests {
             let err = parse_since(bad).unwrap_err();
             assert!(err.contains("EPOCH:OFFSET") && err.contains(&format!("{bad:?}")), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn a_time_outside_years_1_to_9999_is_refused_by_name() {
+        for bad in ["+10000-01-01T00:00:00Z", "-0001-01-01T00:00:00Z"] {
+            let err = parse_since(bad).unwrap_err();
+            assert!(err.contains("invalid time") && err.contains("years 1 to 9999"), "{bad}: {err}");
+        }
+        assert!(matches!(parse_since("9999-12-31T23:59:59Z"), Ok(Since::Time(_))));
+        assert!(matches!(parse_since("0001-01-01T00:00:00Z"), Ok(Since::Time(_))));
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! Generated code for the Socle EventBus wire API (`proto/eventbus/v1/eventbus.proto`).
 //!
-//! Everything lives under [`pb`]; the `.proto` file is the reference documentation.
+//! Everything generated lives under [`pb`]; the `.proto` file is the reference
+//! documentation. [`time`] checks the times requests carry, as the wire type defines them.
+
+pub mod time;
 
 /// The `eventbus.v1` package: messages, client stubs and server traits.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic, missing_debug_implementations)]

@@ -450,9 +450,7 @@ impl pb::admin_server::Admin for AdminService {
         // Whoever may subscribe to the channel may read what a subscription would recover.
         self.access.check_subscribe(&caller, &[&req.channel])?;
         let from = match req.since {
-            Some(t) => convert::HistoryFrom::Time(
-                std::time::SystemTime::try_from(t).map_err(|e| EdgeError::BadRequest(format!("invalid since: {e}")))?,
-            ),
+            Some(t) => convert::HistoryFrom::Time(convert::valid_time("since", t)?),
             None => convert::HistoryFrom::Offset(req.after_offset),
         };
         let page = convert::history_page(&self.bus, &req.channel, from, req.limit as usize).await?;

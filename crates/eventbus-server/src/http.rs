@@ -604,7 +604,8 @@ async fn channel_history(
     state.access.check_subscribe(&caller, &[&name])?;
     let axum::extract::Query(q) = query.map_err(|e| EdgeError::BadRequest(e.body_text()))?;
     let from = convert::history_from_query(q.since.as_deref())?;
-    let page = convert::history_page(&state.bus, &name, from, q.limit.unwrap_or(0)).await?;
+    let limit = convert::history_limit_query(q.limit)?;
+    let page = convert::history_page(&state.bus, &name, from, limit).await?;
     Ok(Json(convert::history_page_json(page)))
 }
 

@@ -184,9 +184,11 @@ async fn subscribe(
     request.extensions_mut().insert(caller);
     request.extensions_mut().insert(peer);
     let frames = state.events.open_subscription(request).await.map_err(ApiError::from_status)?;
-    // The last event received is never sent again (others of its millisecond may be).
-    let seen = last_event_id;
-    let events = frames.flat_map(move |frame| stream::iter(sse_events(frame, &mut gap, seen.as_deref())));
+    let mut sse = SseFrames { resumed: last_event_id.is_some(), gap, seen: last_event_id, ended: false };
+    // `None` after the last frame: a stream the broker closed without an error (an
+    // operator's unsubscribe) still tells the page why it ends.
+    let frames = frames.map(Some).chain(stream::once(std::future::ready(None)));
+    let events = frames.flat_map(move |frame| stream::iter(sse.events(frame)));
     let mut response =
         Sse::new(events).keep_alive(KeepAlive::new().interval(state.sse_heartbeat).text("keepalive")).into_response();
     // Proxies that buffer responses (nginx) must pass each event on at once.
@@ -195,34 +197,62 @@ async fn subscribe(
     Ok(response)
 }
 
-/// The SSE events of one subscription frame; `gap` is reported after `started`, and
-/// the event `seen` is left out.
-fn sse_events(
-    frame: Result<Frame, tonic::Status>,
-    gap: &mut bool,
-    seen: Option<&str>,
-) -> Vec<Result<SseEvent, Infallible>> {
-    match frame {
-        Ok(Frame::Started(started)) => {
-            let Some(pb::subscribe_response::Kind::Started(s)) = started.kind else { return Vec::new() };
-            let data = json!({
-                "subscription_id": s.subscription_id,
-                "recovered": s.recovered,
-                "started_at": s.started_at.map(|t| t.to_string()),
-            });
-            let mut out = vec![Ok(SseEvent::default().event("started").data(data.to_string()))];
-            if std::mem::take(gap) {
-                let why = "no history covers every channel: events published while away are not recovered";
-                out.push(Ok(SseEvent::default().event("gap").data(json!({ "reason": why }).to_string())));
+/// Turns subscription frames into SSE events.
+struct SseFrames {
+    /// The page resumed after an event it had (`Last-Event-ID` or `last_event_id`).
+    resumed: bool,
+    /// A gap is known before the stream starts: no history covers every channel.
+    gap: bool,
+    /// The last event the page received: never sent again (others of its millisecond
+    /// may be).
+    seen: Option<String>,
+    /// `event: end` was sent.
+    ended: bool,
+}
+
+impl SseFrames {
+    /// The SSE events of one frame; `None` is the end of the frames.
+    fn events(&mut self, frame: Option<Result<Frame, tonic::Status>>) -> Vec<Result<SseEvent, Infallible>> {
+        match frame {
+            Some(Ok(Frame::Started(started))) => {
+                let Some(pb::subscribe_response::Kind::Started(s)) = started.kind else { return Vec::new() };
+                let data = json!({
+                    "subscription_id": s.subscription_id,
+                    "recovered": s.recovered,
+                    "started_at": s.started_at.map(|t| t.to_string()),
+                });
+                let mut out = vec![Ok(SseEvent::default().event("started").data(data.to_string()))];
+                let why = if self.gap {
+                    Some("no history covers every channel: events published while away are not recovered")
+                } else if self.resumed && !s.recovered {
+                    Some(
+                        "the history no longer holds every event published while away: the stream starts from what it keeps",
+                    )
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    out.push(Ok(SseEvent::default().event("gap").data(json!({ "reason": why }).to_string())));
+                }
+                out
             }
-            out
-        }
-        Ok(Frame::Events(events)) => events.iter().filter(|e| Some(&*e.id) != seen).map(|e| Ok(message(e))).collect(),
-        Err(status) => {
-            let data = json!({ "code": format!("{:?}", status.code()), "reason": status.message() });
-            vec![Ok(SseEvent::default().event("end").data(data.to_string()))]
+            Some(Ok(Frame::Events(events))) => {
+                let seen = self.seen.as_deref();
+                events.iter().filter(|e| Some(&*e.id) != seen).map(|e| Ok(message(e))).collect()
+            }
+            Some(Err(status)) => {
+                self.ended = true;
+                vec![Ok(end(&format!("{:?}", status.code()), status.message()))]
+            }
+            None if self.ended => Vec::new(),
+            None => vec![Ok(end("Ok", "the subscription was closed by an operator"))],
         }
     }
+}
+
+/// `event: end`: why the broker ends the stream.
+fn end(code: &str, reason: &str) -> SseEvent {
+    SseEvent::default().event("end").data(json!({ "code": code, "reason": reason }).to_string())
 }
 
 /// One broker event as an SSE `message`: its id as the SSE id (a reconnecting
@@ -289,7 +319,10 @@ fn event_time(id: &str) -> Option<SystemTime> {
         return None;
     }
     let ms = u64::from_str_radix(&hex[..12], 16).ok()?;
-    Some(UNIX_EPOCH + Duration::from_millis(ms))
+    let at = UNIX_EPOCH + Duration::from_millis(ms);
+    // 48 bits of milliseconds reach past year 9999, which no event was published in.
+    eventbus_proto::time::check_timestamp(&convert::timestamp(at)).ok()?;
+    Some(at)
 }
 
 fn overflow(value: &str) -> Result<pb::OverflowPolicy, EdgeError> {

@@ -354,6 +354,43 @@ async fn since_is_checked_and_channels_without_history_report_incomplete() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_since_timestamp_that_protobuf_calls_invalid_is_refused_by_name() {
+    let server = start_with(|s| keep(s, 10)).await;
+    let mut client = server.client().await;
+    publish_numbered(&mut client, "hist.t", 1).await;
+    let year_1 = eventbus_proto::time::MIN_SECONDS;
+    let year_9999 = eventbus_proto::time::MAX_SECONDS;
+    let invalid = [(0, 1_000_000_000), (0, -1), (year_1 - 1, 0), (year_9999 + 1, 0), (i64::MIN, 0), (i64::MAX, 0)];
+    let mut admin = server.admin().await;
+    for (seconds, nanos) in invalid {
+        let at = prost_types::Timestamp { seconds, nanos };
+        let req = pb::SubscribeRequest {
+            since: Some(pb::SubscribeSince { positions: HashMap::new(), timestamp: Some(at) }),
+            ..sub(&["hist.t"])
+        };
+        let err = open(&server, req).await.err().unwrap();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{seconds}.{nanos}: {}", err.message());
+        assert!(err.message().contains("invalid since.timestamp"), "{}", err.message());
+        let history = pb::GetChannelHistoryRequest { channel: "hist.t".into(), since: Some(at), ..Default::default() };
+        let err = admin.get_channel_history(history).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{seconds}.{nanos}: {}", err.message());
+        assert!(err.message().contains("invalid since"), "{}", err.message());
+    }
+    // The edges themselves are valid times: nothing kept is that old, or that new.
+    for (seconds, nanos, recovered, events) in [(year_1, 0, false, 1), (year_9999, 999_999_999, true, 0)] {
+        let at = prost_types::Timestamp { seconds, nanos };
+        let req = pb::SubscribeRequest {
+            since: Some(pb::SubscribeSince { positions: HashMap::new(), timestamp: Some(at) }),
+            ..sub(&["hist.t"])
+        };
+        let mut opened = open(&server, req).await.unwrap();
+        assert_eq!(opened.started.recovered, recovered, "{seconds}");
+        assert_eq!(opened.take(events).await.len(), events);
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rest_route_pages_a_channel_history() {
     let server = start_with(|s| keep(s, 1000)).await;
     let mut client = server.client().await;
@@ -381,6 +418,24 @@ async fn the_rest_route_pages_a_channel_history() {
     assert_eq!(page["events"].as_array().unwrap().len(), 5);
     let bad = get("?since=soon").await;
     assert_eq!(bad.status(), reqwest::StatusCode::BAD_REQUEST);
+    let bad = get("?since=%2B10000-01-01T00:00:00Z").await;
+    assert_eq!(bad.status(), reqwest::StatusCode::BAD_REQUEST);
+    assert!(bad.text().await.unwrap().contains("years 1 to 9999"));
+    // `limit` is 1 to 1,000: the edges are answered, one past them refused by name.
+    for (limit, status) in [("1", 200), ("1000", 200), ("1001", 400), ("0", 400), ("-1", 400)] {
+        let answer = get(&format!("?limit={limit}")).await;
+        assert_eq!(answer.status().as_u16(), status, "limit={limit}");
+        if status == 400 {
+            assert!(answer.text().await.unwrap().contains("limit"), "limit={limit}");
+        }
+    }
+    let mut admin = server.admin().await;
+    let history = |limit| pb::GetChannelHistoryRequest { channel: "hist.page".into(), limit, ..Default::default() };
+    assert_eq!(admin.get_channel_history(history(1000)).await.unwrap().into_inner().events.len(), 5);
+    assert_eq!(admin.get_channel_history(history(0)).await.unwrap().into_inner().events.len(), 5, "0 = the default");
+    let err = admin.get_channel_history(history(1001)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("limit 1001"), "{}", err.message());
     assert_eq!(get("").await.status(), reqwest::StatusCode::OK);
     let none = http.get(server.url("/admin/eventbus/channels/plain/history")).send().await.unwrap();
     assert_eq!(none.status(), reqwest::StatusCode::NOT_FOUND);

@@ -161,15 +161,13 @@ async fn bad_requests_are_refused_by_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn last_event_id_resumes_from_history_or_reports_a_gap() {
-    let server = start_with(|s| {
-        s.eventbus.history = vec![eventbus_server::config::HistoryRuleSetting {
-            channels: "orders.>".into(),
-            size: 100,
-            max_bytes: 1 << 20,
-            ttl_ms: 0,
-        }];
-    })
-    .await;
+    let keep = |channels: &str, size| eventbus_server::config::HistoryRuleSetting {
+        channels: channels.into(),
+        size,
+        max_bytes: 1 << 20,
+        ttl_ms: 0,
+    };
+    let server = start_with(|s| s.eventbus.history = vec![keep("orders.>", 100), keep("small.>", 5)]).await;
     let url = server.url("/v1/subscribe?channel=orders.>");
     let mut first = EventStream::open(&url, &[]).await.unwrap();
     first.next_event().await;
@@ -199,6 +197,45 @@ async fn last_event_id_resumes_from_history_or_reports_a_gap() {
     let gap = other.next_event().await;
     assert_eq!(gap.event, "gap");
     assert!(gap.json()["reason"].as_str().unwrap().contains("history"));
+
+    // A history that kept less than was missed: the newest it keeps, after a gap.
+    let url = server.url("/v1/subscribe?channel=small.>");
+    let mut first = EventStream::open(&url, &[]).await.unwrap();
+    first.next_event().await;
+    post(&server, "/v1/publish", json!({"channel": "small.a", "payload": 0}), None).await;
+    let seen = first.next_event().await;
+    drop(first);
+    for n in 1..=15 {
+        post(&server, "/v1/publish", json!({"channel": "small.a", "payload": n}), None).await;
+    }
+    let mut again = EventStream::open(&url, &[("last-event-id", &seen.id)]).await.unwrap();
+    let started = again.next_event().await;
+    assert_eq!((started.event.as_str(), &started.json()["recovered"]), ("started", &json!(false)));
+    let gap = again.next_event().await;
+    assert_eq!(gap.event, "gap", "a resume that could not be given what it missed says so");
+    assert!(gap.json()["reason"].as_str().unwrap().contains("no longer holds"), "{gap:?}");
+    let mut payloads = Vec::new();
+    for _ in 11..=15 {
+        payloads.push(again.next_event().await.json()["payload"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(payloads, ["11", "12", "13", "14", "15"], "the newest kept");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_close_ends_the_stream_with_an_end_event() {
+    let server = start().await;
+    let mut stream = EventStream::open(&server.url("/v1/subscribe?channel=orders.>"), &[]).await.unwrap();
+    let started = stream.next_event().await;
+    let id = started.json()["subscription_id"].as_str().unwrap().to_owned();
+    let closed =
+        reqwest::Client::new().delete(server.url(&format!("/admin/eventbus/subscriptions/{id}"))).send().await.unwrap();
+    assert_eq!(closed.status(), StatusCode::NO_CONTENT);
+    let end = stream.next_event().await;
+    assert_eq!(end.event, "end");
+    assert_eq!(end.json()["code"], "Ok");
+    assert!(end.json()["reason"].as_str().unwrap().contains("operator"), "{end:?}");
+    assert_eq!(stream.next().await, None, "nothing follows the end");
     server.stop().await;
 }
 

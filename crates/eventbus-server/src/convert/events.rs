@@ -71,12 +71,7 @@ pub(crate) fn position(p: &Position) -> pb::EventPosition {
 /// `SubscribeRequest.since`: `None` when absent or empty.
 fn since(since: Option<pb::SubscribeSince>) -> Result<Option<Since>, EdgeError> {
     let Some(pb::SubscribeSince { positions, timestamp }) = since else { return Ok(None) };
-    let timestamp = match timestamp {
-        Some(t) => {
-            Some(SystemTime::try_from(t).map_err(|e| EdgeError::BadRequest(format!("invalid since.timestamp: {e}")))?)
-        }
-        None => None,
-    };
+    let timestamp = timestamp.map(|t| valid_time("since.timestamp", t)).transpose()?;
     let positions = positions
         .into_iter()
         .map(|(channel, p)| (channel, Position { epoch: p.epoch.into(), offset: p.offset }))

@@ -41,7 +41,10 @@ pub(crate) async fn history_page(
     };
     let limit = match limit {
         0 => DEFAULT_HISTORY_LIMIT,
-        n => n.min(MAX_HISTORY_LIMIT),
+        n if n > MAX_HISTORY_LIMIT => {
+            return Err(EdgeError::BadRequest(format!("limit {n} is over the maximum of {MAX_HISTORY_LIMIT}")));
+        }
+        n => n,
     };
     let read = bus.read_history(channel, &start, Take::First(limit)).await?.ok_or_else(no_history)?;
     Ok(HistoryPage { info, read })
@@ -97,6 +100,14 @@ pub(crate) fn history_page_json(page: HistoryPage) -> HistoryPageJson {
     }
 }
 
+/// `?limit=` of the REST history route: 1 to the maximum, or the default when absent.
+pub(crate) fn history_limit_query(limit: Option<usize>) -> Result<usize, EdgeError> {
+    match limit {
+        Some(0) => Err(EdgeError::BadRequest(format!("limit must be 1 to {MAX_HISTORY_LIMIT}, not 0"))),
+        limit => Ok(limit.unwrap_or(0)),
+    }
+}
+
 /// `?since=` of the REST history route: an offset (`42`), a time (RFC 3339), or an age
 /// (`90s`, `5m`, `2h`: that long ago).
 pub(crate) fn history_from_query(since: Option<&str>) -> Result<HistoryFrom, EdgeError> {
@@ -104,10 +115,8 @@ pub(crate) fn history_from_query(since: Option<&str>) -> Result<HistoryFrom, Edg
     if let Ok(offset) = since.parse::<u64>() {
         return Ok(HistoryFrom::Offset(offset));
     }
-    if let Ok(t) = since.parse::<prost_types::Timestamp>()
-        && let Ok(t) = SystemTime::try_from(t)
-    {
-        return Ok(HistoryFrom::Time(t));
+    if let Ok(t) = since.parse::<prost_types::Timestamp>() {
+        return Ok(HistoryFrom::Time(valid_time("since", t)?));
     }
     if let Some(age) = parse_age(since) {
         return Ok(HistoryFrom::Time(SystemTime::now().checked_sub(age).unwrap_or(SystemTime::UNIX_EPOCH)));

@@ -149,6 +149,13 @@ pub(crate) fn timestamp(t: SystemTime) -> prost_types::Timestamp {
     t.into()
 }
 
+/// A time from the wire, refused (naming `field`) when `google.protobuf.Timestamp`
+/// calls it invalid: prost would read it as another time.
+pub(crate) fn valid_time(field: &str, t: prost_types::Timestamp) -> Result<SystemTime, EdgeError> {
+    eventbus_proto::time::check_timestamp(&t).map_err(|e| EdgeError::BadRequest(format!("invalid {field}: {e}")))?;
+    SystemTime::try_from(t).map_err(|e| EdgeError::BadRequest(format!("invalid {field}: {e}")))
+}
+
 /// A time in JSON: RFC 3339, UTC.
 pub(crate) fn rfc3339(t: SystemTime) -> String {
     timestamp(t).to_string()
