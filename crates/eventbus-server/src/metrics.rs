@@ -47,6 +47,8 @@ pub struct Metrics {
     ack_latency: HistogramVec,
     ack_labels: Mutex<HashSet<String>>,
     max_consumer_labels: usize,
+    /// For the consumers that still exist when a scrape renders.
+    bus: Bus,
 }
 
 /// How many values the per-subscription and per-consumer labels may take.
@@ -107,7 +109,7 @@ impl Metrics {
             IntCounter::new(format!("{prefix}_history_recovered_total"), "Events recovered from history.")?;
         registry.register(Box::new(recovered_events.clone()))?;
         registry.register(Box::new(delivery_latency.clone()))?;
-        registry.register(Box::new(BusCollector::new(prefix, limits, bus)?))?;
+        registry.register(Box::new(BusCollector::new(prefix, limits, bus.clone())?))?;
         #[cfg(target_os = "linux")]
         registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
         Ok(Self {
@@ -120,6 +122,7 @@ impl Metrics {
             ack_latency,
             ack_labels: Mutex::default(),
             max_consumer_labels: limits.consumers,
+            bus,
         })
     }
 
@@ -182,13 +185,32 @@ impl Metrics {
         }
     }
 
+    /// Removes the ack latency series of consumers deleted since (on any instance):
+    /// a scrape shows only consumers that exist, and their labels go to new ones.
+    fn forget_deleted_consumers(&self) {
+        let Some(durable) = self.bus.durable() else { return };
+        let existing: HashSet<String> = durable.consumers_snapshot().into_iter().map(|c| c.config.name).collect();
+        self.ack_labels.lock().retain(|label| {
+            let exists = existing.contains(label);
+            if !exists {
+                // Absent when no ack was observed under it yet.
+                let _ = self.ack_latency.remove_label_values(&[label]);
+            }
+            exists
+        });
+    }
+
     /// The text exposition.
     pub fn render(&self) -> Result<String, prometheus::Error> {
+        self.forget_deleted_consumers();
         let mut out = Vec::with_capacity(16 * 1024);
         TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
         String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
     }
 }
+
+/// The answer classes a push request counts under.
+pub(crate) const PUSH_CLASSES: [&str; 6] = ["2xx", "3xx", "4xx", "5xx", "timeout", "error"];
 
 /// Push consumers' requests (docs/push.md), per consumer: the first
 /// `max_consumer_labels` push consumers of this instance get their own label, the
@@ -229,6 +251,20 @@ impl PushMetrics {
             labels: Arc::default(),
             max_labels,
         })
+    }
+
+    /// Removes a consumer's series (deleted, or no longer pushed) and frees its label;
+    /// the shared `_other` series stay.
+    pub(crate) fn forget(&self, consumer: &str) {
+        if !self.labels.lock().remove(consumer) {
+            return;
+        }
+        // Absent when never touched under that label.
+        for class in PUSH_CLASSES {
+            let _ = self.requests.remove_label_values(&[consumer, class]);
+        }
+        let _ = self.duration.remove_label_values(&[consumer]);
+        let _ = self.in_flight.remove_label_values(&[consumer]);
     }
 
     /// The label of `consumer`'s series: its name while there is room, else `_other`.

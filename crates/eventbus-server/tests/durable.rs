@@ -318,6 +318,8 @@ async fn consumer_rest_routes_and_metrics() {
         reqwest::get(url("/admin/eventbus/consumers/rest")).await.unwrap().status(),
         reqwest::StatusCode::NOT_FOUND
     );
+    let metrics = reqwest::get(url("/metrics")).await.unwrap().text().await.unwrap();
+    assert!(!metrics.contains(r#"consumer="rest""#), "a deleted consumer leaves /metrics:\n{metrics}");
     server.stop().await;
 }
 

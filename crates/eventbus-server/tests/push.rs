@@ -212,6 +212,15 @@ async fn a_raw_push_carries_the_event_and_a_verifiable_signature() {
     all_acked(&server, "hook", 1).await;
     assert_eq!(metric(&server, r#"socle_eventbus_push_requests_total{class="2xx",consumer="hook"}"#).await, Some(1.0));
     assert_eq!(endpoint.received().len(), 1, "acked once, sent once");
+
+    // Deleted, it leaves /metrics.
+    let delete = pb::DeleteConsumerRequest { name: "hook".into() };
+    server.admin().await.delete_consumer(delete).await.unwrap();
+    eventually("the deleted push consumer's series to go", || async {
+        let text = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
+        !text.contains(r#"consumer="hook""#)
+    })
+    .await;
     server.stop().await;
 }
 

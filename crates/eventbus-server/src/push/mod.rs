@@ -194,6 +194,9 @@ impl Inner {
             if !keep {
                 info!(consumer = %name, "push consumer retired (deleted, or its endpoint changed)");
             }
+            if !wanted.contains_key(name) {
+                self.metrics.forget(name);
+            }
             keep
         });
         for (name, push) in wanted {

@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 use super::Endpoints;
 use super::request::{self, Outcome};
-use crate::metrics::PushMetrics;
+use crate::metrics::{PUSH_CLASSES, PushMetrics};
 
 /// Delays between attempts to attach (the engine unreachable, the consumer not yet
 /// visible here).
@@ -28,9 +28,6 @@ const ATTACH_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration
 const DRAIN_BYTES: usize = 64 * 1024;
 /// Most of a refusal's body read, for the failure reason.
 const REASON_BYTES: usize = 1024;
-
-/// The answer classes a request counts under.
-const CLASSES: [&str; 6] = ["2xx", "3xx", "4xx", "5xx", "timeout", "error"];
 
 /// A push consumer's worker on this instance.
 #[derive(Debug)]
@@ -49,7 +46,7 @@ pub(crate) struct Worker {
     stop: CancellationToken,
     /// The endpoint's last request failed (logged once per run of failures).
     failing: AtomicBool,
-    requests: [IntCounter; CLASSES.len()],
+    requests: [IntCounter; PUSH_CLASSES.len()],
     duration: Histogram,
     in_flight: IntGauge,
 }
@@ -83,7 +80,7 @@ impl Worker {
                 _ => refused = Some(format!("push.headers: {name:?} is not a valid header")),
             }
         }
-        let requests = CLASSES.map(|class| metrics.requests.with_label_values(&[label.as_str(), class]));
+        let requests = PUSH_CLASSES.map(|class| metrics.requests.with_label_values(&[label.as_str(), class]));
         Self {
             timeout: Duration::from_millis(push.timeout_ms),
             permits: Arc::new(Semaphore::new(push.max_concurrency as usize)),
@@ -209,7 +206,7 @@ impl Worker {
         let (class, outcome) = self.send(&deliveries, now).await;
         self.duration.observe(started.elapsed().as_secs_f64());
         self.in_flight.dec();
-        if let Some(i) = CLASSES.iter().position(|c| *c == class) {
+        if let Some(i) = PUSH_CLASSES.iter().position(|c| *c == class) {
             self.requests[i].inc();
         }
         self.settle(outcome, deliveries, client.as_ref(), acks, permit).await;
