@@ -26,7 +26,7 @@ use crate::delivery::EncodedStreams;
 use crate::grpc::{AdminService, Authenticate, EventBusService};
 use crate::http::{self, HttpState, Readiness};
 use crate::http_server;
-use crate::listener::{Incoming, TrackRequestsLayer};
+use crate::listener::{ConnectionLimits, Incoming, TrackRequestsLayer};
 use crate::metrics::{EdgeCounters, LabelLimits, Metrics, PushMetrics};
 use crate::push::{Endpoints, PushSetupError, Pusher};
 use crate::request_limit::{PayloadLimit, RequestErrors};
@@ -313,15 +313,21 @@ impl Server {
 
         let stopped = CancellationToken::new();
         let grpc_tls = tls.clone().map(|tls| (tls, Protocols::Grpc));
-        let max_connections = settings.server.max_connections;
-        let idle_timeout =
-            (settings.server.idle_timeout_ms > 0).then(|| Duration::from_millis(settings.server.idle_timeout_ms));
-        let incoming =
-            Incoming::start("grpc", grpc, grpc_tls, max_connections, idle_timeout, counters.clone(), stopped.clone())
-                .map_err(ServerError::Http)?
-                .into_stream();
+        let header_read_timeout = Duration::from_millis(settings.server.http.header_read_timeout_ms);
+        let http_limits = ConnectionLimits {
+            max_connections: settings.server.max_connections,
+            idle_timeout: (settings.server.idle_timeout_ms > 0)
+                .then(|| Duration::from_millis(settings.server.idle_timeout_ms)),
+            // hyper enforces it on the HTTP listener (`http_server`).
+            header_read_timeout: None,
+        };
+        // tonic does not let its hyper take the limit: the connections keep it.
+        let grpc_limits = ConnectionLimits { header_read_timeout: Some(header_read_timeout), ..http_limits };
+        let incoming = Incoming::start("grpc", grpc, grpc_tls, grpc_limits, counters.clone(), stopped.clone())
+            .map_err(ServerError::Http)?
+            .into_stream();
         let http_tls = tls.map(|tls| (tls, Protocols::Http));
-        let http = Incoming::start("http", http, http_tls, max_connections, idle_timeout, counters, stopped.clone())
+        let http = Incoming::start("http", http, http_tls, http_limits, counters, stopped.clone())
             .map_err(ServerError::Http)?;
         // gRPC health follows readiness (a stopped background task, a Redis outage,
         // then shutdown).
@@ -377,7 +383,6 @@ impl Server {
             events: event_bus_service,
             sse_heartbeat,
         });
-        let header_read_timeout = Duration::from_millis(settings.server.http.header_read_timeout_ms);
         let http_server = http_server::serve(http, app, header_read_timeout, stopped.clone());
 
         info!(%grpc_addr, %http_addr, mode = bus.mode(), instance_id = bus.instance_id(), "eventbusd started");

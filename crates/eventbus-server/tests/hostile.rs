@@ -552,16 +552,59 @@ async fn idle_connections_are_closed_and_open_streams_are_not() {
 }
 
 /// An HTTP client that starts a request and never finishes its headers is cut after
-/// `server.http.header_read_timeout_ms` (slowloris), even while it keeps trickling.
+/// `server.http.header_read_timeout_ms` (slowloris), even while it keeps trickling: on
+/// the HTTP port, and on the gRPC port's HTTP/1 (gRPC-Web), where a whole request, and
+/// a connection that waits between requests, are left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_http_headers_are_cut() {
-    use tokio::io::AsyncWriteExt;
     let server = start_with(|s| {
         s.server.http.header_read_timeout_ms = 300;
         s.server.idle_timeout_ms = 0;
     })
     .await;
-    let mut conn = tokio::net::TcpStream::connect(server.http).await.unwrap();
+    for port in [server.http, server.addr] {
+        slow_headers_are_cut(port).await;
+    }
+    // gRPC-Web over HTTP/1, twice on one connection with a pause longer than the
+    // deadline between the requests.
+    let mut conn = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    for _ in 0..2 {
+        let answer = grpc_web_health_check(&mut conn).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    server.stop().await;
+}
+
+/// A gRPC-Web `grpc.health.v1.Health/Check` over HTTP/1 on `conn`: the head of the answer.
+async fn grpc_web_health_check(conn: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An empty HealthCheckRequest in one gRPC frame.
+    let body = [0u8, 0, 0, 0, 0];
+    let head = format!(
+        "POST /grpc.health.v1.Health/Check HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/grpc-web+proto\r\n\
+         x-grpc-web: 1\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(&body).await.unwrap();
+    let mut answer = Vec::new();
+    within(async {
+        let mut buf = [0u8; 4096];
+        // The trailers frame (0x80) ends a gRPC-Web answer.
+        while !answer.windows(12).any(|w| w == b"grpc-status:") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before the answer: {}", String::from_utf8_lossy(&answer));
+            answer.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+async fn slow_headers_are_cut(port: std::net::SocketAddr) {
+    use tokio::io::AsyncWriteExt;
+    let mut conn = tokio::net::TcpStream::connect(port).await.unwrap();
     conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n").await.unwrap();
     let opened = std::time::Instant::now();
     let (mut read, mut write) = conn.into_split();
@@ -584,7 +627,6 @@ async fn slow_http_headers_are_cut() {
     .await;
     assert!(opened.elapsed() >= std::time::Duration::from_millis(300));
     trickle.abort();
-    server.stop().await;
 }
 
 /// Origins in `server.http.allowed_origins` may call admin routes from a browser:

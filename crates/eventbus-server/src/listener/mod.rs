@@ -36,6 +36,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+mod head;
+
+use self::head::{HeadDeadline, Verdict};
 use crate::metrics::EdgeCounters;
 use crate::tls::{Protocols, Tls, certificate_subjects};
 
@@ -139,6 +142,9 @@ pub(crate) struct Conn {
     io: Io,
     peer: PeerInfo,
     idle: Option<IdleTimer>,
+    /// The gRPC listener's deadline for HTTP/1 request headers (`None` once the
+    /// connection speaks HTTP/2, and on the HTTP listener, where hyper keeps it).
+    head: Option<HeadDeadline>,
     _slot: Slot,
 }
 
@@ -174,13 +180,12 @@ impl Incoming {
         what: &'static str,
         listener: TcpListener,
         tls: Option<(Arc<Tls>, Protocols)>,
-        max_connections: usize,
-        idle_timeout: Option<Duration>,
+        limits: ConnectionLimits,
         counters: EdgeCounters,
         stop: CancellationToken,
     ) -> io::Result<Self> {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let limits = Limits { slots: Arc::new(Semaphore::new(max_connections)), max_connections, idle_timeout };
+        let limits = Limits { slots: Arc::new(Semaphore::new(limits.max_connections)), limits };
         tokio::spawn(accept_loop(what, listener, tls, limits, counters, tx, stop));
         Ok(Self { rx })
     }
@@ -198,11 +203,22 @@ impl Incoming {
     }
 }
 
-/// The connection limit of one listener.
+/// What one listener's connections are held to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnectionLimits {
+    /// `server.max_connections`.
+    pub(crate) max_connections: usize,
+    /// `server.idle_timeout_ms`, unless 0.
+    pub(crate) idle_timeout: Option<Duration>,
+    /// `server.http.header_read_timeout_ms` for HTTP/1 requests, when the server that
+    /// takes the connections does not enforce it itself (see [`head`]).
+    pub(crate) header_read_timeout: Option<Duration>,
+}
+
+/// The connection limit of one listener, with its slots.
 struct Limits {
     slots: Arc<Semaphore>,
-    max_connections: usize,
-    idle_timeout: Option<Duration>,
+    limits: ConnectionLimits,
 }
 
 async fn accept_loop(
@@ -264,7 +280,7 @@ async fn accept_loop(
             if last_full_warning.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
                 warn!(
                     listener = what,
-                    max_connections = limits.max_connections,
+                    max_connections = limits.limits.max_connections,
                     "connection limit reached: refusing new connections"
                 );
                 last_full_warning = Some(Instant::now());
@@ -278,10 +294,11 @@ async fn accept_loop(
             debug!(%addr, %err, "cannot set TCP_NODELAY; dropping the connection");
             continue;
         }
-        let idle = limits.idle_timeout.map(idle_timer);
+        let idle = limits.limits.idle_timeout.map(idle_timer);
+        let head = limits.limits.header_read_timeout.map(HeadDeadline::new);
         let Some((tls, protocols)) = &tls else {
             let peer = PeerInfo::new(addr, Arc::new([]));
-            let conn = Conn { io: Io::Plain(tcp), peer, idle, _slot: slot };
+            let conn = Conn { io: Io::Plain(tcp), peer, idle, head, _slot: slot };
             if tx.send(conn).await.is_err() {
                 return;
             }
@@ -338,7 +355,7 @@ async fn accept_loop(
                 .unwrap_or_default();
             // The idle clock starts once the handshake is done.
             let peer = PeerInfo::new(addr, subjects.into());
-            let _ = tx.send(Conn { io: Io::Tls(Box::new(stream)), peer, idle, _slot: slot }).await;
+            let _ = tx.send(Conn { io: Io::Tls(Box::new(stream)), peer, idle, head, _slot: slot }).await;
         });
     }
 }
@@ -456,10 +473,20 @@ impl AsyncRead for Conn {
         if this.idle_expired(cx) {
             return Poll::Ready(Ok(()));
         }
-        match &mut this.io {
+        if let Some(head) = &mut this.head {
+            head.check(cx, &this.peer.activity)?;
+        }
+        let before = buf.filled().len();
+        let read = match &mut this.io {
             Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        };
+        if let (Some(head), Poll::Ready(Ok(()))) = (&mut this.head, &read)
+            && head.received(cx, &buf.filled()[before..], &this.peer.activity) == Verdict::Done
+        {
+            this.head = None;
         }
+        read
     }
 }
 
