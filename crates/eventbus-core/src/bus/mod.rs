@@ -19,110 +19,23 @@ use crate::router::{GroupTargets, Router, Targets};
 use crate::stats::{
     BusCounters, BusStats, ChannelEntry, ChannelStats, ChannelTable, LabelStats, QueueLevel, SubscriptionInfo,
 };
-use crate::subscription::{CloseReason, DropReason, Offer, Overflow, OwnerBudget, Subscription, SubscriptionSpec};
+use crate::subscription::{CloseReason, DropReason, Offer, OwnerBudget, Subscription, SubscriptionSpec};
 use crate::transport::{Fanout, LocalFanout, Transport, TransportError, TransportStatus};
 
+mod config;
 mod history;
 mod publish;
+mod subscribe;
 
+pub use config::{
+    BusConfig, MAX_BATCH_BYTES, MAX_BATCH_LIMIT, MAX_KEY_BYTES, MAX_LABEL_BYTES, MAX_SOURCE_BYTES,
+    MAX_SUBSCRIBE_CHANNELS, SubscribeOptions,
+};
 pub use history::{MAX_SINCE_CHANNELS, Since};
+pub use subscribe::SubscriptionHandle;
 
 use publish::scoped_key;
-
-/// Most channels and patterns in one subscription.
-pub const MAX_SUBSCRIBE_CHANNELS: usize = 64;
-/// Longest `ordering_key` or `idempotency_key`, in bytes: each is kept per event (and,
-/// for idempotency, for the whole dedup window), so a long one costs memory and disk.
-pub const MAX_KEY_BYTES: usize = 256;
-/// Longest publisher-given `source`, in bytes: it travels with every copy of the event.
-pub const MAX_SOURCE_BYTES: usize = 1024;
-/// Largest `max_batch` a subscriber may ask for.
-pub const MAX_BATCH_LIMIT: usize = 10_000;
-/// Longest group or subscription name, in bytes.
-pub const MAX_LABEL_BYTES: usize = 256;
-/// Approximate byte budget of one batch: keeps stream messages far below the 4 MiB
-/// that gRPC clients accept by default (a single larger event still goes alone).
-pub const MAX_BATCH_BYTES: usize = 1 << 20;
-
-/// Engine settings (the `eventbus` section of the configuration).
-#[derive(Debug, Clone, PartialEq)]
-pub struct BusConfig {
-    /// Queue capacity of a subscription that asks for 0.
-    pub default_queue_capacity: usize,
-    /// Largest queue capacity a subscription may ask for.
-    pub max_queue_capacity: usize,
-    /// Byte bound of a subscription's queue when it asks for 0.
-    pub default_queue_bytes: usize,
-    /// Budget of bytes queued across all subscriptions, each event counted once; also
-    /// the largest `max_queue_bytes` a subscription may ask for.
-    pub max_queued_bytes: usize,
-    /// How long a DROP_NEWEST publish waits for room in a full queue.
-    pub offer_timeout: Duration,
-    /// Policy of a subscription that does not choose one.
-    pub overflow: Overflow,
-    /// Events per stream message for a subscription that asks for 0.
-    pub max_batch: usize,
-    /// Largest payload accepted.
-    pub max_payload_bytes: usize,
-    /// Channels tracked for stats before idle ones are forgotten.
-    pub max_channels: usize,
-    /// Channels counted under their own metrics label (the rest share `_other`);
-    /// `None` keeps no label counters (metrics off).
-    pub max_channel_labels: Option<usize>,
-    /// Which channels keep a history, and how much (none by default).
-    pub history: HistoryRules,
-    /// Bytes of history kept in memory across channels (`in_memory` mode).
-    pub history_max_bytes: usize,
-    /// Channels with a history kept in memory (`in_memory` mode); past it, the least
-    /// recently published lose theirs.
-    pub history_max_channels: usize,
-}
-
-impl Default for BusConfig {
-    fn default() -> Self {
-        Self {
-            default_queue_capacity: 10_000,
-            max_queue_capacity: 1_000_000,
-            default_queue_bytes: 64 << 20,
-            max_queued_bytes: 512 << 20,
-            offer_timeout: Duration::from_millis(100),
-            overflow: Overflow::DropNewest,
-            max_batch: 256,
-            max_payload_bytes: 1 << 20,
-            max_channels: 10_000,
-            max_channel_labels: Some(1000),
-            history: HistoryRules::default(),
-            history_max_bytes: 256 << 20,
-            history_max_channels: 10_000,
-        }
-    }
-}
-
-/// What a subscriber asks for (`SubscribeRequest`, wire-free).
-#[derive(Debug, Clone, Default)]
-pub struct SubscribeOptions {
-    /// Exact channels and/or patterns.
-    pub channels: Vec<String>,
-    /// Group to join; empty means none.
-    pub group: String,
-    /// 0 means the default capacity.
-    pub queue_capacity: usize,
-    /// Byte bound of the queue; 0 means the default.
-    pub max_queue_bytes: usize,
-    /// `None` means the configured default.
-    pub overflow: Option<Overflow>,
-    /// 0 means the configured default.
-    pub max_batch: usize,
-    /// Free label.
-    pub name: String,
-    /// Client address.
-    pub peer: String,
-    /// Principal that opened it ("" with authentication off).
-    pub owner: String,
-    /// Most bytes queued across all of `owner`'s subscriptions (0 = no bound but the
-    /// broker's `max_queued_bytes`).
-    pub owner_max_queued_bytes: usize,
-}
+use subscribe::info;
 
 /// The channel the publishes of one call went to last, with its entry (counters and
 /// cached targets), for the next publish of the call on the same channel.
@@ -411,37 +324,6 @@ impl Bus {
     }
 }
 
-fn info(s: &Subscription) -> SubscriptionInfo {
-    SubscriptionInfo {
-        id: s.id.to_string(),
-        channels: s.spec.filters.iter().map(|f| f.as_str().to_owned()).collect(),
-        group: s.spec.group.as_deref().map(str::to_owned),
-        name: s.spec.name.clone(),
-        pending: s.pending() as u64,
-        capacity: s.spec.capacity as u64,
-        queued_bytes: s.queued_bytes() as u64,
-        max_queue_bytes: s.spec.max_bytes as u64,
-        delivered: s.delivered(),
-        dropped: s.dropped(),
-        overflow: s.spec.overflow,
-        peer: s.spec.peer.clone(),
-        owner: s.spec.owner.clone(),
-        created_at: s.created_at,
-    }
-}
-
-fn check_label(field: &'static str, value: &str) -> Result<(), Error> {
-    let why = if value.len() > MAX_LABEL_BYTES {
-        "longer than 256 bytes"
-    } else if value.chars().any(char::is_control) {
-        "contains control characters"
-    } else {
-        return Ok(());
-    };
-    let shown: String = value.chars().take(40).collect();
-    Err(Error::InvalidOption { field, message: format!("{shown:?} is {why}") })
-}
-
 impl Inner {
     fn new(config: BusConfig, transport: Option<Arc<dyn Transport>>, me: std::sync::Weak<Inner>) -> Self {
         let max_queued_bytes = config.max_queued_bytes;
@@ -464,86 +346,6 @@ impl Inner {
             owner_budgets: parking_lot::Mutex::default(),
             me,
         }
-    }
-
-    /// The queued-bytes share of `owner`, shared with its other open subscriptions; its
-    /// bound is the latest one given.
-    fn owner_budget(&self, owner: &str, max: usize) -> Arc<OwnerBudget> {
-        let mut budgets = self.owner_budgets.lock();
-        if let Some(budget) = budgets.get(owner).and_then(std::sync::Weak::upgrade) {
-            budget.set_max(max);
-            return budget;
-        }
-        budgets.retain(|_, b| b.strong_count() > 0);
-        let budget = Arc::new(OwnerBudget::new(max));
-        budgets.insert(owner.to_owned(), Arc::downgrade(&budget));
-        budget
-    }
-
-    /// Applies defaults and limits to a subscribe request.
-    fn spec(&self, opts: SubscribeOptions) -> Result<SubscriptionSpec, Error> {
-        if opts.channels.is_empty() {
-            return Err(Error::NoChannels);
-        }
-        if opts.channels.len() > MAX_SUBSCRIBE_CHANNELS {
-            return Err(Error::TooManyChannels { count: opts.channels.len(), limit: MAX_SUBSCRIBE_CHANNELS });
-        }
-        let mut filters: Vec<Pattern> = Vec::with_capacity(opts.channels.len());
-        for name in &opts.channels {
-            let filter = Pattern::parse(name)?;
-            if !filters.contains(&filter) {
-                filters.push(filter);
-            }
-        }
-        let capacity = match opts.queue_capacity {
-            0 => self.config.default_queue_capacity,
-            n if n > self.config.max_queue_capacity => {
-                return Err(Error::QueueTooLarge { requested: n, limit: self.config.max_queue_capacity });
-            }
-            n => n,
-        };
-        let max_bytes = match opts.max_queue_bytes {
-            0 => self.config.default_queue_bytes,
-            n if n > self.config.max_queued_bytes => {
-                return Err(Error::InvalidOption {
-                    field: "max_queue_bytes",
-                    message: format!("{n} is above max_queued_bytes = {}", self.config.max_queued_bytes),
-                });
-            }
-            n => n,
-        };
-        let max_batch = match opts.max_batch {
-            0 => self.config.max_batch,
-            n if n > MAX_BATCH_LIMIT => {
-                return Err(Error::InvalidOption {
-                    field: "max_batch",
-                    message: format!("{n} is above the limit of {MAX_BATCH_LIMIT}"),
-                });
-            }
-            n => n,
-        };
-        check_label("group", &opts.group)?;
-        check_label("name", &opts.name)?;
-        let group: Option<Arc<str>> = (!opts.group.is_empty()).then(|| opts.group.into());
-        let group_key = group.as_ref().map(|g| match opts.owner.is_empty() {
-            true => Arc::clone(g),
-            false => Arc::from(scoped_key(&opts.owner, g.to_string())),
-        });
-        let owner_budget =
-            (opts.owner_max_queued_bytes != 0).then(|| self.owner_budget(&opts.owner, opts.owner_max_queued_bytes));
-        Ok(SubscriptionSpec {
-            filters,
-            owner_budget,
-            group,
-            group_key,
-            name: opts.name,
-            peer: opts.peer,
-            owner: opts.owner,
-            capacity,
-            max_bytes,
-            overflow: opts.overflow.unwrap_or(self.config.overflow),
-            max_batch,
-        })
     }
 
     fn channel(&self, name: &str) -> Arc<ChannelEntry> {
@@ -748,67 +550,6 @@ fn pick_member(group: &GroupTargets) -> &Arc<Subscription> {
     let n = group.members.len();
     let start = group.cursor.fetch_add(1, Ordering::Relaxed) % n;
     (0..n).map(|i| &group.members[(start + i) % n]).find(|m| m.has_room()).unwrap_or(&group.members[start])
-}
-
-/// An open subscription, owned by whoever streams it. Dropping it unsubscribes.
-#[derive(Debug)]
-pub struct SubscriptionHandle {
-    sub: Arc<Subscription>,
-    bus: Bus,
-    /// Events recovered from history, delivered before the live ones.
-    recovered: std::collections::VecDeque<Arc<Event>>,
-    /// Per recovered channel, the last position the subscriber has (from before or
-    /// recovered): a live event at or before it is a copy and is skipped.
-    seam: HashMap<String, Position>,
-}
-
-impl SubscriptionHandle {
-    /// The subscription id.
-    pub fn id(&self) -> &str {
-        &self.sub.id
-    }
-
-    /// Recovered events not delivered yet.
-    pub fn recovered(&self) -> usize {
-        self.recovered.len()
-    }
-
-    /// Waits for events and moves up to `max_batch` of them into `out` (which should
-    /// be empty): recovered ones first, then live ones. `Err` says why the
-    /// subscription ended, once nothing is left to deliver.
-    pub async fn next_batch(&mut self, out: &mut Vec<Arc<Event>>) -> Result<(), CloseReason> {
-        if !self.recovered.is_empty() {
-            let mut bytes = 0;
-            while let Some(event) = self.recovered.front() {
-                bytes += event.approx_size();
-                if !out.is_empty() && (out.len() == self.sub.spec.max_batch || bytes > MAX_BATCH_BYTES) {
-                    break;
-                }
-                out.extend(self.recovered.pop_front());
-            }
-            return Ok(());
-        }
-        loop {
-            self.sub.next_batch(MAX_BATCH_BYTES, out).await?;
-            if self.seam.is_empty() {
-                return Ok(());
-            }
-            let seam = &self.seam;
-            out.retain(|e| match (seam.get(&e.channel), &e.position) {
-                (Some(seen), Some(p)) => p.epoch != seen.epoch || p.offset > seen.offset,
-                _ => true,
-            });
-            if !out.is_empty() {
-                return Ok(());
-            }
-        }
-    }
-}
-
-impl Drop for SubscriptionHandle {
-    fn drop(&mut self) {
-        self.bus.inner.remove(&self.sub.id, CloseReason::Unsubscribed);
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 use parking_lot::Mutex;
 
 use super::*;
+use crate::subscription::Overflow;
 use crate::transport::{PublishFuture, TransportError};
 
 fn opts(channels: &[&str]) -> SubscribeOptions {
