@@ -150,14 +150,15 @@ impl Access {
         self.inner.auth.enabled()
     }
 
-    /// A session token with `principal`'s name and rights (docs/web.md); `None` with
-    /// authentication off.
+    /// A session token with `caller`'s name and rights (docs/web.md), accepted while
+    /// the credential `caller` used is; `None` with authentication off.
     pub(crate) fn mint_session(
         &self,
-        principal: &Principal,
+        caller: &Caller,
         ttl: Option<std::time::Duration>,
     ) -> Option<(String, std::time::SystemTime)> {
-        self.inner.auth.mint_session(principal, ttl)
+        let credential = &caller.credential;
+        self.inner.auth.mint_session(&caller.principal, credential.bearer.as_deref(), &credential.cert_subjects, ttl)
     }
 
     pub(crate) fn protect_metrics(&self) -> bool {
