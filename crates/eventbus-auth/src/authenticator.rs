@@ -282,6 +282,15 @@ impl Authenticator {
         }
     }
 
+    /// The principal of the principals file named `name`, as the last reload left it;
+    /// `None` when no principal has that name (JWT subjects never do: they exist only
+    /// while a call presents their token).
+    pub fn principal_named(&self, name: &str) -> Option<Arc<Principal>> {
+        let state = self.inner.state.load();
+        let directory = &state.directory;
+        directory.tokens.values().chain(directory.certs.values()).find(|p| p.name == name).map(Arc::clone)
+    }
+
     /// A session token for `principal` (docs/web.md), valid for `ttl` or the configured
     /// lifetime, whichever is shorter, and when it expires; `None` with authentication
     /// off (no token is needed). `bearer` and `cert_subjects` are the credential
