@@ -113,7 +113,8 @@ async fn the_push_secret_is_set_and_never_shown() {
 #[tokio::test]
 async fn a_conflicting_definition_is_shown_without_the_push_credentials() {
     let broker = broker().await;
-    let owners = ["--push-url", HOOK, "--push-header", "Authorization: Bearer owner-bearer", "--push-secret", "owner-s3"];
+    let owners =
+        ["--push-url", HOOK, "--push-header", "Authorization: Bearer owner-bearer", "--push-secret", "owner-s3"];
     let mut args = vec!["consumer", "create", "hooked", "-c", "orders.>"];
     args.extend_from_slice(&owners);
     assert!(run(eventbus(&broker, &args)).await.ok);

@@ -132,7 +132,8 @@ async fn publish_red(server: &TestServer) {
 
 async fn revoked_gauge(server: &TestServer) -> Option<f64> {
     let text = reqwest::get(server.url("/metrics")).await.unwrap().text().await.unwrap();
-    text.lines().find_map(|l| l.strip_prefix("socle_eventbus_push_owner_revoked{consumer=\"red-1\"}")?.trim().parse().ok())
+    text.lines()
+        .find_map(|l| l.strip_prefix("socle_eventbus_push_owner_revoked{consumer=\"red-1\"}")?.trim().parse().ok())
 }
 
 /// Once the owner is stopped: no client attached, the gauge at 1, and a new event
