@@ -13,11 +13,12 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use crate::error::AuthError;
+use crate::jwt::JWT_PREFIX;
 use crate::jwt::JwtVerifier;
-use crate::principal::Principal;
-use crate::principals::Directory;
+use crate::principal::{CredentialKind, Principal};
+use crate::principals::{Binding, Directory, cert_binding, token_binding};
 use crate::ratelimit::RateLimiter;
-use crate::session::{SESSION_PREFIX, SessionTokens};
+use crate::session::{Origin, SESSION_PREFIX, SessionTokens};
 use crate::settings::AuthSettings;
 use crate::token::digest;
 
@@ -50,6 +51,10 @@ pub enum AuthFailure {
     /// A client certificate whose subject no principal names.
     #[error("client certificate is not known")]
     UnknownCertificate,
+    /// A session token whose credential is no longer accepted: its principal was
+    /// removed, its token or certificate subject changed, or the JWT keys rotated.
+    #[error("session token revoked: the credential it was minted with is no longer accepted")]
+    Revoked,
 }
 
 impl AuthFailure {
@@ -63,6 +68,7 @@ impl AuthFailure {
             Self::BadSignature => "bad_signature",
             Self::InvalidClaims => "invalid_claims",
             Self::UnknownCertificate => "unknown_certificate",
+            Self::Revoked => "revoked",
         }
     }
 }
@@ -108,6 +114,63 @@ impl State {
             );
         }
         Ok(Self { directory, jwt })
+    }
+}
+
+impl State {
+    /// What a session token minted now for `principal` is bound to; an empty
+    /// credential (never accepted) when it cannot be told.
+    fn origin(
+        &self,
+        sessions: &SessionTokens,
+        principal: &Principal,
+        bearer: Option<&str>,
+        subjects: &[String],
+    ) -> Origin {
+        let credential = match principal.source {
+            CredentialKind::Token => bearer.map(|token| token_binding(&digest(token)).to_vec()),
+            CredentialKind::Certificate => subjects
+                .iter()
+                .find(|s| self.directory.certs.get(*s).is_some_and(|p| p.name == principal.name))
+                .map(|s| cert_binding(s).to_vec()),
+            CredentialKind::Jwt => match &self.jwt {
+                Some(jwt) => {
+                    let default_rights = Arc::ptr_eq(&principal.permissions, jwt.defaults());
+                    return Origin { credential: sessions.seal(jwt.fingerprint()), default_rights };
+                }
+                None => None,
+            },
+            CredentialKind::Session | CredentialKind::Anonymous => None,
+        };
+        Origin { credential: credential.unwrap_or_default(), default_rights: false }
+    }
+
+    /// The principal of a session token: refused once the credential it was minted
+    /// with is no longer accepted; its rights are those of the token that its
+    /// principal still has.
+    fn session(&self, sessions: &SessionTokens, jwt: &str) -> Result<Arc<Principal>, AuthFailure> {
+        let claimed = sessions.verify(jwt)?;
+        let origin = &claimed.origin;
+        if claimed.name.starts_with(JWT_PREFIX) {
+            let verifier = self.jwt.as_ref().ok_or(AuthFailure::Revoked)?;
+            if origin.credential != sessions.seal(verifier.fingerprint()) {
+                return Err(AuthFailure::Revoked);
+            }
+            // A JWT's own rights cannot change before it expires, which the session does not outlive.
+            let now = match origin.default_rights {
+                true => Arc::clone(verifier.defaults()),
+                false => Arc::new(claimed.rights.clone()),
+            };
+            return Ok(claimed.principal(&now));
+        }
+        let binding: Binding = origin.credential.as_slice().try_into().map_err(|_| AuthFailure::Revoked)?;
+        match self.directory.bindings.get(&binding) {
+            Some(principal) if principal.name == claimed.name => {
+                let now = Arc::clone(&principal.permissions);
+                Ok(claimed.principal(&now))
+            }
+            _ => Err(AuthFailure::Revoked),
+        }
     }
 }
 
@@ -199,7 +262,7 @@ impl Authenticator {
                 if let Some(jwt) = token.strip_prefix(SESSION_PREFIX)
                     && let Some(sessions) = &self.inner.sessions
                 {
-                    return sessions.verify(jwt);
+                    return state.session(sessions, jwt);
                 }
                 let digest = digest(token);
                 if let Some(principal) = state.directory.tokens.get(&digest) {
@@ -219,15 +282,30 @@ impl Authenticator {
         }
     }
 
+    /// The principal of the principals file named `name`, as the last reload left it;
+    /// `None` when no principal has that name (JWT subjects never do: they exist only
+    /// while a call presents their token).
+    pub fn principal_named(&self, name: &str) -> Option<Arc<Principal>> {
+        let state = self.inner.state.load();
+        let directory = &state.directory;
+        directory.tokens.values().chain(directory.certs.values()).find(|p| p.name == name).map(Arc::clone)
+    }
+
     /// A session token for `principal` (docs/web.md), valid for `ttl` or the configured
     /// lifetime, whichever is shorter, and when it expires; `None` with authentication
-    /// off (no token is needed).
+    /// off (no token is needed). `bearer` and `cert_subjects` are the credential
+    /// `principal` was authenticated with, as given to [`Self::authenticate`]: the token
+    /// is accepted only while that credential is.
     pub fn mint_session(
         &self,
         principal: &Principal,
+        bearer: Option<&str>,
+        cert_subjects: &[String],
         ttl: Option<std::time::Duration>,
     ) -> Option<(String, std::time::SystemTime)> {
-        self.inner.sessions.as_ref().map(|s| s.mint(principal, ttl))
+        let sessions = self.inner.sessions.as_ref()?;
+        let origin = self.inner.state.load().origin(sessions, principal, bearer, cert_subjects);
+        Some(sessions.mint(principal, &origin, ttl))
     }
 
     /// The publish-rate bucket of `principal` (by name), or `None` without a

@@ -15,6 +15,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use parking_lot::RwLock;
 use serde::Deserialize;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::authenticator::AuthFailure;
 use crate::error::AuthError;
@@ -33,6 +34,9 @@ const MAX_LEEWAY_SECS: u64 = 86_400;
 /// The configured keys and the cache of tokens they verified.
 pub(crate) struct JwtVerifier {
     keys: Vec<VerifyingKey>,
+    /// SHA-256 of the keys and the claim rules (issuer, audience): a session token
+    /// minted for a JWT subject is accepted while it is unchanged.
+    fingerprint: [u8; 32],
     defaults: Arc<CompiledPermissions>,
     /// Read on every call, written on a miss: read-mostly.
     cache: RwLock<HashMap<[u8; 32], Verified>>,
@@ -89,6 +93,11 @@ impl JwtVerifier {
             });
         }
         let mut keys = Vec::new();
+        let mut fingerprint = Sha256::new();
+        for rule in [&settings.issuer, &settings.audience] {
+            fingerprint.update((rule.len() as u64).to_be_bytes());
+            fingerprint.update(rule.as_bytes());
+        }
         if !settings.hs256_secret_file.is_empty() {
             let path = &settings.hs256_secret_file;
             let secret = read_key(path)?;
@@ -99,6 +108,9 @@ impl JwtVerifier {
             if secret.len() < 32 {
                 tracing::warn!(path = %path, "the HS256 secret is shorter than 32 bytes; use at least 256 random bits");
             }
+            fingerprint.update(b"hs256");
+            fingerprint.update((secret.len() as u64).to_be_bytes());
+            fingerprint.update(secret);
             keys.push(VerifyingKey::new(Algorithm::HS256, DecodingKey::from_secret(secret), settings));
         }
         if !settings.public_key_file.is_empty() {
@@ -116,9 +128,26 @@ impl JwtVerifier {
                     VerifyingKey::new(Algorithm::RS256, key, settings)
                 }
             };
+            fingerprint.update(b"pem");
+            fingerprint.update(pem.trim_ascii());
             keys.push(key);
         }
-        Ok(Some(Self { keys, defaults: Arc::clone(defaults), cache: RwLock::new(HashMap::new()) }))
+        Ok(Some(Self {
+            keys,
+            fingerprint: fingerprint.finalize().into(),
+            defaults: Arc::clone(defaults),
+            cache: RwLock::new(HashMap::new()),
+        }))
+    }
+
+    /// A digest of the keys and the claim rules.
+    pub(crate) fn fingerprint(&self) -> &[u8; 32] {
+        &self.fingerprint
+    }
+
+    /// The rights of a subject whose token has no `eventbus` claim.
+    pub(crate) fn defaults(&self) -> &Arc<CompiledPermissions> {
+        &self.defaults
     }
 
     /// Verifies `token` (whose SHA-256 is `digest`) or answers from the cache.

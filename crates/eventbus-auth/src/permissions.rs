@@ -6,6 +6,7 @@
 //! every [`Principal`](crate::Principal) carries so that a check parses nothing.
 
 use std::ops::Deref;
+use std::sync::Arc;
 
 use eventbus_core::Pattern;
 use serde::{Deserialize, Serialize};
@@ -87,6 +88,7 @@ impl Permissions {
             consumers: globs(&self.consumers.allow, "consumers.allow")?,
             manage: globs(&self.manage_consumers, "manage_consumers")?,
             source: self.clone(),
+            also: None,
         })
     }
 
@@ -158,6 +160,9 @@ pub struct CompiledPermissions {
     subscribe: CompiledAllowDeny,
     consumers: Box<[Glob]>,
     manage: Box<[Glob]>,
+    /// Rules that must allow too ([`CompiledPermissions::intersect`]): a session
+    /// token's rights meet those its principal has now.
+    also: Option<Arc<CompiledPermissions>>,
 }
 
 impl CompiledPermissions {
@@ -170,6 +175,26 @@ impl CompiledPermissions {
         }
     }
 
+    /// What both `self` and `other` allow: each check must pass both; the admin flag
+    /// needs both; each limit is the lower one. [`Self::permissions`] keeps `self`'s
+    /// rules, with those limits and that admin flag.
+    pub fn intersect(&self, other: &Arc<CompiledPermissions>) -> CompiledPermissions {
+        if self.also.is_none() && self.source == other.source {
+            return self.clone();
+        }
+        let also = match &self.also {
+            Some(first) => Arc::new(first.intersect(other)),
+            None => Arc::clone(other),
+        };
+        let mut source = self.source.clone();
+        source.admin &= other.admin;
+        source.max_subscriptions = lower(source.max_subscriptions, other.max_subscriptions, u32::min);
+        source.max_publish_rate = lower(source.max_publish_rate, other.max_publish_rate, f64::min);
+        source.max_consumers = lower(source.max_consumers, other.max_consumers, u32::min);
+        source.max_queued_bytes = lower(source.max_queued_bytes, other.max_queued_bytes, u64::min);
+        CompiledPermissions { source, also: Some(also), ..self.clone() }
+    }
+
     /// The rules as written.
     pub fn permissions(&self) -> &Permissions {
         &self.source
@@ -178,7 +203,9 @@ impl CompiledPermissions {
     /// Some publish allow matches `channel` and no publish deny does.
     pub fn can_publish(&self, channel: &str) -> bool {
         let rules = &self.publish;
-        rules.allow.iter().any(|p| p.matches(channel)) && !rules.deny.iter().any(|p| p.matches(channel))
+        rules.allow.iter().any(|p| p.matches(channel))
+            && !rules.deny.iter().any(|p| p.matches(channel))
+            && self.also.as_ref().is_none_or(|also| also.can_publish(channel))
     }
 
     /// `filter` (a channel or pattern) is covered by some subscribe allow pattern and
@@ -195,22 +222,33 @@ impl CompiledPermissions {
         if !rules.allow.iter().any(|a| covers(a, &requested)) {
             return refuse(RefusalReason::NotCovered);
         }
-        Ok(())
+        match &self.also {
+            Some(also) => also.check_subscribe(filter),
+            None => Ok(()),
+        }
     }
 
     /// Some `consumers.allow` glob matches `consumer`.
     pub fn can_attach(&self, consumer: &str) -> bool {
-        self.consumers.iter().any(|g| g.matches(consumer))
+        self.consumers.iter().any(|g| g.matches(consumer)) && self.also.as_ref().is_none_or(|a| a.can_attach(consumer))
     }
 
     /// Some `manage_consumers` glob matches `consumer`.
     pub fn can_manage(&self, consumer: &str) -> bool {
-        self.manage.iter().any(|g| g.matches(consumer))
+        self.manage.iter().any(|g| g.matches(consumer)) && self.also.as_ref().is_none_or(|a| a.can_manage(consumer))
     }
 
     /// Whether every other admin operation is allowed.
     pub fn is_admin(&self) -> bool {
         self.source.admin
+    }
+}
+
+/// The lower of two optional limits; a missing one is no limit.
+fn lower<T>(a: Option<T>, b: Option<T>, min: fn(T, T) -> T) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(min(a, b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -320,6 +358,39 @@ mod tests {
             let rate = Permissions { max_publish_rate: Some(bad), ..Permissions::default() };
             assert!(matches!(rate.validate(), Err(PermissionsError::BadRate { .. })), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_intersection_allows_what_both_allow() {
+        let token = Permissions {
+            consumers: ConsumerRights { allow: vec!["a-*".into()] },
+            manage_consumers: vec!["a-*".into()],
+            admin: true,
+            max_subscriptions: Some(5),
+            ..rules((&["a.>"], &[]), (&["a.>"], &[]))
+        };
+        let now = Arc::new(
+            Permissions {
+                consumers: ConsumerRights { allow: vec!["a-1".into()] },
+                max_subscriptions: Some(9),
+                max_publish_rate: Some(3.0),
+                ..rules((&["a.x"], &[]), (&["a.>"], &["a.secret"]))
+            }
+            .compile()
+            .unwrap(),
+        );
+        let both = token.compile().unwrap().intersect(&now);
+        assert!(both.can_publish("a.x") && !both.can_publish("a.y"));
+        assert!(both.check_subscribe("a.y").is_ok());
+        assert!(matches!(both.check_subscribe("a.*").unwrap_err().reason, RefusalReason::Denied { .. }));
+        assert!(both.can_attach("a-1") && !both.can_attach("a-2"));
+        assert!(!both.can_manage("a-1") && !both.is_admin());
+        assert_eq!((both.max_subscriptions, both.max_publish_rate), (Some(5), Some(3.0)));
+        let unchanged = token.compile().unwrap().intersect(&Arc::new(token.compile().unwrap()));
+        assert!(unchanged.also.is_none() && unchanged.is_admin());
+        let nothing = Arc::new(Permissions::default().compile().unwrap());
+        let twice = both.intersect(&nothing);
+        assert!(!twice.can_publish("a.x") && twice.check_subscribe("a.y").is_err());
     }
 
     #[test]

@@ -52,6 +52,32 @@ pub(crate) struct Directory {
     /// token is ever kept, and no secret-dependent string comparison happens.
     pub(crate) tokens: HashMap<[u8; 32], Arc<Principal>>,
     pub(crate) certs: HashMap<String, Arc<Principal>>,
+    /// By [`Binding`] of each token and certificate subject: what a session token
+    /// minted with that credential finds its principal by.
+    pub(crate) bindings: HashMap<Binding, Arc<Principal>>,
+}
+
+/// A fingerprint of one credential of the principals file, which a session token
+/// carries: it names the credential without revealing it (a digest of the token's
+/// digest, or of the certificate subject).
+pub(crate) type Binding = [u8; 16];
+
+/// The [`Binding`] of a static token whose SHA-256 is `digest`.
+pub(crate) fn token_binding(digest: &[u8; 32]) -> Binding {
+    binding(b"token", digest)
+}
+
+/// The [`Binding`] of a certificate subject.
+pub(crate) fn cert_binding(subject: &str) -> Binding {
+    binding(b"cert", subject.as_bytes())
+}
+
+fn binding(kind: &[u8], credential: &[u8]) -> Binding {
+    use sha2::{Digest, Sha256};
+    let full: [u8; 32] = Sha256::new().chain_update(kind).chain_update([0]).chain_update(credential).finalize().into();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&full[..16]);
+    out
 }
 
 impl Directory {
@@ -118,6 +144,7 @@ impl Directory {
                     source: CredentialKind::Token,
                     expires_at: None,
                 });
+                directory.bindings.insert(token_binding(&digest), Arc::clone(&principal));
                 if let Some(first) = directory.tokens.insert(digest, principal) {
                     return Err(AuthError::DuplicateToken {
                         path: path.to_owned(),
@@ -133,6 +160,7 @@ impl Directory {
                     source: CredentialKind::Certificate,
                     expires_at: None,
                 });
+                directory.bindings.insert(cert_binding(&subject), Arc::clone(&principal));
                 if let Some(first) = directory.certs.insert(subject.clone(), principal) {
                     return Err(AuthError::DuplicateCertSubject {
                         path: path.to_owned(),

@@ -6,6 +6,10 @@
 //! A session token is `ebs_` and an HS256 JWT signed with the broker's session key:
 //! `auth.session_tokens.secret_file` (shared by a fleet, so any instance accepts what
 //! another minted), else a random key of this process.
+//!
+//! A session token is only as good as the credential it was minted with: it names that
+//! credential ([`Origin`]), and each use checks it is still accepted and meets the
+//! rights the token carries with those its principal has now (docs/security.md).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::authenticator::AuthFailure;
 use crate::error::AuthError;
-use crate::permissions::Permissions;
+use crate::permissions::{CompiledPermissions, Permissions};
 use crate::principal::{CredentialKind, Principal};
 use crate::settings::SessionSettings;
 
@@ -31,6 +35,8 @@ pub(crate) struct SessionTokens {
     decoding: DecodingKey,
     validation: Validation,
     ttl: Duration,
+    /// SHA-256 of the key: mixed into [`SessionTokens::seal`]ed fingerprints.
+    seal_key: [u8; 32],
 }
 
 impl std::fmt::Debug for SessionTokens {
@@ -46,6 +52,33 @@ struct Claims {
     iat: u64,
     /// The rights of the principal it was minted for.
     eventbus: Permissions,
+    /// [`Origin::credential`], in hex.
+    #[serde(default)]
+    cred: String,
+    /// [`Origin::default_rights`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    dflt: bool,
+}
+
+/// The credential a session token was minted with, checked again on each use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Origin {
+    /// For a principal of the principals file, a fingerprint of its token or
+    /// certificate subject; for a JWT subject, a fingerprint of the JWT keys and claim
+    /// rules that verified it. Empty when none could be taken: the token is refused.
+    pub(crate) credential: Vec<u8>,
+    /// The rights were `auth.default_permissions` (a JWT without an `eventbus` claim),
+    /// so they meet the defaults of the moment.
+    pub(crate) default_rights: bool,
+}
+
+/// What a verified session token says; its rights are not yet met with the current ones.
+#[derive(Debug)]
+pub(crate) struct Claimed {
+    pub(crate) name: String,
+    pub(crate) rights: CompiledPermissions,
+    pub(crate) expires_at: SystemTime,
+    pub(crate) origin: Origin,
 }
 
 impl SessionTokens {
@@ -84,7 +117,9 @@ impl SessionTokens {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = 0;
         validation.set_required_spec_claims(&["exp", "sub"]);
+        use sha2::Digest as _;
         Ok(Self {
+            seal_key: sha2::Sha256::digest(&key).into(),
             encoding: EncodingKey::from_secret(&key),
             decoding: DecodingKey::from_secret(&key),
             validation,
@@ -92,10 +127,18 @@ impl SessionTokens {
         })
     }
 
+    /// `fingerprint` as a session token may carry it: a digest keyed with the session
+    /// key, so that a token (which may sit in a URL, and so in a log) tells nothing of
+    /// what it names, yet every instance sharing the key computes the same.
+    pub(crate) fn seal(&self, fingerprint: &[u8]) -> Vec<u8> {
+        use sha2::{Digest as _, Sha256};
+        Sha256::new().chain_update(self.seal_key).chain_update(fingerprint).finalize()[..16].to_vec()
+    }
+
     /// A token for `principal`, valid for `ttl` (at most the configured one, which is
     /// also the default), and when it expires. A principal whose own credential
     /// expires sooner gets a token that expires with it.
-    pub(crate) fn mint(&self, principal: &Principal, ttl: Option<Duration>) -> (String, SystemTime) {
+    pub(crate) fn mint(&self, principal: &Principal, origin: &Origin, ttl: Option<Duration>) -> (String, SystemTime) {
         let now = SystemTime::now();
         let mut expires = now + ttl.unwrap_or(self.ttl).min(self.ttl);
         if let Some(credential) = principal.expires_at {
@@ -107,14 +150,17 @@ impl SessionTokens {
             exp: secs(expires),
             iat: secs(now),
             eventbus: Permissions::clone(&principal.permissions),
+            cred: hex::encode(&origin.credential),
+            dflt: origin.default_rights,
         };
         // Encoding plain claims with an HMAC key cannot fail.
         let jwt = jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding).unwrap_or_default();
         (format!("{SESSION_PREFIX}{jwt}"), UNIX_EPOCH + Duration::from_secs(secs(expires)))
     }
 
-    /// The principal a session token (without its prefix) was minted for.
-    pub(crate) fn verify(&self, jwt: &str) -> Result<Arc<Principal>, AuthFailure> {
+    /// What a session token (without its prefix) says, once its signature and expiry
+    /// are checked.
+    pub(crate) fn verify(&self, jwt: &str) -> Result<Claimed, AuthFailure> {
         let data =
             jsonwebtoken::decode::<Claims>(jwt, &self.decoding, &self.validation).map_err(|e| match e.kind() {
                 ErrorKind::ExpiredSignature => AuthFailure::Expired,
@@ -122,14 +168,28 @@ impl SessionTokens {
                 ErrorKind::MissingRequiredClaim(_) | ErrorKind::InvalidClaimFormat(_) => AuthFailure::InvalidClaims,
                 _ => AuthFailure::Malformed,
             })?;
-        let Claims { sub, exp, eventbus, .. } = data.claims;
-        let permissions = eventbus.compile().map_err(|_| AuthFailure::InvalidClaims)?;
-        Ok(Arc::new(Principal {
+        let Claims { sub, exp, eventbus, cred, dflt, .. } = data.claims;
+        let rights = eventbus.compile().map_err(|_| AuthFailure::InvalidClaims)?;
+        let credential = hex::decode(cred).map_err(|_| AuthFailure::InvalidClaims)?;
+        Ok(Claimed {
             name: sub,
-            permissions: Arc::new(permissions),
+            rights,
+            expires_at: UNIX_EPOCH + Duration::from_secs(exp),
+            origin: Origin { credential, default_rights: dflt },
+        })
+    }
+}
+
+impl Claimed {
+    /// The session's principal, with the rights both the token and `now` (its
+    /// principal's current rights) grant.
+    pub(crate) fn principal(self, now: &Arc<CompiledPermissions>) -> Arc<Principal> {
+        Arc::new(Principal {
+            name: self.name,
+            permissions: Arc::new(self.rights.intersect(now)),
             source: CredentialKind::Session,
-            expires_at: Some(UNIX_EPOCH + Duration::from_secs(exp)),
-        }))
+            expires_at: Some(self.expires_at),
+        })
     }
 }
 
@@ -146,16 +206,23 @@ mod tests {
         }
     }
 
+    fn origin() -> Origin {
+        Origin { credential: vec![1, 2, 3], default_rights: false }
+    }
+
     #[test]
     fn a_token_carries_the_name_and_the_rights_and_expires() {
         let tokens = SessionTokens::load(&SessionSettings::default()).unwrap();
         let mut rights = Permissions::default();
         rights.subscribe.allow = vec!["orders.>".into()];
-        let (token, expires) = tokens.mint(&principal("alice", rights.clone()), Some(Duration::from_secs(60)));
+        let (token, expires) =
+            tokens.mint(&principal("alice", rights.clone()), &origin(), Some(Duration::from_secs(60)));
         assert!(token.starts_with(SESSION_PREFIX));
         let until = expires.duration_since(SystemTime::now()).unwrap();
         assert!(until <= Duration::from_secs(60) && until > Duration::from_secs(55), "{until:?}");
         let back = tokens.verify(&token[SESSION_PREFIX.len()..]).unwrap();
+        assert_eq!(back.origin, origin());
+        let back = back.principal(&Arc::new(CompiledPermissions::all()));
         assert_eq!(back.name, "alice");
         assert_eq!(back.source, CredentialKind::Session);
         assert_eq!(*Permissions::clone(&back.permissions).subscribe.allow, ["orders.>"]);
@@ -166,14 +233,14 @@ mod tests {
     fn another_key_a_forgery_or_an_old_token_is_refused() {
         let ours = SessionTokens::load(&SessionSettings::default()).unwrap();
         let theirs = SessionTokens::load(&SessionSettings::default()).unwrap();
-        let (token, _) = theirs.mint(&principal("mallory", Permissions::all()), None);
+        let (token, _) = theirs.mint(&principal("mallory", Permissions::all()), &origin(), None);
         assert_eq!(ours.verify(&token[SESSION_PREFIX.len()..]).unwrap_err(), AuthFailure::BadSignature);
         assert_eq!(ours.verify("not.a.jwt").unwrap_err(), AuthFailure::Malformed);
         let expired = Principal {
             expires_at: Some(SystemTime::now() - Duration::from_secs(5)),
             ..principal("bob", Permissions::default())
         };
-        let (token, _) = ours.mint(&expired, None);
+        let (token, _) = ours.mint(&expired, &origin(), None);
         assert_eq!(ours.verify(&token[SESSION_PREFIX.len()..]).unwrap_err(), AuthFailure::Expired);
     }
 
@@ -184,7 +251,7 @@ mod tests {
         std::fs::write(&file, "k".repeat(40) + "\n").unwrap();
         let settings = SessionSettings { secret_file: file.to_str().unwrap().into(), ..SessionSettings::default() };
         let (a, b) = (SessionTokens::load(&settings).unwrap(), SessionTokens::load(&settings).unwrap());
-        let (token, _) = a.mint(&principal("carol", Permissions::default()), None);
+        let (token, _) = a.mint(&principal("carol", Permissions::default()), &origin(), None);
         assert_eq!(b.verify(&token[SESSION_PREFIX.len()..]).unwrap().name, "carol");
         std::fs::write(&file, "short").unwrap();
         let err = SessionTokens::load(&settings).unwrap_err().to_string();

@@ -137,6 +137,7 @@ fn failures_have_metric_labels_and_never_echo_the_credential() {
         (AuthFailure::BadSignature, "bad_signature"),
         (AuthFailure::InvalidClaims, "invalid_claims"),
         (AuthFailure::UnknownCertificate, "unknown_certificate"),
+        (AuthFailure::Revoked, "revoked"),
     ];
     for (failure, label) in failures {
         assert_eq!(failure.reason(), label);
@@ -303,6 +304,71 @@ fn reload_keeps_the_old_state_on_error_and_picks_up_changes() {
     let clone = auth.clone();
     clone.reload().unwrap();
     assert_eq!(auth.generation(), 2);
+}
+
+/// A session token minted now for the credential `bearer` or `subjects`.
+fn session(auth: &Authenticator, bearer: Option<&str>, subjects: &[String]) -> String {
+    let principal = auth.authenticate(bearer, subjects).unwrap();
+    auth.mint_session(&principal, bearer, subjects, None).unwrap().0
+}
+
+#[test]
+fn a_session_token_is_only_as_good_as_its_credential_now() {
+    let (dir, settings) = setup();
+    let auth = Authenticator::load(&settings).unwrap();
+    let billing_cert = ["billing.internal".to_owned()];
+    let orders = session(&auth, Some(ORDERS_TOKEN), &[]);
+    let billing = session(&auth, None, &billing_cert);
+    let claimed = hs256(&with(good_claims(), "eventbus", json!({ "subscribe": { "allow": ["a.>"] } })));
+    let (alice, defaulted) = (session(&auth, Some(&claimed), &[]), session(&auth, Some(&hs256(&good_claims())), &[]));
+    let orders_now = bearer(&auth, &orders).unwrap();
+    assert_eq!((orders_now.name.as_str(), orders_now.source), ("orders", CredentialKind::Session));
+    assert!(orders_now.permissions.can_publish("orders.us.x") && orders_now.permissions.max_publish_rate == Some(5.0));
+    assert!(bearer(&auth, &billing).unwrap().permissions.check_subscribe("billing.x").is_ok());
+    assert!(bearer(&auth, &alice).unwrap().permissions.check_subscribe("a.x").is_ok());
+    assert!(bearer(&auth, &defaulted).unwrap().permissions.can_publish("public.x"));
+
+    // orders loses a right and gets a lower rate; billing is removed.
+    let narrowed = principals_yaml().replace(
+        "allow: [\"orders.>\"] }\n      max_publish_rate: 5",
+        "allow: [\"orders.eu.>\"] }\n      max_publish_rate: 2",
+    );
+    let yaml = narrowed.split("  - name: billing").next().unwrap().to_owned();
+    write(dir.path(), "principals.yaml", &yaml);
+    auth.reload().unwrap();
+    let orders_now = bearer(&auth, &orders).unwrap();
+    assert!(orders_now.permissions.can_publish("orders.eu.x"));
+    assert!(!orders_now.permissions.can_publish("orders.us.x"), "the right withdrawn is gone from the session too");
+    assert_eq!(orders_now.permissions.max_publish_rate, Some(2.0));
+    assert_eq!(bearer(&auth, &billing).unwrap_err(), AuthFailure::Revoked);
+    assert!(bearer(&auth, &alice).is_ok(), "JWT sessions live while the keys do");
+
+    // The orders token is replaced: sessions minted with the old one end.
+    write(dir.path(), "principals.yaml", &yaml.replace(&token_sha256(ORDERS_TOKEN), &token_sha256("ebt_new")));
+    auth.reload().unwrap();
+    assert_eq!(bearer(&auth, &orders).unwrap_err(), AuthFailure::Revoked);
+
+    // The JWT key rotates: every session of a JWT subject ends.
+    write(dir.path(), "secret", "a-rotated-secret-of-at-least-32-bytes");
+    auth.reload().unwrap();
+    assert_eq!(bearer(&auth, &alice).unwrap_err(), AuthFailure::Revoked);
+    assert_eq!(bearer(&auth, &defaulted).unwrap_err(), AuthFailure::Revoked);
+}
+
+#[test]
+fn the_sessions_of_jwts_without_rights_of_their_own_follow_the_defaults() {
+    let (dir, mut settings) = setup();
+    let key = write(dir.path(), "session.key", &"k".repeat(40));
+    settings.session_tokens.secret_file = key;
+    let auth = Authenticator::load(&settings).unwrap();
+    let claimed = hs256(&with(good_claims(), "eventbus", json!({ "publish": { "allow": ["public.>"] } })));
+    let (own, defaulted) = (session(&auth, Some(&claimed), &[]), session(&auth, Some(&hs256(&good_claims())), &[]));
+    // New defaults (a restart with a shared session key) reach the sessions of JWTs
+    // that had them, not those of JWTs with rights of their own.
+    settings.default_permissions = Permissions::default();
+    let restarted = Authenticator::load(&settings).unwrap();
+    assert!(restarted.authenticate(Some(&own), &[]).unwrap().permissions.can_publish("public.x"));
+    assert!(!restarted.authenticate(Some(&defaulted), &[]).unwrap().permissions.can_publish("public.x"));
 }
 
 #[test]

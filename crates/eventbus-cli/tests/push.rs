@@ -108,6 +108,30 @@ async fn the_push_secret_is_set_and_never_shown() {
     assert!(!out.stdout.contains("\"s3\""), "{}", out.stdout);
 }
 
+/// Creating a consumer that exists with another definition fails naming what
+/// differs, with both push definitions redacted, in text and in JSON.
+#[tokio::test]
+async fn a_conflicting_definition_is_shown_without_the_push_credentials() {
+    let broker = broker().await;
+    let owners =
+        ["--push-url", HOOK, "--push-header", "Authorization: Bearer owner-bearer", "--push-secret", "owner-s3"];
+    let mut args = vec!["consumer", "create", "hooked", "-c", "orders.>"];
+    args.extend_from_slice(&owners);
+    assert!(run(eventbus(&broker, &args)).await.ok);
+    for json in [false, true] {
+        let mut args = vec!["consumer", "create", "hooked", "-c", "orders.>", "--push-url", "http://127.0.0.1:9/other"];
+        args.extend_from_slice(&["--push-header", "Authorization: Bearer other", "--push-secret", "other-s3"]);
+        if json {
+            args.insert(0, "--json");
+        }
+        let out = run(eventbus(&broker, &args)).await;
+        assert!(!out.ok, "{}", out.stdout);
+        let shown = format!("{}{}", out.stdout, out.stderr);
+        assert!(shown.contains("already exists") && shown.contains("(redacted)"), "{shown}");
+        assert!(!shown.contains("owner-bearer") && !shown.contains("owner-s3"), "{shown}");
+    }
+}
+
 /// `bench push` in both envelopes: every event reaches its endpoint and is acked, and
 /// the bench removes its consumer.
 #[tokio::test]

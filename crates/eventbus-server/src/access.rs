@@ -126,6 +126,9 @@ struct Inner {
     /// Bumped by every reload that changed the principals: an open publish stream
     /// refreshes its caller when it sees a new value (one atomic load per chunk).
     generation: AtomicU64,
+    /// Told of every reload, for what acts on a principal's behalf without a stream
+    /// of its own (push consumers).
+    reloads: tokio::sync::watch::Sender<u64>,
     anonymous: Caller,
 }
 
@@ -141,6 +144,7 @@ impl Access {
                 streams: Mutex::new(Streams::default()),
                 next_stream: AtomicU64::new(1),
                 generation: AtomicU64::new(0),
+                reloads: tokio::sync::watch::Sender::new(0),
                 anonymous,
             }),
         }
@@ -150,14 +154,15 @@ impl Access {
         self.inner.auth.enabled()
     }
 
-    /// A session token with `principal`'s name and rights (docs/web.md); `None` with
-    /// authentication off.
+    /// A session token with `caller`'s name and rights (docs/web.md), accepted while
+    /// the credential `caller` used is; `None` with authentication off.
     pub(crate) fn mint_session(
         &self,
-        principal: &Principal,
+        caller: &Caller,
         ttl: Option<std::time::Duration>,
     ) -> Option<(String, std::time::SystemTime)> {
-        self.inner.auth.mint_session(principal, ttl)
+        let credential = &caller.credential;
+        self.inner.auth.mint_session(&caller.principal, credential.bearer.as_deref(), &credential.cert_subjects, ttl)
     }
 
     pub(crate) fn protect_metrics(&self) -> bool {
@@ -478,8 +483,32 @@ impl Access {
             }
         }
         drop(streams);
-        self.inner.generation.fetch_add(1, Ordering::Release);
+        let generation = self.inner.generation.fetch_add(1, Ordering::Release) + 1;
+        self.inner.reloads.send_replace(generation);
         Ok(ended)
+    }
+
+    /// Changes with every reload of the principals.
+    pub(crate) fn reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.reloads.subscribe()
+    }
+
+    /// Why `owner` may not receive the events of a consumer of `channels` now, if it
+    /// may not: it is no longer a principal, or lost the right to subscribe to one of
+    /// them. What the broker does on a principal's behalf (a push consumer) is judged
+    /// as an open stream of that principal is. With authentication off, for a
+    /// consumer of the broker's own (no owner: declared in the configuration or
+    /// created with authentication off) and for a JWT subject (whose rights exist
+    /// only in its tokens), nothing is withdrawn.
+    pub(crate) fn owner_refusal(&self, owner: &str, channels: &[String]) -> Option<String> {
+        if !self.inner.auth.enabled() || owner.is_empty() || owner.starts_with(eventbus_auth::JWT_PREFIX) {
+            return None;
+        }
+        let Some(principal) = self.inner.auth.principal_named(owner) else {
+            return Some(format!("its owner {} is no longer a principal", eventbus_core::quoted(owner)));
+        };
+        let refused = channels.iter().find_map(|c| principal.permissions.check_subscribe(c).err())?;
+        Some(format!("its owner {} lost a right: {refused}", eventbus_core::quoted(owner)))
     }
 
     /// Why `stream` may no longer stay open, if it may not; else the stream goes on as

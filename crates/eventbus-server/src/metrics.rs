@@ -144,6 +144,7 @@ impl Metrics {
         self.registry.register(Box::new(push.requests.clone()))?;
         self.registry.register(Box::new(push.duration.clone()))?;
         self.registry.register(Box::new(push.in_flight.clone()))?;
+        self.registry.register(Box::new(push.owner_revoked.clone()))?;
         Ok(())
     }
 
@@ -221,6 +222,8 @@ pub(crate) struct PushMetrics {
     pub(crate) requests: IntCounterVec,
     pub(crate) duration: HistogramVec,
     pub(crate) in_flight: IntGaugeVec,
+    /// 1 while a consumer is stopped because its owner lost its rights.
+    pub(crate) owner_revoked: IntGaugeVec,
     labels: Arc<Mutex<HashSet<String>>>,
     max_labels: usize,
 }
@@ -246,6 +249,14 @@ impl PushMetrics {
             )?,
             in_flight: IntGaugeVec::new(
                 Opts::new(format!("{prefix}_push_in_flight"), "Push requests waiting for their answer, per consumer."),
+                &["consumer"],
+            )?,
+            owner_revoked: IntGaugeVec::new(
+                Opts::new(
+                    format!("{prefix}_push_owner_revoked"),
+                    "1 while a push consumer sends nothing because its owner is no longer a principal or lost the \
+                     right to subscribe to its channels, per consumer.",
+                ),
                 &["consumer"],
             )?,
             labels: Arc::default(),

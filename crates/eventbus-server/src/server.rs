@@ -206,8 +206,9 @@ impl Server {
             Mode::InMemory => start_durable(&settings, &bus, metrics.clone(), &supervisor).await?,
             Mode::Redis => start_redis_durable(&settings, &bus, metrics.clone(), transport_stop.clone(), &supervisor)?,
         }
-        let pusher =
-            bus.durable().map(|durable| Pusher::start(Arc::clone(durable), endpoints, push_metrics, &supervisor));
+        let pusher = bus
+            .durable()
+            .map(|durable| Pusher::start(Arc::clone(durable), endpoints, push_metrics, access.clone(), &supervisor));
         Ok(Self {
             settings,
             bus,

@@ -124,7 +124,7 @@ async fn tokens(
             "a session token cannot mint another: ask with the credential it was minted from",
         ));
     }
-    Ok(Json(match state.access.mint_session(principal, asked.ttl_ms.map(Duration::from_millis)) {
+    Ok(Json(match state.access.mint_session(&caller, asked.ttl_ms.map(Duration::from_millis)) {
         Some((token, expires)) => json!({ "token": token, "expires_at": convert::rfc3339(expires) }),
         None => json!({ "token": "", "expires_at": null }),
     }))

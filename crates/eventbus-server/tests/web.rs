@@ -8,88 +8,11 @@
 mod common;
 
 use common::auth::{ADMIN_TOKEN, Files, NOBODY_TOKEN, base_principals, entry};
+use common::sse::{EventStream, Sse};
 use common::*;
 use eventbus_proto::pb;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-
-/// One Server-Sent Event: its type (`message` when unnamed), id and data; comments
-/// are kept as events of type `:`.
-#[derive(Debug, Clone, PartialEq)]
-struct Sse {
-    event: String,
-    id: String,
-    data: String,
-}
-
-impl Sse {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.data).unwrap()
-    }
-}
-
-/// An open `text/event-stream` response, read event by event.
-struct EventStream {
-    response: reqwest::Response,
-    buffer: String,
-}
-
-impl EventStream {
-    async fn open(url: &str, headers: &[(&str, &str)]) -> Result<Self, (StatusCode, String)> {
-        let mut req = reqwest::Client::new().get(url);
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let response = req.send().await.unwrap();
-        if response.status() != StatusCode::OK {
-            let status = response.status();
-            return Err((status, response.text().await.unwrap()));
-        }
-        assert_eq!(response.headers()["content-type"], "text/event-stream");
-        Ok(Self { response, buffer: String::new() })
-    }
-
-    /// The next event (or comment), failing the test past the deadline.
-    async fn next(&mut self) -> Option<Sse> {
-        within(async {
-            loop {
-                if let Some(end) = self.buffer.find("\n\n") {
-                    let block: String = self.buffer.drain(..end + 2).collect();
-                    let mut sse = Sse { event: "message".into(), id: String::new(), data: String::new() };
-                    for line in block.lines() {
-                        if let Some(comment) = line.strip_prefix(':') {
-                            sse = Sse { event: ":".into(), id: String::new(), data: comment.trim().into() };
-                        } else if let Some((field, value)) = line.split_once(':') {
-                            let value = value.strip_prefix(' ').unwrap_or(value);
-                            match field {
-                                "event" => sse.event = value.into(),
-                                "id" => sse.id = value.into(),
-                                "data" => sse.data.push_str(value),
-                                _ => {}
-                            }
-                        }
-                    }
-                    return Some(sse);
-                }
-                match self.response.chunk().await.unwrap() {
-                    Some(bytes) => self.buffer.push_str(std::str::from_utf8(&bytes).unwrap()),
-                    None => return None,
-                }
-            }
-        })
-        .await
-    }
-
-    /// The next event that is not a comment.
-    async fn next_event(&mut self) -> Sse {
-        loop {
-            let sse = self.next().await.expect("the stream ended");
-            if sse.event != ":" {
-                return sse;
-            }
-        }
-    }
-}
 
 async fn post(server: &TestServer, path: &str, body: Value, token: Option<&str>) -> (StatusCode, Value) {
     let mut req = reqwest::Client::new().post(server.url(path)).json(&body);

@@ -125,6 +125,12 @@ impl ConsumerConfig {
         Ok(self)
     }
 
+    /// The definition as shown to callers and in messages: the push endpoint's
+    /// credentials redacted ([`PushConfig::redacted`]).
+    pub fn redacted(&self) -> Self {
+        Self { push: self.push.as_ref().map(PushConfig::redacted), ..self.clone() }
+    }
+
     pub fn ack_deadline(&self) -> Duration {
         Duration::from_millis(self.ack_deadline_ms)
     }

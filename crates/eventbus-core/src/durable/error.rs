@@ -53,19 +53,32 @@ pub enum DurableError {
 impl DurableError {
     /// [`DurableError::AlreadyExists`] for `asked`, naming each field that differs from
     /// `existing` (`max_attempts 5, asked 3; channels ["a.>"], asked ["b.>"]`).
+    ///
+    /// The message goes to whoever asked, who need not be the owner: both definitions
+    /// are shown redacted, as every read path shows them, and fields are compared as
+    /// shown, so neither a credential nor whether a guessed one is right comes out.
     pub fn already_exists(existing: &ConsumerConfig, asked: ConsumerConfig) -> Self {
         let (Ok(serde_json::Value::Object(old)), Ok(serde_json::Value::Object(new))) =
-            (serde_json::to_value(existing), serde_json::to_value(&asked))
+            (serde_json::to_value(existing.redacted()), serde_json::to_value(asked.redacted()))
         else {
             return Self::AlreadyExists { name: asked.name, differences: "the definitions differ".to_owned() };
         };
-        let differences: Vec<String> = new
+        let mut differences: Vec<String> = new
             .iter()
             .filter_map(|(field, value)| {
                 let current = old.get(field).unwrap_or(&serde_json::Value::Null);
                 (current != value).then(|| format!("{field} {current}, asked {value}"))
             })
+            .chain(
+                old.iter()
+                    .filter(|(field, _)| !new.contains_key(*field))
+                    .map(|(field, current)| format!("{field} {current}, asked none")),
+            )
             .collect();
+        if differences.is_empty() {
+            // Only what redaction hides differs.
+            differences.push("push credentials (header values or secret, not shown)".to_owned());
+        }
         Self::AlreadyExists { name: asked.name, differences: differences.join("; ") }
     }
 
@@ -90,5 +103,50 @@ impl DurableError {
             field: "page_token",
             message: format!("{} is not a page token this broker issued", quoted(token)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::durable::PushConfig;
+
+    fn hooked(secret: &str, key: &str) -> ConsumerConfig {
+        let mut push = PushConfig::new("https://hooks.example.com/x");
+        push.secret = secret.to_owned();
+        push.headers = [("x-api-key".to_owned(), key.to_owned())].into();
+        ConsumerConfig { push: Some(push), owner: "alice".into(), ..ConsumerConfig::new("red-1", vec!["red.>".into()]) }
+    }
+
+    fn differences(err: DurableError) -> String {
+        match err {
+            DurableError::AlreadyExists { differences, .. } => differences,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_conflict_shows_both_definitions_redacted() {
+        let existing = hooked("owner-signing-secret", "owner-api-key");
+        let asked = ConsumerConfig { max_attempts: 9, owner: "mallory".into(), ..hooked("guess", "guess") };
+        let shown = differences(DurableError::already_exists(&existing, asked));
+        assert!(shown.contains("max_attempts 5, asked 9") && shown.contains("owner \"alice\""), "{shown}");
+        for secret in ["owner-signing-secret", "owner-api-key", "guess"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(!shown.contains("push"), "credentials are not compared where the asker sees them: {shown}");
+        let pulled = ConsumerConfig { push: None, ..existing.clone() };
+        let shown = differences(DurableError::already_exists(&existing, pulled));
+        assert!(
+            shown.starts_with("push {") && shown.contains("(redacted)") && shown.ends_with("asked none"),
+            "{shown}"
+        );
+        assert!(!shown.contains("owner-signing-secret") && !shown.contains("owner-api-key"), "{shown}");
+    }
+
+    #[test]
+    fn a_conflict_on_credentials_alone_says_so_without_them() {
+        let shown = differences(DurableError::already_exists(&hooked("s1", "k1"), hooked("s2", "k1")));
+        assert_eq!(shown, "push credentials (header values or secret, not shown)");
     }
 }

@@ -6,9 +6,11 @@
 //! - this file: [`Pusher`], which follows the consumer definitions and runs one worker
 //!   per push consumer, and the HTTP client they share;
 //! - `worker`: one consumer's attachment, its concurrency cap and its requests;
+//! - `owner`: the owner's rights, checked at start and after each reload;
 //! - `request`: what a request carries and what its answer means;
 //! - `resolve`: `push.deny_networks` applied to every resolved address.
 
+mod owner;
 mod request;
 mod resolve;
 mod worker;
@@ -23,6 +25,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::access::Access;
 use crate::config::PushSettings;
 use crate::metrics::PushMetrics;
 use resolve::{DenyList, Resolver};
@@ -91,6 +94,8 @@ struct Inner {
     durable: Arc<dyn DurableBackend>,
     endpoints: Endpoints,
     metrics: PushMetrics,
+    /// Judges each consumer's owner.
+    access: Access,
     supervisor: Supervisor,
     /// Cancelled at shutdown: workers stop taking events and finish their requests.
     stop: CancellationToken,
@@ -98,10 +103,19 @@ struct Inner {
     follower: Mutex<Option<TaskHandle>>,
 }
 
-/// A worker and the endpoint it was started for.
+/// What a push worker serves: the endpoint, and the owner whose rights it uses on
+/// which channels.
+#[derive(Debug, Clone, PartialEq)]
+struct Definition {
+    push: PushConfig,
+    owner: String,
+    channels: Vec<String>,
+}
+
+/// A worker and the definition it was started for.
 #[derive(Debug)]
 struct Running {
-    push: PushConfig,
+    definition: Definition,
     worker: Arc<Worker>,
     _task: TaskHandle,
 }
@@ -112,12 +126,14 @@ impl Pusher {
         durable: Arc<dyn DurableBackend>,
         endpoints: Endpoints,
         metrics: PushMetrics,
+        access: Access,
         supervisor: &Supervisor,
     ) -> Self {
         let inner = Arc::new(Inner {
             durable,
             endpoints,
             metrics,
+            access,
             supervisor: supervisor.clone(),
             stop: CancellationToken::new(),
             workers: Mutex::default(),
@@ -152,7 +168,11 @@ async fn follow(inner: std::sync::Weak<Inner>) {
         let wait = match listed {
             Ok(consumers) => {
                 retry = LIST_RETRY.0;
-                this.reconcile(consumers.into_iter().filter_map(|c| Some((c.config.name, c.config.push?))));
+                this.reconcile(consumers.into_iter().filter_map(|c| {
+                    let definition =
+                        Definition { push: c.config.push?, owner: c.config.owner, channels: c.config.channels };
+                    Some((c.config.name, definition))
+                }));
                 None
             }
             Err(err) => {
@@ -181,30 +201,32 @@ async fn follow(inner: std::sync::Weak<Inner>) {
 }
 
 impl Inner {
-    /// Starts a worker for each push consumer without one (or whose endpoint changed),
-    /// and retires the workers of consumers gone or no longer pushed.
-    fn reconcile(self: &Arc<Self>, push_consumers: impl Iterator<Item = (String, PushConfig)>) {
+    /// Starts a worker for each push consumer without one (or whose definition
+    /// changed), and retires the workers of consumers gone or no longer pushed.
+    fn reconcile(self: &Arc<Self>, push_consumers: impl Iterator<Item = (String, Definition)>) {
         if self.stop.is_cancelled() {
             return;
         }
-        let wanted: HashMap<String, PushConfig> = push_consumers.collect();
+        let wanted: HashMap<String, Definition> = push_consumers.collect();
         let mut workers = self.workers.lock();
         workers.retain(|name, running| {
-            let keep = wanted.get(name) == Some(&running.push);
+            let keep = wanted.get(name) == Some(&running.definition);
             if !keep {
-                info!(consumer = %name, "push consumer retired (deleted, or its endpoint changed)");
+                info!(consumer = %name, "push consumer retired (deleted, or redefined)");
             }
             if !wanted.contains_key(name) {
                 self.metrics.forget(name);
             }
             keep
         });
-        for (name, push) in wanted {
+        for (name, definition) in wanted {
             if workers.contains_key(&name) {
                 continue;
             }
+            let push = definition.push.clone();
             info!(consumer = %name, url = %push.url, max_concurrency = push.max_concurrency, "pushing a durable consumer's events");
             let label = self.metrics.label(&name);
+            let revoked = self.metrics.owner_revoked.with_label_values(&[&label]);
             let worker = Arc::new(Worker::new(
                 name.clone(),
                 push.clone(),
@@ -213,8 +235,11 @@ impl Inner {
                 label,
                 self.stop.child_token(),
             ));
-            let task = self.supervisor.spawn("push consumer", Arc::clone(&worker).run(Arc::clone(&self.durable)));
-            workers.insert(name, Running { push, worker, _task: task });
+            let Definition { owner, channels, .. } = definition.clone();
+            let owner = owner::Owner::new(name.clone(), owner, channels, self.access.clone(), revoked);
+            let task =
+                self.supervisor.spawn("push consumer", Arc::clone(&worker).run(Arc::clone(&self.durable), owner));
+            workers.insert(name, Running { definition, worker, _task: task });
         }
     }
 }

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::Endpoints;
+use super::owner::Owner;
 use super::request::{self, Outcome};
 use crate::metrics::{PUSH_CLASSES, PushMetrics};
 
@@ -99,14 +100,18 @@ impl Worker {
     }
 
     /// Attaches and serves until shutdown, attaching again whenever the attachment
-    /// ends (the engine lost, the consumer redefined).
-    pub(crate) async fn run(self: Arc<Self>, durable: Arc<dyn DurableBackend>) {
+    /// ends (the engine lost, the consumer redefined); detached while `owner` may not
+    /// receive the consumer's events.
+    pub(crate) async fn run(self: Arc<Self>, durable: Arc<dyn DurableBackend>, mut owner: Owner) {
         let mut retry = ATTACH_RETRY.0;
         let options = ClientOptions {
             max_in_flight: self.push.max_concurrency.saturating_mul(self.push.batch),
             max_batch: self.push.batch,
         };
         loop {
+            if !owner.allowed(&self.stop).await {
+                return;
+            }
             let attached = tokio::select! {
                 () = self.stop.cancelled() => return,
                 attached = durable.attach(&self.consumer, options, None) => attached,
@@ -114,7 +119,9 @@ impl Worker {
             match attached {
                 Ok(attachment) => {
                     retry = ATTACH_RETRY.0;
-                    self.serve(attachment).await;
+                    if self.serve(attachment, &mut owner).await == Served::Revoked {
+                        continue;
+                    }
                 }
                 Err(DurableError::UnknownConsumer(_)) => {
                     debug!(consumer = %self.consumer, "push consumer not found (yet, or any more)");
@@ -133,18 +140,24 @@ impl Worker {
 
     /// POSTs what the engine hands over, at most `max_concurrency` requests at once,
     /// each carrying up to `push.batch` events: a request that waited for its turn
-    /// takes along what arrived meanwhile.
-    async fn serve(self: &Arc<Self>, attachment: Attachment) {
+    /// takes along what arrived meanwhile. Ends when the attachment does, at shutdown,
+    /// or when `owner` loses its rights.
+    async fn serve(self: &Arc<Self>, attachment: Attachment, owner: &mut Owner) -> Served {
         let Attachment { mut deliveries, client, .. } = attachment;
         let client: Arc<dyn ConsumerClient> = Arc::from(client);
         let acks = Acks::start(Arc::clone(&client), self.push.max_concurrency as usize);
         let batch = self.push.batch as usize;
         let mut waiting: VecDeque<Delivery> = VecDeque::new();
+        let mut served = Served::Stopped;
         loop {
             if waiting.is_empty() {
                 let handed = tokio::select! {
                     biased;
                     () = self.stop.cancelled() => break,
+                    () = owner.revoked() => {
+                        served = Served::Revoked;
+                        break;
+                    }
                     handed = deliveries.recv() => handed,
                 };
                 let Some(handed) = handed else {
@@ -152,7 +165,7 @@ impl Worker {
                         Some(err) => warn!(consumer = %self.consumer, %err, "push consumer detached; attaching again"),
                         None => debug!(consumer = %self.consumer, "push consumer detached"),
                     }
-                    return;
+                    return Served::Detached;
                 };
                 waiting.extend(handed);
                 continue;
@@ -161,6 +174,10 @@ impl Worker {
             let permit = tokio::select! {
                 biased;
                 () = self.stop.cancelled() => break,
+                () = owner.revoked() => {
+                    served = Served::Revoked;
+                    break;
+                }
                 permit = Arc::clone(&self.permits).acquire_owned() => permit,
             };
             let Ok(permit) = permit else { break };
@@ -173,7 +190,8 @@ impl Worker {
             let chunk: Vec<Delivery> = waiting.drain(..waiting.len().min(batch)).collect();
             tokio::spawn(Arc::clone(self).post(chunk, Arc::clone(&client), acks.clone(), permit));
         }
-        // Shutdown: what was handed over and not sent goes back at once, uncounted.
+        // Shutdown or revoked: what was handed over and not sent goes back at once,
+        // uncounted.
         deliveries.close();
         while let Ok(handed) = deliveries.try_recv() {
             waiting.extend(handed);
@@ -181,6 +199,7 @@ impl Worker {
         if !waiting.is_empty() {
             client.release(ids(waiting.iter()), true).await;
         }
+        served
     }
 
     /// Resolves once no request is in flight.
@@ -294,6 +313,17 @@ impl Worker {
             }
         }
     }
+}
+
+/// Why [`Worker::serve`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Served {
+    /// The attachment ended (the engine lost, the consumer redefined or deleted).
+    Detached,
+    /// Shutdown.
+    Stopped,
+    /// The owner lost its rights: attach again once they are back.
+    Revoked,
 }
 
 /// The acks of one attachment's requests, applied together: requests answered while

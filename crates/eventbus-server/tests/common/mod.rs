@@ -5,6 +5,7 @@ pub mod auth;
 pub mod consume;
 pub mod redis_cluster;
 pub mod redis_server;
+pub mod sse;
 pub mod tls;
 
 use std::future::Future;
