@@ -276,6 +276,7 @@ impl PushMetrics {
         }
         let _ = self.duration.remove_label_values(&[consumer]);
         let _ = self.in_flight.remove_label_values(&[consumer]);
+        let _ = self.owner_revoked.remove_label_values(&[consumer]);
     }
 
     /// The label of `consumer`'s series: its name while there is room, else `_other`.
