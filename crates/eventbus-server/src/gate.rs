@@ -1,5 +1,5 @@
 //! What a request must be to reach a route at all, before authentication
-//! (docs/security.md "Browsers"):
+//! (docs/security.md "Cross-site requests", "DNS rebinding"):
 //!
 //! - addressed to a host the broker answers for (`server.http.allowed_hosts`), on the
 //!   HTTP port and for gRPC-Web on the gRPC port: a page whose DNS name is rebound to
