@@ -2,7 +2,7 @@
 //! (docs/security.md "Cross-site requests", "DNS rebinding"):
 //!
 //! - addressed to a host the broker answers for (`server.http.allowed_hosts`), on the
-//!   HTTP port and for gRPC-Web on the gRPC port: a page whose DNS name is rebound to
+//!   HTTP port and on the gRPC port for gRPC-Web and anything over HTTP/1: a page whose DNS name is rebound to
 //!   the broker's address (a DNS rebinding attack) sends its own name as `Host`, and
 //!   is refused with 421. IP addresses and `localhost` always pass: a rebound name is
 //!   neither.
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::extract::State;
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, Version, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -122,12 +122,14 @@ fn verdict<B>(req: &axum::http::Request<B>, hosts: &AllowedHosts) -> Verdict {
     let essence = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
     // application/grpc, application/grpc+proto, application/grpc-web(-text)(+proto).
     let grpc = essence == "application/grpc" || essence.starts_with("application/grpc+");
-    if grpc {
+    // Native gRPC is HTTP/2, which a browser speaks only over TLS, where a rebound name
+    // fails the certificate check: only HTTP/1 requests can come from a rebound page.
+    if grpc && req.version() == Version::HTTP_2 {
         return Verdict::Pass;
     }
     let web = essence.starts_with("application/grpc-web");
     let preflight = req.method() == Method::OPTIONS;
-    if !(web || preflight) {
+    if !(grpc || web || preflight) {
         let shown = if content_type.is_empty() { "none".to_owned() } else { eventbus_core::quoted(content_type) };
         return Verdict::Refuse(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -213,8 +215,11 @@ mod tests {
     fn the_grpc_port_takes_grpc_content_types_only() {
         let hosts = AllowedHosts::new(&[]);
         let req = |content_type: Option<&str>, host: &str, method: Method| {
-            let mut b =
-                axum::http::Request::builder().method(method).uri("/eventbus.v1.EventBus/Publish").header("host", host);
+            let mut b = axum::http::Request::builder()
+                .method(method)
+                .version(Version::HTTP_2)
+                .uri("/eventbus.v1.EventBus/Publish")
+                .header("host", host);
             if let Some(t) = content_type {
                 b = b.header("content-type", t);
             }
@@ -249,5 +254,12 @@ mod tests {
         );
         assert_eq!(status(verdict(&req(None, far, Method::OPTIONS), &hosts)), StatusCode::MISDIRECTED_REQUEST);
         assert_eq!(status(verdict(&req(None, "127.0.0.1:50051", Method::OPTIONS), &hosts)), StatusCode::OK);
+        // Over HTTP/1 (a page's fetch), gRPC is addressed to an allowed host too.
+        let mut http1 = req(Some("application/grpc"), far, Method::POST);
+        *http1.version_mut() = Version::HTTP_11;
+        assert_eq!(status(verdict(&http1, &hosts)), StatusCode::MISDIRECTED_REQUEST);
+        let mut http1 = req(Some("application/grpc"), "localhost", Method::POST);
+        *http1.version_mut() = Version::HTTP_11;
+        assert_eq!(status(verdict(&http1, &hosts)), StatusCode::OK);
     }
 }

@@ -459,6 +459,20 @@ async fn allow_networks_opens_a_denied_range_and_an_explicit_deny_list_holds() {
     server.stop().await;
 }
 
+/// A URL's query may hold a credential: failure reasons (and logs) leave it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_urls_query_stays_out_of_failure_reasons() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let server = start().await;
+    let url = format!("http://{closed}/hook?key=s3cret-in-the-url");
+    create(&server, push_consumer("keyed", &["jobs"], push_to(&url))).await;
+    publish(&server, event("jobs", "x")).await;
+    let reason = first_failure(&server, "keyed").await;
+    assert!(reason.contains("cannot reach the endpoint"), "{reason}");
+    assert!(!reason.contains("s3cret-in-the-url"), "{reason}");
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_brokers_own_listeners_are_never_pushed_to() {
     let server = start().await;

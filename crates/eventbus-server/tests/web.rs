@@ -387,6 +387,9 @@ async fn a_rebound_dns_name_is_refused_on_both_ports() {
     let refused = grpc_web(&server, "eventbus.v1.Admin/GetStats", rebound).send().await.unwrap();
     assert_eq!(refused.status(), StatusCode::MISDIRECTED_REQUEST);
     assert!(refused.text().await.unwrap().contains("server.http.allowed_hosts"));
+    // A page's fetch speaks HTTP/1, even with gRPC's own content type.
+    let native = grpc_web(&server, "eventbus.v1.Admin/GetStats", rebound).header("content-type", "application/grpc");
+    assert_eq!(native.send().await.unwrap().status(), StatusCode::MISDIRECTED_REQUEST);
     let paused = server.admin().await.get_consumer(pb::GetConsumerRequest { name: "jobs".into() }).await.unwrap();
     assert!(!paused.into_inner().paused, "the refused pause did nothing");
     let stats = server.admin().await.get_stats(pb::GetStatsRequest::default()).await.unwrap().into_inner();
