@@ -352,12 +352,17 @@ async fn a_grpc_web_client_publishes_and_subscribes() {
 
 /// A gRPC-Web request of `method` with an empty message, addressed to `host`.
 fn grpc_web(server: &TestServer, method: &str, host: &str) -> reqwest::RequestBuilder {
+    grpc_http1(server, method, host, "application/grpc-web+proto").header("x-grpc-web", "1")
+}
+
+/// An HTTP/1 request of `method` with an empty message and `content_type`, addressed to
+/// `host`, as a page's fetch sends it.
+fn grpc_http1(server: &TestServer, method: &str, host: &str, content_type: &str) -> reqwest::RequestBuilder {
     reqwest::Client::new()
         .post(format!("http://{}/{method}", server.addr))
         .header("host", host)
         .header("origin", format!("http://{host}"))
-        .header("content-type", "application/grpc-web+proto")
-        .header("x-grpc-web", "1")
+        .header("content-type", content_type)
         .body(vec![0u8; 5])
 }
 
@@ -388,7 +393,7 @@ async fn a_rebound_dns_name_is_refused_on_both_ports() {
     assert_eq!(refused.status(), StatusCode::MISDIRECTED_REQUEST);
     assert!(refused.text().await.unwrap().contains("server.http.allowed_hosts"));
     // A page's fetch speaks HTTP/1, even with gRPC's own content type.
-    let native = grpc_web(&server, "eventbus.v1.Admin/GetStats", rebound).header("content-type", "application/grpc");
+    let native = grpc_http1(&server, "eventbus.v1.Admin/GetStats", rebound, "application/grpc");
     assert_eq!(native.send().await.unwrap().status(), StatusCode::MISDIRECTED_REQUEST);
     let paused = server.admin().await.get_consumer(pb::GetConsumerRequest { name: "jobs".into() }).await.unwrap();
     assert!(!paused.into_inner().paused, "the refused pause did nothing");
