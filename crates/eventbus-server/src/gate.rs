@@ -2,10 +2,10 @@
 //! (docs/security.md "Cross-site requests", "DNS rebinding"):
 //!
 //! - addressed to a host the broker answers for (`server.http.allowed_hosts`), on the
-//!   HTTP port and on the gRPC port for gRPC-Web and anything over HTTP/1: a page whose DNS name is rebound to
-//!   the broker's address (a DNS rebinding attack) sends its own name as `Host`, and
-//!   is refused with 421. IP addresses and `localhost` always pass: a rebound name is
-//!   neither.
+//!   HTTP port, and on the gRPC port for gRPC-Web and anything over HTTP/1 (what a
+//!   page's `fetch` sends): a page whose DNS name is rebound to the broker's address
+//!   (a DNS rebinding attack) sends its own name as `Host`, and is refused with 421.
+//!   IP addresses and `localhost` always pass: a rebound name is neither.
 //! - on the gRPC port, a gRPC (or gRPC-Web) content type: anything else is a browser's
 //!   "simple" cross-site request, refused with 415 before any service reads it.
 
@@ -58,7 +58,7 @@ impl AllowedHosts {
             Err(_) => return false,
         }
         let with_port = authority.trim_end_matches('.');
-        self.names.iter().any(|n| n == host || *n == with_port || n.strip_suffix('.') == Some(host))
+        self.names.iter().any(|n| n == host || n == with_port)
     }
 
     /// Why a request addressed to `authority` is refused.
@@ -89,8 +89,8 @@ pub(crate) async fn check_host(State(hosts): State<AllowedHosts>, req: axum::ext
     }
 }
 
-/// The gRPC port's gate: gRPC content types only; gRPC-Web (and CORS preflights)
-/// addressed to an allowed host only.
+/// The gRPC port's gate: gRPC content types only; gRPC-Web, CORS preflights and
+/// HTTP/1 requests addressed to an allowed host only.
 #[derive(Debug, Clone)]
 pub(crate) struct GrpcGateLayer {
     pub(crate) hosts: AllowedHosts,
