@@ -78,7 +78,9 @@ def start_daemon(bin_dir, workdir):
         [str(bin_dir / "eventbusd"), "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
          "--log-format", "text"],
         cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, RUST_LOG="info"))
+        # As docs/push.md restarts it: its receiver listens on 127.0.0.1, which
+        # push.deny_networks refuses by default.
+        env=dict(os.environ, RUST_LOG="info", EVENTBUS__PUSH__ALLOW_NETWORKS="127.0.0.0/8,::1/128"))
     deadline = time.monotonic() + DEADLINE
     for line in proc.stdout:
         if "eventbusd started" in line:

@@ -142,7 +142,9 @@ class Broker:
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path).start()
+    # The push endpoints of these tests listen on 127.0.0.1, which push.deny_networks
+    # refuses by default: the broker opts in, as local development does.
+    b = Broker(tmp_path, {"EVENTBUS__PUSH__ALLOW_NETWORKS": "127.0.0.0/8"}).start()
     yield b
     b.stop()
 

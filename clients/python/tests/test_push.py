@@ -6,8 +6,10 @@ import hashlib
 import hmac
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Dict, List
+from pathlib import Path
+from typing import Dict, Iterator, List
 
+import pytest
 from socle_eventbus import Client, pb
 
 from conftest import Daemon, eventually
@@ -32,7 +34,18 @@ def endpoint() -> "tuple[HTTPServer, List[Dict[str, object]]]":
     return server, received
 
 
-async def test_the_broker_pushes_signed_events_to_an_http_endpoint(daemon: Daemon, name: str) -> None:
+@pytest.fixture
+def local_daemon(tmp_path: Path) -> Iterator[Daemon]:
+    """A daemon that may push to loopback, which push.deny_networks refuses by default:
+    the endpoint below listens on 127.0.0.1, as in local development."""
+    d = Daemon(tmp_path, env={"EVENTBUS__PUSH__ALLOW_NETWORKS": "127.0.0.0/8"})
+    d.start()
+    yield d
+    d.stop()
+
+
+async def test_the_broker_pushes_signed_events_to_an_http_endpoint(local_daemon: Daemon, name: str) -> None:
+    daemon = local_daemon
     server, received = endpoint()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/hook"

@@ -29,7 +29,8 @@ pub struct Permissions {
     pub manage_consumers: Vec<String>,
     /// Every other admin RPC and `/admin` REST route.
     pub admin: bool,
-    /// Most subscriptions open at once; none when absent.
+    /// Most subscriptions open at once (Subscribe, Consume and Server-Sent Events
+    /// streams together); `auth.default_max_subscriptions` when absent.
     pub max_subscriptions: Option<u32>,
     /// Most events published per second (token bucket); none when absent.
     pub max_publish_rate: Option<f64>,

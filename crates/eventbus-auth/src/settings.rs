@@ -28,6 +28,9 @@ pub struct AuthSettings {
     /// Most durable consumers a principal owns when its permissions set no
     /// `max_consumers` (0 = no bound).
     pub default_max_consumers: u32,
+    /// Most open subscriptions (gRPC Subscribe and Consume streams, Server-Sent Events
+    /// streams) of a principal whose permissions set no `max_subscriptions` (0 = no bound).
+    pub default_max_subscriptions: u32,
     /// Most bytes queued across the subscriptions of a principal whose permissions set no
     /// `max_queued_bytes` (0 = no bound but `eventbus.max_queued_bytes`).
     pub default_max_queued_bytes: u64,

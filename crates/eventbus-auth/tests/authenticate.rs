@@ -60,6 +60,7 @@ fn setup() -> (TempDir, AuthSettings) {
         },
         protect_metrics: true,
         default_max_consumers: 0,
+        default_max_subscriptions: 0,
         allow_empty_principals: false,
         default_max_queued_bytes: 0,
         session_tokens: Default::default(),

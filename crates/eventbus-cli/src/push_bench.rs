@@ -90,7 +90,7 @@ impl Endpoint {
                 anyhow::ensure!(
                     events > 0,
                     "no event reached the bench's endpoint within {} s: the broker must be on this host \
-                     and may push to 127.0.0.1 (not in its push.deny_networks)",
+                     and may push to 127.0.0.1 (loopback is refused by default: push.allow_networks: [127.0.0.0/8])",
                     STALL.as_secs()
                 );
                 anyhow::ensure!(

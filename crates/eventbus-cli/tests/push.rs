@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use eventbus_server::Settings;
 
 /// Nothing listens on port 9 (discard): the broker's requests fail and are retried,
 /// which does not matter to what `consumer info` shows.
@@ -136,7 +137,11 @@ async fn a_conflicting_definition_is_shown_without_the_push_credentials() {
 /// the bench removes its consumer.
 #[tokio::test]
 async fn bench_push_delivers_every_event_and_removes_its_consumer() {
-    let broker = broker().await;
+    // The bench's endpoint listens on 127.0.0.1, which push.deny_networks refuses by
+    // default: this broker opts in, as cli.md says a bench needs.
+    let mut settings = Settings::default();
+    settings.push.allow_networks = vec!["127.0.0.0/8".into()];
+    let broker = common::serve(settings).await;
     for extra in [&[][..], &["--batch", "10", "--concurrency", "4"][..]] {
         let mut args = vec!["--json", "bench", "push", "--count", "300", "--publishers", "2", "--mode", "stream"];
         args.extend_from_slice(extra);

@@ -113,6 +113,8 @@ pub(crate) struct ConsumerLimits {
     pub(crate) broker: usize,
     /// Bytes a principal without `max_queued_bytes` may have queued (0 = no bound).
     pub(crate) queued_bytes: u64,
+    /// Open subscriptions of a principal without `max_subscriptions` (0 = no bound).
+    pub(crate) subscriptions: u32,
 }
 
 #[derive(Debug)]
@@ -417,7 +419,9 @@ impl Access {
         // Subscriptions and Consume streams alike hold a queue: both count.
         if let StreamUse::Subscribe(_) | StreamUse::Consume(_) = &uses {
             let open = streams.subscriptions.get(caller.name()).copied().unwrap_or(0);
-            if let Some(max) = caller.principal.permissions.permissions().max_subscriptions
+            let default = self.inner.limits.subscriptions;
+            let max = caller.principal.permissions.permissions().max_subscriptions;
+            if let Some(max) = max.or((default > 0).then_some(default))
                 && open >= max
             {
                 drop(streams);

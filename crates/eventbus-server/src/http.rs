@@ -5,7 +5,8 @@
 //! are rendered, and refusals given their HTTP code, by `convert`, the same edge gRPC
 //! uses.
 //!
-//! Before any route: oversized URIs and header sections are refused in JSON
+//! Before any route: requests addressed to a host not in `server.http.allowed_hosts`
+//! are refused (421, `gate`); oversized URIs and header sections are refused in JSON
 //! ([`request_limits`]), and admin routes refuse cross-site requests ([`cross_site`]):
 //! a foreign `Origin` (403) unless listed in `server.http.allowed_origins`, whose CORS
 //! preflights are answered; bodies other than `application/json` (415). Every error
@@ -101,6 +102,8 @@ pub(crate) struct HttpState {
     pub(crate) access: Access,
     /// `server.http.allowed_origins`: foreign origins whose pages may call admin routes.
     pub(crate) allowed_origins: Arc<[String]>,
+    /// `server.http.allowed_hosts`: the names requests may be addressed to.
+    pub(crate) allowed_hosts: crate::gate::AllowedHosts,
     /// The gRPC service, whose subscribe path `/v1/subscribe` takes.
     pub(crate) events: EventBusService,
     /// `server.http.sse_heartbeat_ms`.
@@ -140,6 +143,7 @@ pub(crate) fn router(state: HttpState) -> Router {
         .route("/admin/eventbus/consumers/{name}/resume", post(resume))
         .route_layer(middleware::from_fn_with_state(state.access.clone(), authenticate));
     let origins = state.allowed_origins.clone();
+    let hosts = state.allowed_hosts.clone();
     let web = crate::web::routes(state.access.clone());
     probes
         .merge(admin)
@@ -152,6 +156,7 @@ pub(crate) fn router(state: HttpState) -> Router {
         .layer(body_limit)
         .layer(middleware::from_fn_with_state(origins, cross_site))
         .layer(middleware::from_fn(request_limits))
+        .layer(middleware::from_fn_with_state(hosts, crate::gate::check_host))
         .with_state(state)
 }
 
@@ -486,7 +491,8 @@ async fn publish(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<convert::PublishedJson>, ApiError> {
     let published = async {
-        let input = convert::publish_input_json(&body(&state, &headers, raw)?, peer.0.addr.to_string().into())?;
+        let mut input = convert::publish_input_json(&body(&state, &headers, raw)?, peer.0.addr.to_string().into())?;
+        convert::record_hops(&headers, &mut input)?;
         state.access.check_publish(&caller, [input.channel.as_str()])?;
         Ok::<_, ApiError>(state.bus.publish(input).await?)
     }

@@ -9,6 +9,8 @@
 //!   idle timeout of connections with no request in progress.
 //! - `http_server`: hyper serving the HTTP listener: header-read timeout, parser
 //!   limits, graceful close.
+//! - `gate`: what a request must be to reach any route: addressed to an allowed host
+//!   (DNS rebinding), and on the gRPC port of a gRPC content type.
 //! - `tls`: certificates and the client CA, swapped on reload.
 //! - `access`: authentication and rights at the edge, for gRPC and HTTP alike; open
 //!   streams re-checked on reload (docs/security.md).
@@ -39,6 +41,7 @@ mod access;
 pub mod consume;
 mod convert;
 mod delivery;
+mod gate;
 mod grpc;
 mod http_server;
 mod listener;

@@ -23,6 +23,7 @@ use crate::access::{Access, ConsumerLimits};
 use crate::config::{FsyncSetting, Mode, Settings};
 use crate::convert;
 use crate::delivery::EncodedStreams;
+use crate::gate::{AllowedHosts, GrpcGateLayer};
 use crate::grpc::{AdminService, Authenticate, EventBusService};
 use crate::http::{self, HttpState, Readiness};
 use crate::http_server;
@@ -119,7 +120,7 @@ impl Server {
         if settings.auth.enabled {
             Authenticator::load(&settings.auth)?;
         }
-        Endpoints::new(&settings.push)?;
+        Endpoints::new(&settings.push, Vec::new())?;
         Ok(())
     }
 
@@ -151,6 +152,7 @@ impl Server {
             per_principal: settings.auth.default_max_consumers,
             broker: settings.durable.max_consumers,
             queued_bytes: settings.auth.default_max_queued_bytes,
+            subscriptions: settings.auth.default_max_subscriptions,
         };
         let access = Access::new(auth, counters.clone(), limits);
         let reachable = reachable_from_other_hosts(&[grpc_addr, http_addr]);
@@ -201,7 +203,7 @@ impl Server {
             }
             false => None,
         };
-        let endpoints = Endpoints::new(&settings.push)?;
+        let endpoints = Endpoints::new(&settings.push, vec![grpc_addr, http_addr])?;
         match settings.eventbus.mode {
             Mode::InMemory => start_durable(&settings, &bus, metrics.clone(), &supervisor).await?,
             Mode::Redis => start_redis_durable(&settings, &bus, metrics.clone(), transport_stop.clone(), &supervisor)?,
@@ -354,6 +356,7 @@ impl Server {
         let keepalive = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
         // The windows bound what a client can send unread; half the connection window is
         // also h2's budget for unread small DATA frames (docs/limits.md).
+        let allowed_hosts = AllowedHosts::new(&settings.server.http.allowed_hosts);
         let grpc_server = tonic::transport::Server::builder()
             // gRPC-Web (browsers) over HTTP/1.1 as well as HTTP/2, its CORS from
             // server.http.allowed_origins.
@@ -363,6 +366,7 @@ impl Server {
             .initial_stream_window_size(settings.server.grpc_stream_window_bytes)
             .initial_connection_window_size(settings.server.grpc_connection_window_bytes)
             .layer(TrackRequestsLayer)
+            .layer(GrpcGateLayer { hosts: allowed_hosts.clone() })
             .layer(grpc_web_cors(&settings.server.http.allowed_origins))
             .layer(tonic_web::GrpcWebLayer::new())
             .add_service(health_service)
@@ -381,6 +385,7 @@ impl Server {
             limit,
             access,
             allowed_origins,
+            allowed_hosts,
             events: event_bus_service,
             sse_heartbeat,
         });

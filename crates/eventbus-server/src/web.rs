@@ -4,8 +4,8 @@
 //! (names, rights, limits, queue bounds, recovery, metrics), publishing through the same
 //! checks as `Publish`.
 //!
-//! A browser's `EventSource` sends no headers, so these routes also take a `token` in
-//! the query — only a session token (`ebs_…`, short-lived, minted by `POST /v1/tokens`):
+//! A browser's `EventSource` sends no headers, so `/v1/subscribe` also takes a `token`
+//! in the query — only a session token (`ebs_…`, short-lived, minted by `POST /v1/tokens`):
 //! a long-lived credential never goes in a URL, where logs and histories keep it.
 
 use std::collections::HashMap;
@@ -47,12 +47,22 @@ pub(crate) fn routes(access: Access) -> Router<HttpState> {
 /// Query parameters of `/v1/subscribe` (besides the repeatable `channel`).
 const SUBSCRIBE_PARAMS: &str = "channel, group, queue_capacity, max_queue_bytes, overflow, name, last_event_id, token";
 
-/// Authenticates like the admin routes, but also takes `token=` from the query: a
-/// session token only.
+/// Authenticates like the admin routes, but `/v1/subscribe` also takes `token=` from
+/// the query: a session token only.
 async fn authenticate(State(access): State<Access>, req: axum::extract::Request, next: Next) -> Response {
     let query_token = req.uri().query().and_then(|q| {
         url::form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "token").map(|(_, v)| v.into_owned())
     });
+    if query_token.is_some() && req.uri().path() != "/v1/subscribe" {
+        // Only EventSource cannot send a header; a token in any other URL would only
+        // end up in logs and histories.
+        let refused = EdgeError::Unauthenticated(
+            "a token in the URL (token=) is accepted on GET /v1/subscribe only: send it in the authorization \
+             header"
+                .into(),
+        );
+        return ApiError::from(refused).into_response();
+    }
     let mut values = req.headers().get_all(header::AUTHORIZATION).iter();
     let header_value = values.next().map(|v| v.as_bytes().to_vec());
     let mut repeated = values.next().is_some();
@@ -400,7 +410,8 @@ async fn publish(
             ..pb::PublishRequest::default()
         };
         state.access.check_publish(&caller, [req.channel.as_str()])?;
-        let input = convert::publish_input(req, peer.addr_text.clone(), caller.name());
+        let mut input = convert::publish_input(req, peer.addr_text.clone(), caller.name());
+        convert::record_hops(&headers, &mut input)?;
         Ok::<_, ApiError>(state.bus.publish(input).await?)
     }
     .await;

@@ -1,5 +1,6 @@
 //! Push consumers against a real HTTP endpoint on 127.0.0.1: what a request carries,
-//! what each answer does, the concurrency cap, the deny list, a broker killed
+//! what each answer does, the concurrency cap, the addresses refused (by default, and
+//! the broker's own), the hop limit that ends loops, a broker killed
 //! mid-delivery, and two redis-mode instances sharing one push consumer.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
@@ -18,11 +19,30 @@ use common::consume::consumer;
 use common::redis_server::{RedisProc, broker_with};
 use common::*;
 use eventbus_proto::pb;
+use eventbus_server::Settings;
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
 use prost::Message;
 use sha2::Sha256;
 use tokio::sync::watch;
+
+/// The endpoints listen on 127.0.0.1, which `push.deny_networks` refuses by default:
+/// these brokers opt in, as a local development setup would.
+fn loopback_endpoints(s: &mut Settings) {
+    s.push.allow_networks = vec!["127.0.0.0/8".into()];
+}
+
+async fn start() -> TestServer {
+    common::start_with(loopback_endpoints).await
+}
+
+async fn start_with(tweak: impl FnOnce(&mut Settings)) -> TestServer {
+    common::start_with(|s| {
+        loopback_endpoints(s);
+        tweak(s);
+    })
+    .await
+}
 
 /// One request the endpoint received.
 #[derive(Debug, Clone)]
@@ -373,32 +393,161 @@ async fn the_json_envelope_batches_the_events_that_wait() {
     server.stop().await;
 }
 
+/// The first failure reason of consumer `name`'s oldest pending event, once it has one.
+async fn first_failure(server: &TestServer, name: &str) -> String {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let pending = server
+            .admin()
+            .await
+            .list_pending(pb::ListPendingRequest { consumer: name.into(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
+        if let Some(f) = pending.entries.first().and_then(|e| e.failures.first()) {
+            return f.reason.clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {name}'s failed attempt");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn denied_networks_are_never_pushed_to() {
-    let endpoint = Endpoint::start(ok).await;
-    let server = start_with(|s| s.push.deny_networks = vec!["127.0.0.0/8".into(), "::1".into()]).await;
-    let by_name = endpoint.url.replace("127.0.0.1", "localhost");
-    create(&server, push_consumer("literal", &["jobs"], push_to(&endpoint.url))).await;
-    create(&server, push_consumer("named", &["jobs"], push_to(&by_name))).await;
+async fn by_default_loopback_unspecified_and_the_hosts_own_addresses_are_never_pushed_to() {
+    // Were it reached, its answer would show in the failure reasons.
+    let endpoint = Endpoint::start(|_| Reply::Status(404, "secret-of-the-endpoint")).await;
+    let server = common::start().await;
+    let port = endpoint.url.trim_start_matches("http://127.0.0.1:").trim_end_matches('/').to_owned();
+    let mut urls = vec![
+        ("literal", endpoint.url.clone()),
+        ("named", endpoint.url.replace("127.0.0.1", "localhost")),
+        ("other-loopback", endpoint.url.replace("127.0.0.1", "127.1.2.3")),
+        ("unspecified", endpoint.url.replace("127.0.0.1", "0.0.0.0")),
+        ("zero", endpoint.url.replace("127.0.0.1", "0")),
+        ("unspecified-v6", endpoint.url.replace("127.0.0.1", "[::]")),
+        ("mapped", endpoint.url.replace("127.0.0.1", "[::ffff:127.0.0.1]")),
+        ("metadata", "http://169.254.169.254/latest/meta-data/".to_owned()),
+        ("private", "http://10.0.0.1/".to_owned()),
+    ];
+    // This host's own address (the one it sends from), when it has a route.
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    if socket.connect("198.51.100.1:9").is_ok()
+        && let Ok(own) = socket.local_addr()
+        && !own.ip().is_loopback()
+    {
+        urls.push(("own", format!("http://{}:{port}/", own.ip())));
+    }
+    for (name, url) in &urls {
+        create(&server, push_consumer(name, &["jobs"], push_to(url))).await;
+    }
     publish(&server, event("jobs", "x")).await;
-    for name in ["literal", "named"] {
-        eventually(&format!("{name}'s failed attempt"), || async {
-            let pending = server
-                .admin()
-                .await
-                .list_pending(pb::ListPendingRequest { consumer: name.into(), ..Default::default() })
-                .await
-                .unwrap()
-                .into_inner();
-            pending.entries.first().and_then(|e| e.failures.first()).is_some_and(|f| {
-                assert!(f.reason.contains("push.deny_networks"), "{name}: {}", f.reason);
-                true
-            })
-        })
-        .await;
+    for (name, url) in &urls {
+        let reason = first_failure(&server, name).await;
+        assert!(reason.contains("push.deny_networks"), "{name} ({url}): {reason}");
+        assert!(!reason.contains("secret-of-the-endpoint"), "{name}: {reason}");
     }
     assert!(endpoint.received().is_empty(), "no request reached a denied address");
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_networks_opens_a_denied_range_and_an_explicit_deny_list_holds() {
+    let endpoint = Endpoint::start(ok).await;
+    let server = start().await;
+    create(&server, push_consumer("allowed", &["jobs"], push_to(&endpoint.url))).await;
+    publish(&server, event("jobs", "x")).await;
+    all_acked(&server, "allowed", 1).await;
+    server.stop().await;
+    // The example list of docs/push.md, without the exception: nothing gets through.
+    let example = ["127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128", "169.254.0.0/16", "fe80::/10"];
+    let server = common::start_with(|s| s.push.deny_networks = example.iter().map(|n| (*n).to_owned()).collect()).await;
+    create(&server, push_consumer("zero", &["jobs"], push_to(&endpoint.url.replace("127.0.0.1", "0")))).await;
+    publish(&server, event("jobs", "y")).await;
+    assert!(first_failure(&server, "zero").await.contains("push.deny_networks"));
+    assert_eq!(endpoint.received().len(), 1);
+    server.stop().await;
+}
+
+/// A URL's query may hold a credential: failure reasons (and logs) leave it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_urls_query_stays_out_of_failure_reasons() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let server = start().await;
+    let url = format!("http://{closed}/hook?key=s3cret-in-the-url");
+    create(&server, push_consumer("keyed", &["jobs"], push_to(&url))).await;
+    publish(&server, event("jobs", "x")).await;
+    let reason = first_failure(&server, "keyed").await;
+    assert!(reason.contains("cannot reach the endpoint"), "{reason}");
+    assert!(!reason.contains("s3cret-in-the-url"), "{reason}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_brokers_own_listeners_are_never_pushed_to() {
+    let server = start().await;
+    let own_http = server.url("/v1/publish");
+    let urls = [
+        ("http", own_http.clone()),
+        ("named", own_http.replace("127.0.0.1", "localhost")),
+        ("unspecified", own_http.replace("127.0.0.1", "0.0.0.0")),
+        ("grpc", format!("http://{}/eventbus.v1.EventBus/Publish", server.addr)),
+    ];
+    for (name, url) in &urls {
+        create(&server, push_consumer(name, &["jobs"], push_to(url))).await;
+    }
+    publish(&server, event("jobs", r#"{"channel":"jobs","payload":"again"}"#)).await;
+    for (name, url) in &urls {
+        let reason = first_failure(&server, name).await;
+        assert!(reason.contains("own listeners"), "{name} ({url}): {reason}");
+    }
+    let stats = server.admin().await.get_stats(pb::GetStatsRequest::default()).await.unwrap().into_inner();
+    assert_eq!(stats.total_published, 1, "nothing was published again");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_of_push_consumers_through_two_brokers_ends_at_the_hop_limit() {
+    let a = start().await;
+    let b = start().await;
+    // Each pushes what it gets to the other's /v1/publish: the payload is a publish
+    // body whose payload is one too, ten deep.
+    create(&a, push_consumer("a-to-b", &["loop"], push_to(&b.url("/v1/publish")))).await;
+    create(&b, push_consumer("b-to-a", &["loop"], push_to(&a.url("/v1/publish")))).await;
+    let body =
+        (0..10).fold(serde_json::json!("end"), |inner, _| serde_json::json!({"channel": "loop", "payload": inner}));
+    let first = pb::PublishRequest { content_type: "application/json".into(), ..event("loop", body.to_string()) };
+    publish(&a, first).await;
+    // a → b (hops 1) → a (2) → b (3) → a (4) → b refuses 5: a dead-letters it.
+    eventually("the loop to end", || async {
+        let i = info(&a, "a-to-b").await;
+        i.dead_lettered == 1 && i.pending == 0 && i.in_flight == 0
+    })
+    .await;
+    let (ab, ba) = (info(&a, "a-to-b").await, info(&b, "b-to-a").await);
+    assert_eq!((ab.acked, ba.acked, ba.dead_lettered), (2, 2, 0));
+    let log = a
+        .admin()
+        .await
+        .list_event_log(pb::ListEventLogRequest { consumer: "a-to-b".into(), limit: 10, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let dead: Vec<&str> = log.entries.iter().flat_map(|e| e.failures.iter().map(|f| f.reason.as_str())).collect();
+    let dead = dead.join("; ");
+    assert!(dead.contains("HTTP 508") && dead.contains("eventbus-hops"), "{dead}");
+    // The hop count as a publisher sees it, on both HTTP publish routes.
+    let http = reqwest::Client::new();
+    for (path, hops, status) in [("/v1/publish", "4", 200), ("/v1/publish", "5", 508), ("/v1/publish", "many", 400)] {
+        let sent = http.post(a.url(path)).header("eventbus-hops", hops).json(&serde_json::json!({"channel": "other"}));
+        assert_eq!(sent.send().await.unwrap().status().as_u16(), status, "{path} with {hops} hops");
+    }
+    let sent = http
+        .post(a.url("/admin/eventbus/publish"))
+        .header("eventbus-hops", "9")
+        .json(&serde_json::json!({"channel": "other"}));
+    assert_eq!(sent.send().await.unwrap().status().as_u16(), 508);
+    a.stop().await;
+    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -450,7 +599,8 @@ async fn a_broker_killed_mid_delivery_loses_nothing() {
     let endpoint = Endpoint::start(ok).await;
     endpoint.close_gate();
     let data = tempfile::tempdir().unwrap();
-    let (mut daemon, grpc) = common::consume::daemon(data.path()).await;
+    let loopback = [("EVENTBUS__PUSH__ALLOW_NETWORKS", "127.0.0.0/8".to_owned())];
+    let (mut daemon, grpc) = common::consume::daemon_with(data.path(), &loopback).await;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap().connect().await.unwrap();
     let mut admin = pb::admin_client::AdminClient::new(channel.clone());
     let push = pb::PushConfig { max_concurrency: 4, ..push_to(&endpoint.url) };
@@ -465,7 +615,7 @@ async fn a_broker_killed_mid_delivery_loses_nothing() {
     common::consume::kill_9(&mut daemon).await;
     endpoint.open_gate();
 
-    let (_daemon, grpc) = common::consume::daemon(data.path()).await;
+    let (_daemon, grpc) = common::consume::daemon_with(data.path(), &loopback).await;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap().connect().await.unwrap();
     let mut admin = pb::admin_client::AdminClient::new(channel);
     eventually("every event acked after the restart", || {
@@ -496,8 +646,8 @@ async fn a_broker_killed_mid_delivery_loses_nothing() {
 async fn two_redis_instances_share_a_push_consumer() {
     let Some(redis) = RedisProc::start().await else { return };
     let endpoint = Endpoint::start(ok).await;
-    let a = broker_with(&redis, |_| {}).await;
-    let b = broker_with(&redis, |_| {}).await;
+    let a = broker_with(&redis, loopback_endpoints).await;
+    let b = broker_with(&redis, loopback_endpoints).await;
     let push = pb::PushConfig { max_concurrency: 4, ..push_to(&endpoint.url) };
     create(&a, push_consumer("shared", &["jobs.>"], push)).await;
     // Both instances push it: B learned of it from Redis.

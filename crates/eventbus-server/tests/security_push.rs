@@ -156,7 +156,8 @@ async fn assert_stopped(server: &TestServer, received: &AtomicUsize) {
 async fn a_push_consumer_stops_when_its_owner_loses_the_right_or_is_removed() {
     let (url, received) = counting_endpoint().await;
     let files = Files::new(&principals(Some("red.>")));
-    let server = files.start().await;
+    // The endpoint listens on 127.0.0.1, which push consumers may not reach by default.
+    let server = files.start_with(|s| s.push.allow_networks = vec!["127.0.0.0/8".into()]).await;
     let request = pb::CreateConsumerRequest { config: Some(hooked(&url, &[], "")) };
     admin_client_with(&server, ALICE).await.create_consumer(request).await.unwrap();
     publish_red(&server).await;

@@ -1,6 +1,7 @@
 //! The browser's routes against a real server: Server-Sent Events (events, heartbeats,
 //! Last-Event-ID with and without history, a slow reader bounded like any subscription),
-//! JSON publish, session tokens (the only credential a URL may carry), whoami, CORS,
+//! JSON publish, session tokens (the only credential a URL may carry, on subscribe
+//! only), whoami, CORS, allowed hosts (DNS rebinding), the gRPC port's content types,
 //! and gRPC-Web with a real gRPC-Web client.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
@@ -236,6 +237,18 @@ async fn session_tokens_are_the_only_credential_a_url_carries() {
         .err()
         .unwrap();
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // Only subscribing takes a token in the URL: elsewhere it would just end up in logs.
+    let (_, minted) = post(&server, "/v1/tokens", json!({}), Some(ADMIN_TOKEN)).await;
+    let admin_session = minted["token"].as_str().unwrap();
+    for path in [format!("/v1/publish?token={admin_session}"), format!("/v1/whoami?token={admin_session}")] {
+        let req = match path.starts_with("/v1/publish") {
+            true => reqwest::Client::new().post(server.url(&path)).json(&json!({"channel": "orders.a"})),
+            false => reqwest::Client::new().get(server.url(&path)),
+        };
+        let refused = req.send().await.unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED, "{path}");
+        assert!(refused.text().await.unwrap().contains("GET /v1/subscribe only"), "{path}");
+    }
     // Rights apply to publishing too.
     let (status, _) =
         post(&server, "/v1/publish", json!({"channel": "orders.a", "payload": 1}), Some(NOBODY_TOKEN)).await;
@@ -294,5 +307,135 @@ async fn a_grpc_web_client_publishes_and_subscribes() {
     let Some(pb::subscribe_response::Kind::Events(batch)) = batch.kind else { panic!("{batch:?}") };
     assert_eq!(batch.events[0].id, published.event_id);
     assert_eq!(&batch.events[0].payload[..], b"from a gRPC-Web client");
+    server.stop().await;
+}
+
+/// A gRPC-Web request of `method` with an empty message, addressed to `host`.
+fn grpc_web(server: &TestServer, method: &str, host: &str) -> reqwest::RequestBuilder {
+    grpc_http1(server, method, host, "application/grpc-web+proto").header("x-grpc-web", "1")
+}
+
+/// An HTTP/1 request of `method` with an empty message and `content_type`, addressed to
+/// `host`, as a page's fetch sends it.
+fn grpc_http1(server: &TestServer, method: &str, host: &str, content_type: &str) -> reqwest::RequestBuilder {
+    reqwest::Client::new()
+        .post(format!("http://{}/{method}", server.addr))
+        .header("host", host)
+        .header("origin", format!("http://{host}"))
+        .header("content-type", content_type)
+        .body(vec![0u8; 5])
+}
+
+/// A page whose DNS name an attacker rebinds to the broker's address calls it with its
+/// own name as Host (and Origin): refused on both ports unless the name is listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebound_dns_name_is_refused_on_both_ports() {
+    let rebound = "rebind.attacker.example";
+    let server = start().await;
+    let http = reqwest::Client::new();
+    let consumer = common::consume::consumer("jobs", &["jobs"]);
+    server.admin().await.create_consumer(pb::CreateConsumerRequest { config: Some(consumer) }).await.unwrap();
+    let calls = [
+        http.post(server.url("/v1/publish")).json(&json!({"channel": "a", "payload": 1})),
+        http.post(server.url("/admin/eventbus/consumers/jobs/pause")),
+        http.get(server.url("/admin/eventbus/stats")),
+        http.get(server.url("/v1/subscribe?channel=a")),
+        http.get(server.url("/metrics")),
+    ];
+    for call in calls {
+        let refused = call.header("host", format!("{rebound}:8080")).header("origin", format!("http://{rebound}:8080"));
+        let refused = refused.send().await.unwrap();
+        let url = refused.url().to_string();
+        assert_eq!(refused.status(), StatusCode::MISDIRECTED_REQUEST, "{url}");
+        assert!(refused.text().await.unwrap().contains("server.http.allowed_hosts"), "{url}");
+    }
+    let refused = grpc_web(&server, "eventbus.v1.Admin/GetStats", rebound).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::MISDIRECTED_REQUEST);
+    assert!(refused.text().await.unwrap().contains("server.http.allowed_hosts"));
+    // A page's fetch speaks HTTP/1, even with gRPC's own content type.
+    let native = grpc_http1(&server, "eventbus.v1.Admin/GetStats", rebound, "application/grpc");
+    assert_eq!(native.send().await.unwrap().status(), StatusCode::MISDIRECTED_REQUEST);
+    let paused = server.admin().await.get_consumer(pb::GetConsumerRequest { name: "jobs".into() }).await.unwrap();
+    assert!(!paused.into_inner().paused, "the refused pause did nothing");
+    let stats = server.admin().await.get_stats(pb::GetStatsRequest::default()).await.unwrap().into_inner();
+    assert_eq!(stats.total_published, 0, "the refused publish did nothing");
+    // The broker's own addresses and localhost pass, as tools and the console reach it.
+    let port = server.http.port();
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}")] {
+        let ok = http.get(server.url("/admin/eventbus/stats")).header("host", &host).send().await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK, "{host}");
+    }
+    let ok = grpc_web(&server, "eventbus.v1.Admin/GetStats", "localhost").send().await.unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    server.stop().await;
+
+    // Listed, a name passes; "*" admits any.
+    for listed in [vec![rebound.to_owned()], vec!["*".to_owned()]] {
+        let server = start_with(|s| s.server.http.allowed_hosts = listed).await;
+        let ok = http.get(server.url("/admin/eventbus/stats")).header("host", rebound).send().await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+        let ok = grpc_web(&server, "eventbus.v1.Admin/GetStats", rebound).send().await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+        server.stop().await;
+    }
+}
+
+/// The gRPC port runs nothing but gRPC: a cross-site "simple" POST (text/plain, which
+/// a page may send anywhere without a preflight) over HTTP/2 is refused unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grpc_port_refuses_requests_without_a_grpc_content_type() {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use prost::Message;
+
+    let server = start().await;
+    let publish = pb::PublishRequest { channel: "a".into(), payload: "forged".into(), ..Default::default() };
+    let message = publish.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(&message);
+    let h2 = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
+    for content_type in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"] {
+        let req = hyper::Request::post(format!("http://{}/eventbus.v1.EventBus/Publish", server.addr))
+            .header("content-type", content_type)
+            .header("origin", "https://evil.example")
+            .body(String::from_utf8(framed.clone()).unwrap())
+            .unwrap();
+        let response = within(h2.request(req)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE.as_u16(), "{content_type}");
+        let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), 1 << 16).await.unwrap();
+        assert!(String::from_utf8_lossy(&body).contains("application/grpc"), "{content_type}");
+    }
+    let stats = server.admin().await.get_stats(pb::GetStatsRequest::default()).await.unwrap().into_inner();
+    assert_eq!(stats.total_published, 0, "nothing was published");
+    server.stop().await;
+}
+
+/// Server-Sent Events streams count with gRPC subscriptions under a principal's
+/// `max_subscriptions`, which defaults to `auth.default_max_subscriptions`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_streams_count_under_a_default_max_subscriptions() {
+    let reader = "{ subscribe: { allow: ['orders.>'] } }";
+    let token = "ebt_reader_0123456789abcdef";
+    let files = Files::new(&(base_principals() + &entry("reader", token, reader)));
+    let server = files.start_with(|s| s.auth.default_max_subscriptions = 2).await;
+    let auth = format!("Bearer {token}");
+    let headers = [("authorization", auth.as_str())];
+    let mut first = EventStream::open(&server.url("/v1/subscribe?channel=orders.>"), &headers).await.unwrap();
+    assert_eq!(first.next_event().await.event, "started");
+    let mut client = common::auth::bus_client_with(&server, token).await;
+    let _grpc = common::auth::subscribe_on_authed(&mut client, sub(&["orders.>"])).await.unwrap();
+    let (status, body) =
+        EventStream::open(&server.url("/v1/subscribe?channel=orders.>"), &headers).await.err().unwrap();
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(body.contains("max_subscriptions"), "{body}");
+    let refused = common::auth::subscribe_on_authed(&mut client, sub(&["orders.>"])).await.err().unwrap();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    // Closing one makes room again.
+    drop(first);
+    eventually("room for a stream again", || async {
+        EventStream::open(&server.url("/v1/subscribe?channel=orders.>"), &headers).await.is_ok()
+    })
+    .await;
     server.stop().await;
 }

@@ -25,6 +25,7 @@ const ALIASES: &[(&str, &str)] = &[
 /// empty value is the empty list.
 pub(super) const LIST_KEYS: &[&str] = &[
     "server.http.allowed_origins",
+    "server.http.allowed_hosts",
     "eventbus.redis.cluster_nodes",
     "auth.default_permissions.publish.allow",
     "auth.default_permissions.publish.deny",
@@ -33,6 +34,7 @@ pub(super) const LIST_KEYS: &[&str] = &[
     "auth.default_permissions.consumers.allow",
     "auth.default_permissions.manage_consumers",
     "push.deny_networks",
+    "push.allow_networks",
 ];
 
 /// The keys of the Java-style `eventbus.common` section; each is a spelling of the flat

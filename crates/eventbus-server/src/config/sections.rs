@@ -52,8 +52,10 @@ pub struct ConsumerSetting {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PushSettings {
-    /// Address ranges (CIDR or single addresses) never pushed to.
+    /// Address ranges (CIDR or single addresses) not pushed to unless allowed.
     pub deny_networks: Vec<String>,
+    /// Exceptions to `deny_networks`: ranges pushed to even though denied.
+    pub allow_networks: Vec<String>,
     /// PEM file of CA certificates trusted for https:// endpoints beside the system's
     /// ("" = the system's only).
     pub ca_file: String,
@@ -62,19 +64,26 @@ pub struct PushSettings {
 impl PushSettings {
     /// The deny list, parsed; the error names the entry.
     pub fn denied(&self) -> Result<Vec<ipnet::IpNet>, ConfigError> {
-        self.deny_networks
-            .iter()
-            .map(|n| {
-                let parsed =
-                    n.parse::<ipnet::IpNet>().or_else(|_| n.parse::<std::net::IpAddr>().map(ipnet::IpNet::from));
-                parsed.map_err(|_| ConfigError::Invalid {
-                    key: "push.deny_networks",
-                    value: n.clone(),
-                    problem: "not an address range like 10.0.0.0/8 or ::1/128, nor an address",
-                })
-            })
-            .collect()
+        networks("push.deny_networks", &self.deny_networks)
     }
+
+    /// The allow list, parsed; the error names the entry.
+    pub fn allowed(&self) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+        networks("push.allow_networks", &self.allow_networks)
+    }
+}
+
+fn networks(key: &'static str, list: &[String]) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+    list.iter()
+        .map(|n| {
+            let parsed = n.parse::<ipnet::IpNet>().or_else(|_| n.parse::<std::net::IpAddr>().map(ipnet::IpNet::from));
+            parsed.map_err(|_| ConfigError::Invalid {
+                key,
+                value: n.clone(),
+                problem: "not an address range like 10.0.0.0/8 or ::1/128, nor an address",
+            })
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -178,6 +187,9 @@ pub struct HttpSettings {
     /// routes, the `/v1` routes and gRPC-Web, besides the broker's own; empty =
     /// same-origin only.
     pub allowed_origins: Vec<String>,
+    /// Names (`host` or `host:port`) requests may be addressed to (`Host`), besides IP
+    /// addresses and `localhost`, which a rebound DNS name cannot be; `*` admits any.
+    pub allowed_hosts: Vec<String>,
     /// Comment lines sent on an idle Server-Sent Events stream this often, so proxies
     /// and browsers keep it open.
     pub sse_heartbeat_ms: u64,

@@ -23,6 +23,57 @@ fn shipped_defaults_parse_and_validate() {
     assert_eq!(s.eventbus.metrics.max_channel_labels, 1000);
     assert_eq!((s.server.idle_timeout_ms, s.server.http.header_read_timeout_ms), (300_000, 10_000));
     assert!(s.server.http.allowed_origins.is_empty());
+    assert!(s.server.http.allowed_hosts.is_empty(), "addresses and localhost only");
+    assert_eq!(s.auth.default_max_subscriptions, 1000);
+}
+
+#[test]
+fn push_refuses_loopback_link_local_and_private_addresses_by_default() {
+    let s = Settings::default();
+    let denied = s.push.denied().unwrap();
+    let covered = |ip: &str| denied.iter().any(|n| n.contains(&ip.parse::<std::net::IpAddr>().unwrap()));
+    for ip in [
+        "127.0.0.1",
+        "::1",
+        "0.0.0.0",
+        "::",
+        "169.254.169.254",
+        "fe80::1",
+        "10.1.2.3",
+        "172.16.0.1",
+        "192.168.1.1",
+        "fd00::1",
+        "100.64.0.1",
+        "224.0.0.1",
+        "ff02::1",
+    ] {
+        assert!(covered(ip), "{ip}");
+    }
+    for ip in ["93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c"] {
+        assert!(!covered(ip), "{ip}");
+    }
+    assert!(s.push.allowed().unwrap().is_empty(), "no exception unless asked");
+    let s = load(&[("EVENTBUS__PUSH__ALLOW_NETWORKS", "127.0.0.0/8, ::1")], Overrides::default()).unwrap();
+    assert_eq!(s.push.allowed().unwrap().len(), 2);
+    let err = error(&[("EVENTBUS__PUSH__ALLOW_NETWORKS", "localhost")], Overrides::default());
+    assert!(err.contains("push.allow_networks") && err.contains("localhost"), "{err}");
+}
+
+#[test]
+fn allowed_hosts_are_names_with_an_optional_port_or_a_star() {
+    let check = |hosts: &[&str]| {
+        let mut s = Settings::default();
+        s.server.http.allowed_hosts = hosts.iter().map(|h| (*h).to_owned()).collect();
+        s.validate()
+    };
+    assert!(check(&["eventbus.internal", "bus.example.com:443", "[::1]:8080", "10.0.0.1", "*"]).is_ok());
+    for bad in ["https://bus.example.com", "bus.example.com/x", "bus.example.com:http", "*.example.com", "", "a b"] {
+        let err = check(&[bad]).unwrap_err();
+        assert!(matches!(err, ConfigError::Invalid { key: "server.http.allowed_hosts", .. }), "{bad}: {err:?}");
+    }
+    let s =
+        load(&[("EVENTBUS__SERVER__HTTP__ALLOWED_HOSTS", "a.example,b.example:8080")], Overrides::default()).unwrap();
+    assert_eq!(s.server.http.allowed_hosts, ["a.example", "b.example:8080"]);
 }
 
 #[test]

@@ -58,6 +58,7 @@ impl Settings {
             return Err(ConfigError::RedisUrlScheme { scheme });
         }
         self.push.denied()?;
+        self.push.allowed()?;
         let invalid = |key, value: &str, problem| Err(ConfigError::Invalid { key, value: value.to_owned(), problem });
         let cluster = &e.redis.cluster_nodes;
         if !cluster.is_empty() {
@@ -120,6 +121,15 @@ impl Settings {
                     "server.http.allowed_origins",
                     origin,
                     "is not an origin: scheme://host or scheme://host:port, without a path",
+                );
+            }
+        }
+        for host in &server.http.allowed_hosts {
+            if !is_host(host) {
+                return invalid(
+                    "server.http.allowed_hosts",
+                    host,
+                    "is not a host name: name or name:port (no scheme, no path), or * alone for any",
                 );
             }
         }
@@ -212,6 +222,22 @@ const MAX_HISTORY_SIZE: usize = 1_000_000;
 pub const MAX_PAYLOAD_LIMIT: usize = 64 << 20;
 
 /// `scheme://host[:port]` as browsers send it in `Origin` (no path, no trailing slash).
+/// `*`, or a host as a `Host` header carries it: a name or address, with an optional
+/// port.
+fn is_host(s: &str) -> bool {
+    if s == "*" {
+        return true;
+    }
+    let host = match s.rsplit_once(':') {
+        // An IPv6 address without a port: the colons are its own.
+        Some((host, _)) if host.contains(':') && !host.ends_with(']') => s,
+        Some((host, port)) if port.parse::<u16>().is_ok() => host,
+        Some(_) => return false,
+        None => s,
+    };
+    !host.is_empty() && url::Host::parse(host).is_ok() && !s.contains(['/', '@', '?', '#', '*'])
+}
+
 fn is_origin(s: &str) -> bool {
     let Some((scheme, authority)) = s.split_once("://") else { return false };
     !scheme.is_empty()

@@ -77,6 +77,14 @@ pub(crate) enum EdgeError {
     /// A `PublishBatch` with more events than `eventbus.max_publish_batch`.
     #[error("a batch holds at most eventbus.max_publish_batch = {limit} events; this one has {count}")]
     BatchTooLarge { count: usize, limit: usize },
+    /// An HTTP publish that came through more pushes than the hop limit: a loop of push
+    /// consumers, most likely.
+    #[error(
+        "eventbus-hops {hops} is over the limit of {}: this event came through that many push consumers \
+         (a loop of push consumers through publish routes?)",
+        publish::MAX_HOPS
+    )]
+    TooManyHops { hops: u32 },
 }
 
 impl From<DurableError> for EdgeError {
@@ -111,6 +119,7 @@ impl EdgeError {
             Self::Unauthenticated(_) => (Code::Unauthenticated, StatusCode::UNAUTHORIZED),
             Self::PermissionDenied { .. } => (Code::PermissionDenied, StatusCode::FORBIDDEN),
             Self::OverLimit { .. } => (Code::ResourceExhausted, StatusCode::TOO_MANY_REQUESTS),
+            Self::TooManyHops { .. } => (Code::FailedPrecondition, StatusCode::LOOP_DETECTED),
         }
     }
 }
@@ -173,7 +182,7 @@ mod tests {
     #[test]
     fn both_protocols_take_their_codes_from_one_table() {
         let too_large = EdgeError::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
-        let cases: [(EdgeError, Code, StatusCode); 11] = [
+        let cases: [(EdgeError, Code, StatusCode); 12] = [
             (Error::NoChannels.into(), Code::InvalidArgument, StatusCode::BAD_REQUEST),
             (
                 Error::PayloadTooLarge { size: 2, limit: 1 }.into(),
@@ -201,6 +210,7 @@ mod tests {
                 Code::ResourceExhausted,
                 StatusCode::TOO_MANY_REQUESTS,
             ),
+            (EdgeError::TooManyHops { hops: 9 }, Code::FailedPrecondition, StatusCode::LOOP_DETECTED),
         ];
         for (err, code, http) in cases {
             assert_eq!(err.codes(), (code, http), "{err}");

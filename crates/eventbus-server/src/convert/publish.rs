@@ -21,6 +21,34 @@ pub(crate) fn publish_input(req: pb::PublishRequest, peer: Arc<str>, scope: &str
     }
 }
 
+/// The header a pushed request carries (and the metadata key its event keeps): how many
+/// pushes brought the event here. An HTTP publish records it on the event it publishes,
+/// and a push of that event carries one more, so a loop of push consumers through
+/// publish routes ends after [`MAX_HOPS`].
+pub(crate) const HOPS: &str = "eventbus-hops";
+/// Most pushes an HTTP publish may come from (docs/push.md "Loops").
+pub(crate) const MAX_HOPS: u32 = 4;
+
+/// Records the request's `eventbus-hops` on the event `input` publishes; past
+/// [`MAX_HOPS`] the publish is refused.
+pub(crate) fn record_hops(headers: &axum::http::HeaderMap, input: &mut PublishInput) -> Result<(), EdgeError> {
+    let Some(value) = headers.get(HOPS) else { return Ok(()) };
+    let hops = value.to_str().ok().and_then(|v| v.trim().parse::<u32>().ok()).ok_or_else(|| {
+        EdgeError::BadRequest(format!("{HOPS} must be a number, not {:?}", String::from_utf8_lossy(value.as_bytes())))
+    })?;
+    if hops > MAX_HOPS {
+        return Err(EdgeError::TooManyHops { hops });
+    }
+    input.metadata.insert(HOPS.to_owned(), hops.to_string());
+    Ok(())
+}
+
+/// The `eventbus-hops` a push of `event` carries: one more than it came with.
+pub(crate) fn next_hops(event: &Event) -> u32 {
+    let came = event.metadata.get(HOPS).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+    came.saturating_add(1)
+}
+
 /// `POST /admin/eventbus/publish` body. The payload is any JSON value, stored as its
 /// compact JSON text with content type `application/json`.
 #[derive(Debug, serde::Deserialize)]

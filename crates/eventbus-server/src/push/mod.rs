@@ -8,7 +8,8 @@
 //! - `worker`: one consumer's attachment, its concurrency cap and its requests;
 //! - `owner`: the owner's rights, checked at start and after each reload;
 //! - `request`: what a request carries and what its answer means;
-//! - `resolve`: `push.deny_networks` applied to every resolved address.
+//! - `resolve`: the address rules (`push.deny_networks`, `push.allow_networks`, the
+//!   broker's own listeners) applied to every resolved address.
 
 mod owner;
 mod request;
@@ -16,6 +17,7 @@ mod resolve;
 mod worker;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +30,7 @@ use tracing::{info, warn};
 use crate::access::Access;
 use crate::config::PushSettings;
 use crate::metrics::PushMetrics;
-use resolve::{DenyList, Resolver};
+use resolve::{Reach, Resolver};
 use worker::Worker;
 
 /// Why push consumers cannot be served with these settings.
@@ -42,40 +44,65 @@ pub enum PushSetupError {
     Client(#[source] reqwest::Error),
 }
 
-/// The HTTP client every push worker shares (one connection pool), and the deny list.
+/// The HTTP client every push worker shares (one connection pool), and the address
+/// rules.
 #[derive(Debug, Clone)]
 pub(crate) struct Endpoints {
     pub(crate) client: reqwest::Client,
-    pub(crate) deny: DenyList,
+    pub(crate) reach: Reach,
+    /// `push.ca_file`'s certificates, for the clients built for one port.
+    roots: Arc<[reqwest::Certificate]>,
 }
 
 impl Endpoints {
     /// The client of `settings`: rustls with the system's roots and `ca_file`'s, no
-    /// redirects followed, no proxy, names resolved past the deny list.
-    pub(crate) fn new(settings: &PushSettings) -> Result<Self, PushSetupError> {
-        let deny = DenyList::new(settings.denied()?);
-        let mut builder = reqwest::Client::builder()
-            .user_agent(concat!("eventbusd/", env!("CARGO_PKG_VERSION")))
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .tcp_nodelay(true)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .tls_built_in_native_certs(true)
-            .dns_resolver(Arc::new(Resolver::new(deny.clone())));
+    /// redirects followed, no proxy, names resolved past the address rules; requests
+    /// never reach `listeners` (the broker's own).
+    pub(crate) fn new(settings: &PushSettings, listeners: Vec<SocketAddr>) -> Result<Self, PushSetupError> {
+        let reach = Reach::new(settings.denied()?, settings.allowed()?, listeners);
+        let mut roots = Vec::new();
         if !settings.ca_file.is_empty() {
             let ca_error = |problem: String| PushSetupError::CaFile { path: settings.ca_file.clone(), problem };
             let pem = std::fs::read(&settings.ca_file).map_err(|e| ca_error(e.to_string()))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ca_error(e.to_string()))?;
-            if certs.is_empty() {
+            roots = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ca_error(e.to_string()))?;
+            if roots.is_empty() {
                 return Err(ca_error("holds no PEM certificate".to_owned()));
             }
-            for cert in certs {
-                builder = builder.add_root_certificate(cert);
-            }
         }
-        Ok(Self { client: builder.build().map_err(PushSetupError::Client)?, deny })
+        let roots: Arc<[reqwest::Certificate]> = roots.into();
+        let client = build_client(&reach, &roots, None)?;
+        Ok(Self { client, reach, roots })
     }
+
+    /// The client for requests to `url`: the shared one, or, when its port is one of
+    /// the broker's listeners', one whose resolver refuses the broker's own addresses
+    /// (a resolver is told names, not ports).
+    pub(crate) fn client_for(&self, url: &reqwest::Url) -> Result<reqwest::Client, PushSetupError> {
+        match url.port_or_known_default() {
+            Some(port) if self.reach.is_listener_port(port) => build_client(&self.reach, &self.roots, Some(port)),
+            _ => Ok(self.client.clone()),
+        }
+    }
+}
+
+fn build_client(
+    reach: &Reach,
+    roots: &[reqwest::Certificate],
+    port: Option<u16>,
+) -> Result<reqwest::Client, PushSetupError> {
+    let mut builder = reqwest::Client::builder()
+        .user_agent(concat!("eventbusd/", env!("CARGO_PKG_VERSION")))
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .tcp_nodelay(true)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .pool_idle_timeout(Duration::from_secs(60))
+        .tls_built_in_native_certs(true)
+        .dns_resolver(Arc::new(Resolver::new(reach.clone(), port)));
+    for cert in roots {
+        builder = builder.add_root_certificate(cert.clone());
+    }
+    builder.build().map_err(PushSetupError::Client)
 }
 
 /// Longest wait for a connection to an endpoint (the request's own timeout also bounds it).
@@ -224,7 +251,7 @@ impl Inner {
                 continue;
             }
             let push = definition.push.clone();
-            info!(consumer = %name, url = %push.url, max_concurrency = push.max_concurrency, "pushing a durable consumer's events");
+            info!(consumer = %name, url = %redacted_url(&push.url), max_concurrency = push.max_concurrency, "pushing a durable consumer's events");
             let label = self.metrics.label(&name);
             let revoked = self.metrics.owner_revoked.with_label_values(&[&label]);
             let worker = Arc::new(Worker::new(
@@ -241,5 +268,35 @@ impl Inner {
                 self.supervisor.spawn("push consumer", Arc::clone(&worker).run(Arc::clone(&self.durable), owner));
             workers.insert(name, Running { definition, worker, _task: task });
         }
+    }
+}
+
+/// `url` as logs show it: without its query (which may carry a credential, like the
+/// configured headers) nor a password.
+pub(crate) fn redacted_url(url: &str) -> String {
+    let Ok(mut parsed) = reqwest::Url::parse(url) else {
+        // Not a URL: shown up to its query.
+        return url.split(['?', '#']).next().unwrap_or_default().to_owned();
+    };
+    if parsed.query().is_some() {
+        parsed.set_query(Some("redacted"));
+    }
+    parsed.set_fragment(None);
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(Some("redacted"));
+    }
+    parsed.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logged_urls_lose_their_query_and_password() {
+        assert_eq!(redacted_url("https://h.example/hook?key=s3cret#x"), "https://h.example/hook?redacted");
+        assert_eq!(redacted_url("https://u:pw@h.example/"), "https://u:redacted@h.example/");
+        assert_eq!(redacted_url("https://h.example/hook"), "https://h.example/hook");
+        assert_eq!(redacted_url("not a url?key=s3cret"), "not a url");
     }
 }

@@ -63,6 +63,9 @@ pub(crate) fn prepare(consumer: &str, push: &PushConfig, deliveries: &[Delivery]
             Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
         }
     };
+    // The event's hops so far, and this push: a receiving broker refuses past its limit.
+    let hops = deliveries.iter().map(|d| convert::next_hops(&d.event)).max().unwrap_or(1);
+    headers.insert(name(convert::HOPS), HeaderValue::from(hops));
     if !push.secret.is_empty() {
         let t = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
         headers.insert(name("eventbus-signature"), signature(push.secret.as_bytes(), t, &body));
@@ -92,6 +95,10 @@ fn raw_headers(headers: &mut HeaderMap, consumer: &str, d: &Delivery) {
     headers.insert(name("eventbus-timestamp"), encoded(&convert::rfc3339(e.timestamp)));
     headers.insert(name("eventbus-source"), encoded(&e.source));
     for (key, value) in &e.metadata {
+        if key == convert::HOPS {
+            // Sent as the hop count itself.
+            continue;
+        }
         let mut header = String::with_capacity(META_PREFIX.len() + key.len());
         header.push_str(META_PREFIX);
         percent_encode(&mut header, key, |b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
@@ -160,6 +167,8 @@ pub(crate) fn classify(status: u16, retry_after: Option<&HeaderValue>, body: &[u
     };
     match status {
         200..=299 => Outcome::Ack,
+        // The endpoint found a loop (a broker past its hop limit): retrying loops again.
+        508 => Outcome::Reject { reason: reason() },
         429 | 503 => Outcome::Retry { reason: reason(), delay: retry_after.and_then(|v| retry_delay(v, now)) },
         300..=499 => Outcome::Reject { reason: reason() },
         _ => Outcome::Retry { reason: reason(), delay: None },
@@ -232,6 +241,11 @@ mod tests {
         // Case, spaces and non-ASCII survive as percent-encoding.
         assert_eq!(h("eventbus-meta-%54race%20%49d").as_deref(), Some("%C3%A9%25%0A"));
         assert_eq!(h("eventbus-signature"), None, "no secret, no signature");
+        assert_eq!(h("eventbus-hops").as_deref(), Some("1"), "a first push");
+        let pushed = delivery(&[("eventbus-hops", "3")]);
+        let p = prepare("billing", &PushConfig::new("http://h/"), std::slice::from_ref(&pushed), SystemTime::now());
+        assert_eq!(p.headers["eventbus-hops"], "4", "one more than it came with");
+        assert!(!p.headers.contains_key("eventbus-meta-eventbus-hops"));
     }
 
     #[test]
@@ -290,6 +304,7 @@ mod tests {
             Outcome::Reject { reason: "HTTP 404: no such hook".into() }
         );
         assert!(matches!(classify(302, None, b"", now), Outcome::Reject { .. }));
+        assert!(matches!(classify(508, None, b"", now), Outcome::Reject { .. }), "a loop is not retried");
         let long = vec![b'x'; 10_000];
         let Outcome::Reject { reason } = classify(400, None, &long, now) else { panic!() };
         assert_eq!(reason.len(), "HTTP 400: ".len() + REASON_BODY_BYTES);

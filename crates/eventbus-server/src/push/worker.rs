@@ -36,12 +36,15 @@ pub(crate) struct Worker {
     consumer: String,
     push: PushConfig,
     url: reqwest::Url,
+    /// The URL as logs show it (its query redacted).
+    shown_url: String,
+    /// The client its requests go through.
+    client: reqwest::Client,
     /// The configured headers.
     extra: HeaderMap,
-    /// Set when no request can be sent (the URL's host is a denied address): every
-    /// attempt fails with it.
+    /// Set when no request can be sent (the URL's host is a refused address): every
+    /// attempt fails with it, and no endpoint answer is ever read.
     refused: Option<String>,
-    endpoints: Endpoints,
     timeout: Duration,
     permits: Arc<Semaphore>,
     stop: CancellationToken,
@@ -62,15 +65,23 @@ impl Worker {
         stop: CancellationToken,
     ) -> Self {
         let mut refused = None;
+        let shown_url = super::redacted_url(&push.url);
         let url = match reqwest::Url::parse(&push.url) {
             Ok(url) => url,
             Err(err) => {
-                refused = Some(format!("push.url {:?}: {err}", push.url));
+                refused = Some(format!("push.url {shown_url:?}: {err}"));
                 // Never sent to: `refused` fails every attempt first.
                 reqwest::Url::from_directory_path("/").unwrap_or_else(|()| unreachable!("/ is a directory"))
             }
         };
-        refused = refused.or_else(|| endpoints.deny.refuses(&url));
+        refused = refused.or_else(|| endpoints.reach.refuses(&url));
+        let client = match endpoints.client_for(&url) {
+            Ok(client) => client,
+            Err(err) => {
+                refused = refused.or_else(|| Some(format!("cannot build the push HTTP client: {err}")));
+                endpoints.client.clone()
+            }
+        };
         let mut extra = HeaderMap::new();
         for (name, value) in &push.headers {
             match (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_bytes(value.as_bytes())) {
@@ -91,9 +102,10 @@ impl Worker {
             consumer,
             push,
             url,
+            shown_url,
+            client,
             extra,
             refused,
-            endpoints,
             stop,
             failing: AtomicBool::new(false),
         }
@@ -239,15 +251,8 @@ impl Worker {
         let prepared = request::prepare(&self.consumer, &self.push, deliveries, now);
         let mut headers = self.extra.clone();
         headers.extend(prepared.headers);
-        let sent = self
-            .endpoints
-            .client
-            .post(self.url.clone())
-            .headers(headers)
-            .body(prepared.body)
-            .timeout(self.timeout)
-            .send()
-            .await;
+        let sent =
+            self.client.post(self.url.clone()).headers(headers).body(prepared.body).timeout(self.timeout).send().await;
         match sent {
             Ok(mut response) => {
                 let status = response.status().as_u16();
@@ -270,7 +275,8 @@ impl Worker {
             Err(err) => (
                 "error",
                 Outcome::Retry {
-                    reason: format!("cannot reach the endpoint: {}", eventbus_core::error_chain(&err)),
+                    // The URL stays out: its query may hold a credential.
+                    reason: format!("cannot reach the endpoint: {}", eventbus_core::error_chain(&err.without_url())),
                     delay: None,
                 },
             ),
@@ -290,14 +296,14 @@ impl Worker {
         match outcome {
             Outcome::Ack => {
                 if self.failing.swap(false, Ordering::Relaxed) {
-                    info!(consumer = %self.consumer, url = %self.push.url, "push endpoint answers again");
+                    info!(consumer = %self.consumer, url = %self.shown_url, "push endpoint answers again");
                 }
                 acks.send(ids(deliveries.iter()), permit).await;
             }
             Outcome::Retry { reason, delay } => {
                 if !self.failing.swap(true, Ordering::Relaxed) {
                     warn!(
-                        consumer = %self.consumer, url = %self.push.url, %reason,
+                        consumer = %self.consumer, url = %self.shown_url, %reason,
                         "push endpoint failing: its events are retried on the consumer's backoff"
                     );
                 }
