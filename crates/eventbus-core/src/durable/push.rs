@@ -3,6 +3,7 @@
 //! definition and its checks; the server crate sends the requests.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -33,8 +34,9 @@ pub enum PushEnvelope {
     Json,
 }
 
-/// Where and how a push consumer's events are sent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Where and how a push consumer's events are sent. Its `Debug` shows the
+/// credentials redacted, so that no log line can carry them.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PushConfig {
     /// `http://` or `https://` URL every request is POSTed to.
@@ -167,6 +169,21 @@ impl PushConfig {
     }
 }
 
+impl fmt::Debug for PushConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self { url, headers, timeout_ms, max_concurrency, batch, envelope, secret } = &self.redacted();
+        f.debug_struct("PushConfig")
+            .field("url", url)
+            .field("headers", headers)
+            .field("timeout_ms", timeout_ms)
+            .field("max_concurrency", max_concurrency)
+            .field("batch", batch)
+            .field("envelope", envelope)
+            .field("secret", secret)
+            .finish()
+    }
+}
+
 /// What a credential is shown as.
 pub const REDACTED: &str = "(redacted)";
 
@@ -267,6 +284,8 @@ mod tests {
         assert_eq!(shown.secret, REDACTED);
         assert_eq!(shown.url, p.url);
         assert_eq!(PushConfig::new("http://h/").redacted().secret, "");
+        let debug = format!("{p:?}");
+        assert!(!debug.contains("abc") && !debug.contains("s3cret") && debug.contains(REDACTED), "{debug}");
     }
 
     #[test]
