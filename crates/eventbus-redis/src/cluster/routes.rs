@@ -11,7 +11,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult, Value};
 use tracing::warn;
 
-use super::{COMMAND_TIMEOUT, CONNECT_TIMEOUT, key_slot};
+use super::slots::key_slot;
+use super::{COMMAND_TIMEOUT, CONNECT_TIMEOUT};
 use crate::transport::RedisOptions;
 
 /// How to reach a node the cluster names (`CLUSTER SLOTS` gives host and port).
