@@ -54,7 +54,7 @@ pub(crate) use client::durable_clients;
 use client::{client, connect};
 use routes::Routes;
 pub use slots::{BUCKETS, node_url, shard_channels};
-pub(crate) use slots::{bucket_of, shard_key};
+pub(crate) use slots::{bucket_of, key_slot, shard_key};
 use slots::{buckets_of, shard_tags};
 
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);

@@ -36,7 +36,7 @@ pub(crate) fn shard_key(channel: &str, shard_tokens: usize) -> &str {
 }
 
 /// A key's hash slot, as `CLUSTER KEYSLOT` computes it (a `{tag}` hashes alone).
-pub(super) fn key_slot(key: &[u8]) -> u16 {
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
     let tagged = key
         .iter()
         .position(|&b| b == b'{')

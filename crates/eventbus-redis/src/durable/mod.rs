@@ -68,7 +68,7 @@ mod runtime;
 mod scripts;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -192,6 +192,8 @@ pub(crate) struct Shared {
     shutdown: CancellationToken,
     /// Bumped by every reload of the definitions.
     definitions: tokio::sync::watch::Sender<u64>,
+    /// On a cluster, the last capture could not read the definitions' version.
+    definitions_unread: AtomicBool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -276,6 +278,7 @@ impl RedisDurable {
             next_client: AtomicU64::new(1),
             shutdown,
             definitions: tokio::sync::watch::Sender::new(0),
+            definitions_unread: AtomicBool::new(false),
         });
         let supervisor = &shared.options.supervisor;
         let follower = supervisor.spawn("durable consumer follower (redis)", follow_changes(Arc::downgrade(&shared)));
