@@ -482,13 +482,28 @@ async fn name_in_first_slots(cluster: &RedisCluster, stem: &str) -> String {
 
 /// kill -9 of the master holding a durable consumer's keys under 4 publishers; the
 /// consumer then takes everything. Returns (answered OK, lost, delivered twice).
+/// Channel `ledger` (no consumer; on the same master) keeps a history.
 async fn durable_publishes_across_a_master_kill(min_replicas_acked: u32) -> Option<(usize, usize, usize)> {
     let mut cluster = RedisCluster::start().await?;
-    let server = cluster_broker(&cluster, |s| s.eventbus.redis.min_replicas_acked = min_replicas_acked).await;
+    let server = cluster_broker(&cluster, |s| {
+        s.eventbus.redis.min_replicas_acked = min_replicas_acked;
+        s.eventbus.history = vec![eventbus_server::config::HistoryRuleSetting {
+            channels: "ledger".into(),
+            size: 100,
+            max_bytes: 1 << 20,
+            ttl_ms: 0,
+        }];
+    })
+    .await;
     let name = "ledger";
     let req = pb::CreateConsumerRequest { config: Some(consumer(name, &["ledger.>"])) };
     within(server.admin().await.create_consumer(req)).await.unwrap();
     let master = cluster.owner_of(cluster.slot_of(name).await).await;
+    let shard = eventbus_redis::cluster::shard_channels("socle:eventbus")
+        [usize::from(cluster.slot_of(name).await / 128)]
+    .clone();
+    assert_eq!(cluster.owner_of(cluster.slot_of(&shard).await).await, master, "channel ledger is on that master");
+    within(server.client().await.publish(event("ledger", "kept"))).await.unwrap();
 
     let publishers = Publishers::start(&server, "ledger", 4);
     publishers.until_more(200).await;
@@ -496,9 +511,14 @@ async fn durable_publishes_across_a_master_kill(min_replicas_acked: u32) -> Opti
     if min_replicas_acked == 0 {
         publishers.until_more(200).await;
     } else {
-        // The promoted replica has no replica of its own: no capture can be confirmed.
-        let err = server.client().await.publish(event("ledger.x", "alone")).await.unwrap_err();
+        // The promoted replica has no replica of its own: no capture can be confirmed,
+        // nor an event kept in a history.
+        let mut client = server.client().await;
+        let err = client.publish(event("ledger.x", "alone")).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+        let err = client.publish(event("ledger", "kept alone")).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+        assert!(err.message().contains("min_replicas_acked"), "{err:?}");
     }
     let answered = publishers.finish().await;
 

@@ -32,7 +32,7 @@ pub(super) fn client(
         .collect::<Result<_, _>>()?;
     let mut builder = ClusterClientBuilder::new(nodes)
         .connection_timeout(CONNECT_TIMEOUT)
-        .response_timeout(COMMAND_TIMEOUT)
+        .response_timeout(settings.response_timeout(COMMAND_TIMEOUT))
         // Bounded (a slot without a master fails its commands within about a second),
         // with room for a failover's stale route, MOVED and slot refresh.
         .retries(6)

@@ -82,6 +82,10 @@ pub struct ClusterTransport {
     routes_stale: Notify,
     /// Channel histories, each on its channel's shard.
     history: RedisHistory,
+    /// Replicas that must have what a history script kept before its publish is
+    /// answered OK, and how long a publish waits for them.
+    min_replicas_acked: u32,
+    replica_ack_timeout: Duration,
 }
 
 impl std::fmt::Debug for ClusterTransport {
@@ -154,6 +158,8 @@ impl ClusterTransport {
                 settings.history.clone(),
                 Some(Shards { shard_tokens: settings.shard_tokens.max(1), tags: shard_tags(&settings.prefix) }),
             ),
+            min_replicas_acked: settings.min_replicas_acked,
+            replica_ack_timeout: settings.replica_ack_timeout,
         });
         let connection = Arc::clone(&transport);
         let groups = Arc::clone(&transport.groups).run(move || connection.connection.read().clone(), shutdown.clone());

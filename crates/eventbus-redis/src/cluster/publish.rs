@@ -22,17 +22,19 @@ impl ClusterTransport {
     /// the map has no master for it or the master redirects (then nothing ran there).
     /// `build` makes the pipeline for the way it goes: scripts by hash to a master
     /// (after a `SCRIPT LOAD`, so a new master has it), with their text through the
-    /// cluster client (which routes each command by its keys).
+    /// cluster client (which routes each command by its keys); and whether it ends with
+    /// a `WAIT` for replicas, whose answer is checked here and not returned.
     pub(super) async fn send_pipeline(
         &self,
         bucket: usize,
-        build: impl Fn(Sending) -> redis::Pipeline,
+        build: impl Fn(Sending) -> (redis::Pipeline, bool),
     ) -> Result<Vec<i64>, String> {
         let channel = &self.channels[bucket];
         let direct = self.routes.read().by_bucket.get(bucket).cloned().flatten();
         if let Some(mut node) = direct {
-            match build(Sending::Hash).query_async::<Vec<i64>>(&mut node).await {
-                Ok(receivers) => return Ok(receivers),
+            let (pipe, waits) = build(Sending::Hash);
+            match pipe.query_async::<Vec<i64>>(&mut node).await {
+                Ok(answers) => return self.replicated(answers, waits, channel),
                 Err(err) if is_redirect(&err) => self.routes_stale.notify_one(),
                 // Perhaps run, perhaps not: not sent again (at most once).
                 Err(err) => {
@@ -44,10 +46,27 @@ impl ClusterTransport {
         let Some(mut conn) = self.connection.read().clone() else {
             return Err(format!("not connected to the Redis Cluster at {}", self.target));
         };
-        build(Sending::Text)
-            .query_async::<Vec<i64>>(&mut conn)
-            .await
-            .map_err(|e| format!("SPUBLISH to {channel} failed: {e}"))
+        let (pipe, waits) = build(Sending::Text);
+        let answers = pipe.query_async::<Vec<i64>>(&mut conn).await;
+        self.replicated(answers.map_err(|e| format!("SPUBLISH to {channel} failed: {e}"))?, waits, channel)
+    }
+
+    /// The publishes' answers, once the `WAIT` that ends them (if it does) says enough
+    /// replicas have the history they kept.
+    fn replicated(&self, mut answers: Vec<i64>, waits: bool, channel: &str) -> Result<Vec<i64>, String> {
+        if !waits {
+            return Ok(answers);
+        }
+        let acked = answers.pop().unwrap_or(0);
+        match u32::try_from(acked) {
+            Ok(acked) if acked >= self.min_replicas_acked => Ok(answers),
+            _ => Err(format!(
+                "{acked} of the {} replicas eventbus.redis.min_replicas_acked asks for confirmed the history kept by \
+                 the publishes to {channel} within {} ms (published, and kept on the master)",
+                self.min_replicas_acked,
+                self.replica_ack_timeout.as_millis()
+            )),
+        }
     }
 
     /// Adds the publish of `event` to a bucket's pipeline: a plain `SPUBLISH`, or for a
@@ -71,23 +90,33 @@ impl ClusterTransport {
     }
 
     /// A bucket's pipeline for `events`: the script loaded first (its answer ignored)
-    /// when one of them is sent by hash.
+    /// when one of them is sent by hash; with `min_replicas_acked`, a `WAIT` for that
+    /// many replicas last when one of them is kept in a history (then `true`), as a
+    /// durable capture waits on one Redis.
     pub(super) fn pipeline<'a>(
         &self,
         sending: Sending,
         bucket: usize,
         events: impl Iterator<Item = &'a Arc<Event>>,
-    ) -> redis::Pipeline {
+    ) -> (redis::Pipeline, bool) {
         let mut pipe = redis::pipe();
-        let mut loaded = false;
+        let (mut loaded, mut kept) = (false, false);
         for event in events {
-            if sending == Sending::Hash && !loaded && self.history.limits(&event.channel).is_some() {
-                pipe.add_command(self.history.load()).ignore();
-                loaded = true;
+            if self.history.limits(&event.channel).is_some() {
+                kept = true;
+                if sending == Sending::Hash && !loaded {
+                    pipe.add_command(self.history.load()).ignore();
+                    loaded = true;
+                }
             }
             self.add_publish(&mut pipe, sending, bucket, event);
         }
-        pipe
+        let waits = kept && self.min_replicas_acked > 0;
+        if waits {
+            let timeout_ms = u64::try_from(self.replica_ack_timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+            pipe.cmd("WAIT").arg(self.min_replicas_acked).arg(timeout_ms);
+        }
+        (pipe, waits)
     }
 
     /// The cluster connection, for a history read (the cluster client routes by key).
