@@ -7,6 +7,7 @@ mod common;
 
 use std::process::{Command, Stdio};
 
+use common::consume::{attach, consumer};
 use common::redis_server::*;
 use common::*;
 use eventbus_proto::pb;
@@ -399,4 +400,27 @@ async fn a_group_with_members_on_two_instances_gets_each_event_once() {
     let Some(redis) = RedisProc::start().await else { return };
     let (a, b) = (broker(&redis).await, broker(&redis).await);
     a_group_spans_the_instances(&a, &b).await;
+}
+
+/// A consumer's read connection that dies without a word (no FIN) is found by the
+/// read's response timeout: the client's stream ends `UNAVAILABLE`, and attached again
+/// it gets what was published meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_connection_that_dies_silently_is_found_and_its_events_still_come() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let proxy = RedisProxy::start(&redis).await;
+    let a = broker_with(&redis, |s| s.eventbus.redis.port = proxy.port).await;
+    let create = pb::CreateConsumerRequest { config: Some(consumer("quiet", &["quiet.>"])) };
+    within(a.admin().await.create_consumer(create)).await.unwrap();
+    let mut attached = attach(a.endpoint(), "quiet", 0).await.unwrap();
+    proxy.silence(blocked_client(&redis, "xreadgroup").await);
+    within(a.client().await.publish(event("quiet.x", "meanwhile"))).await.unwrap();
+
+    // A read blocks 10 s at most, and is answered within 5 s more.
+    let end = tokio::time::timeout(std::time::Duration::from_secs(30), attached.responses.message()).await;
+    let end = end.expect("the silent read connection was never noticed");
+    assert_eq!(end.err().map(|s| s.code()), Some(Code::Unavailable), "the client is told to reconnect");
+    let mut attached = attach(a.endpoint(), "quiet", 0).await.unwrap();
+    let got = attached.deliveries(1).await;
+    assert_eq!(payload(got[0].event.as_ref().unwrap()), "meanwhile");
 }

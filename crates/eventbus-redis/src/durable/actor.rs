@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::conn::{CLUSTER_READ_BLOCK, Conn};
+use super::conn::{Conn, READ_BLOCK};
 use super::reply::{entries_of, is_missing_stream, outcome_of};
 use super::runtime::{Command, Runtime, StopReason};
 use super::scripts::Scripts;
@@ -589,12 +589,7 @@ impl Actor {
             };
             let mut read = redis::cmd("XREADGROUP");
             read.arg("GROUP").arg(GROUP).arg(&consumer).arg("COUNT").arg(count).arg("BLOCK");
-            if backend.is_cluster() {
-                read.arg(CLUSTER_READ_BLOCK.as_millis() as u64);
-            } else {
-                read.arg(0);
-            }
-            read.arg("STREAMS").arg(&stream).arg(">");
+            read.arg(READ_BLOCK.as_millis() as u64).arg("STREAMS").arg(&stream).arg(">");
             let mut paused = redis::cmd("HEXISTS");
             paused.arg(&paused_key).arg(&*name);
             // The pause check runs after the read returns, so it sees a pause made

@@ -15,9 +15,10 @@ use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, RedisResu
 
 use super::{COMMAND_TIMEOUT, CONNECT_TIMEOUT};
 
-/// How long a blocked read on a cluster waits before it asks again: a cluster
-/// connection always has a response timeout, so the read cannot block for ever.
-pub(crate) const CLUSTER_READ_BLOCK: Duration = Duration::from_secs(10);
+/// How long a blocked read waits before it asks again: its connection has a response
+/// timeout just past it, so that a connection that died silently (no FIN: a host or a
+/// middlebox gone) is found, not waited on for ever.
+pub(crate) const READ_BLOCK: Duration = Duration::from_secs(10);
 
 /// Where Redis is.
 #[derive(Clone)]
@@ -57,20 +58,19 @@ impl Backend {
     }
 
     /// A connection of its own for blocking reads, so that a blocked read holds up no
-    /// other command. On one Redis it may block for ever; on a cluster for at most
-    /// [`CLUSTER_READ_BLOCK`].
+    /// other command; each blocks for at most [`READ_BLOCK`].
     pub(crate) async fn reader(&self) -> RedisResult<Conn> {
         match self {
             Self::Single(client) => {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                    .set_response_timeout(None);
+                    .set_response_timeout(Some(READ_BLOCK + COMMAND_TIMEOUT));
                 client.get_multiplexed_async_connection_with_config(&config).await.map(Conn::Multiplexed)
             }
             Self::Cluster { client, .. } => {
                 let config = ClusterConfig::new()
                     .set_connection_timeout(CONNECT_TIMEOUT)
-                    .set_response_timeout(CLUSTER_READ_BLOCK + COMMAND_TIMEOUT);
+                    .set_response_timeout(READ_BLOCK + COMMAND_TIMEOUT);
                 client.get_async_connection_with_config(config).await.map(Conn::Cluster)
             }
         }

@@ -40,7 +40,7 @@
 //!   group-committed: one script runs at a time and carries every publish that arrived
 //!   while the previous one ran, in arrival order.
 //! - Delivery: `runtime` starts one `actor` per consumer with local clients; it reads
-//!   with a blocking XREADGROUP (nothing runs while idle) and spreads events to its
+//!   with a blocking XREADGROUP (one every 10 s while idle) and spreads events to its
 //!   clients.
 //! - A failed attempt takes the event off the stream into the retry set; it is
 //!   appended again when due, carrying its attempt count and failures. So the pending
