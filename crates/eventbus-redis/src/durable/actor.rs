@@ -247,6 +247,12 @@ impl Actor {
                 self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
             }
             self.dispatch();
+            if !self.buffer.is_empty() {
+                // Read here but no client here has room for it now (handed back by a
+                // client, or its room gone with it): back on the stream, where the
+                // clients of every instance may take it (this one's read it again).
+                self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
+            }
             self.flush();
             if self.read.is_none() {
                 self.start_read();
@@ -413,10 +419,11 @@ impl Actor {
         Some((key, held))
     }
 
-    /// Events a client hands back unstarted: read again by the next client with room,
-    /// with the attempt number they had (none counted). With `drain`, the client takes
-    /// no more and hears so; when no client here takes events any more, what was read
-    /// goes back to the stream for the other instances.
+    /// Events a client hands back unstarted: to the next client here with room, with
+    /// the attempt number they had (none counted), or back on the stream for any
+    /// instance's clients when none has room (see `run`). With `drain`, the client
+    /// takes no more and hears so; when no client here takes events any more, the read
+    /// stops.
     fn release_unstarted(&mut self, id: u64, event_ids: Vec<String>, drain: bool) {
         let mut released = 0usize;
         for event_id in event_ids {
@@ -437,7 +444,6 @@ impl Actor {
         if self.clients.iter().all(|c| c.draining) {
             self.read = None;
             self.idle_conn = None;
-            self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
         }
     }
 
