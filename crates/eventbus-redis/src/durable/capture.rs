@@ -16,6 +16,11 @@ use tracing::{info, warn};
 
 use super::*;
 
+/// How long a capture waits for the definitions' version once it could not be read
+/// (their slot has no master): the next captures are not held up by each failing
+/// read's retries, and its first answer once the slot serves again is taken.
+const UNREAD_VERSION_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// A publish waiting for the next capture script.
 pub(super) struct PendingCapture {
     pub(super) event: Arc<Event>,
@@ -327,8 +332,16 @@ impl Shared {
             let mut conn = self.conn();
             let mut read_version = redis::cmd("GET");
             read_version.arg(&self.keys.version);
-            let (results, version_now) =
-                tokio::join!(join_all(stores), read_version.query_async::<Option<String>>(&mut conn));
+            let version_now = async {
+                let read = read_version.query_async::<Option<String>>(&mut conn);
+                if !self.definitions_unread.load(Ordering::Relaxed) {
+                    return read.await;
+                }
+                // Unreadable a moment ago: not waited on for the client's retries.
+                let timed_out = || redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+                tokio::time::timeout(UNREAD_VERSION_WAIT, read).await.unwrap_or_else(|_| Err(timed_out()))
+            };
+            let (results, version_now) = tokio::join!(join_all(stores), version_now);
             for ((rt, events), result) in work.iter().zip(results) {
                 written.insert(Arc::clone(&rt.name));
                 match result {
