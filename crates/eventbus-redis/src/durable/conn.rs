@@ -6,12 +6,10 @@
 
 use std::time::Duration;
 
-use redis::ServerErrorKind;
-
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection, PubSub};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value};
 
 use super::{COMMAND_TIMEOUT, CONNECT_TIMEOUT};
 
