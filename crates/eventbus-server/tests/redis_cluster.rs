@@ -694,7 +694,7 @@ async fn admin_calls_succeed(server: &TestServer, fresh: &str, existing: &str, w
 /// The slot of the consumer definitions (`{durable}`) moves to another master, whose
 /// master is then killed (-9) under publishers whose consumers live on a third one.
 /// Those publishes go on while the slot has no master, with the definitions each
-/// instance holds; after the move, and again once a replica took over, an instance that
+/// instance holds, and so do the deliveries to an attached client; after the move, and again once a replica took over, an instance that
 /// has not touched the slot since (its slot map is stale) lists, creates, pauses,
 /// redrives and deletes consumers at the first try.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -722,7 +722,9 @@ async fn the_definitions_slot_moving_or_failing_over_stops_no_publish_and_no_adm
     cluster.move_slot(definitions_slot, moved_to).await;
     admin_calls_succeed(&b, "fresh", &near, "after the slot moved").await;
 
-    // kill -9 of the definitions' (and `near`'s) master under publishers to `far`.
+    // kill -9 of the definitions' (and `near`'s) master under publishers to `far`,
+    // whose client stays attached.
+    let mut attached = attach(a.endpoint(), &far, 1000).await.unwrap();
     let publishers = Publishers::start(&a, &far, 2);
     publishers.until_more(50).await;
     let replicas = cluster.kill_master_now(moved_to).await;
@@ -735,7 +737,6 @@ async fn the_definitions_slot_moving_or_failing_over_stops_no_publish_and_no_adm
     publishers.until_more(50).await;
     let mut answered = publishers.finish().await;
     answered.extend((0..3).map(|i| format!("outage-{i}")));
-    let mut attached = attach(a.endpoint(), &far, 1000).await.unwrap();
     let seen = drain_consumer(&mut attached, &answered).await;
     let lost: Vec<&String> = answered.iter().filter(|p| !seen.contains_key(*p)).collect();
     assert!(lost.is_empty(), "{} publishes answered OK never came: {:?}", lost.len(), &lost[..lost.len().min(5)]);

@@ -601,10 +601,15 @@ impl Actor {
             // The pause check runs after the read returns, so it sees a pause made
             // before the events read were published (docs/consumer-operations.md):
             // in the same pipeline on one Redis, right after it on a cluster (the
-            // definitions are in another slot).
+            // definitions are in another slot, whose outage must not hold up delivery).
             let result = if backend.is_cluster() {
                 match read.query_async::<Value>(&mut conn).await {
-                    Ok(events) => paused.query_async::<bool>(&mut shared_conn.clone()).await.map(|p| (events, p)),
+                    Ok(events) => match paused.query_async::<bool>(&mut shared_conn.clone()).await {
+                        Ok(paused) => Ok((events, paused)),
+                        // The definitions' slot is not serving (a failover): the events
+                        // read are delivered, as the pause this instance knows allows.
+                        Err(_) => Ok((events, false)),
+                    },
                     Err(err) => Err(err),
                 }
             } else {
