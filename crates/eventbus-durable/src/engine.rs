@@ -27,7 +27,9 @@ use crate::outbox::{self, Committed};
 use crate::scheduler::{Timers, run_scheduler};
 use crate::state::{Client, Consumer, EState, Effects, Registry, add_entry, dispatch, fail, info, pending_entry};
 use crate::store::{EntryRecord, Loaded, LogPage, RedriveSelection, Store, StoreOp};
-use crate::writer::{Completion, SYNC_QUEUE, WRITER_QUEUE, WriteRequest, sync_loop, writer_loop, writer_stopped};
+use crate::writer::{
+    Completion, SYNC_QUEUE, WRITER_QUEUE, WriteQueue, WriteRequest, sync_loop, writer_loop, writer_stopped,
+};
 use eventbus_core::Event;
 
 /// The durable consumer engine. A cheap handle.
@@ -59,7 +61,7 @@ pub(crate) struct Inner {
     /// planned: a publisher told `duplicate`, or publishing the next event of a key,
     /// never overtakes the capture it follows. Unkeyed captures do not take it.
     pub(crate) sequencer: Mutex<()>,
-    writer: mpsc::Sender<WriteRequest>,
+    writer: Arc<WriteQueue>,
     pub(crate) timers: Mutex<Timers>,
     timer_seq: AtomicU64,
     /// Shared with the scheduler task, which must not keep the engine alive.
@@ -108,7 +110,7 @@ impl Durable {
             next_client: AtomicU64::new(1),
             dedup: Mutex::default(),
             sequencer: Mutex::default(),
-            writer,
+            writer: WriteQueue::new(writer),
             timers: Mutex::default(),
             timer_seq: AtomicU64::new(0),
             timers_changed: Arc::new(Notify::new()),
@@ -600,25 +602,9 @@ impl Durable {
         self.queue(WriteRequest { ops, done: Completion::Notify(done) }).then_some(committed)
     }
 
-    /// Hands a request to the writer, waiting for room off the caller's path when the
-    /// queue is full. False when the writer has stopped (the request is abandoned: work
-    /// waiting for it runs, told so).
+    /// Hands a request to the writer, in order (see [`WriteQueue`]). False when the
+    /// writer has stopped.
     fn queue(&self, req: WriteRequest) -> bool {
-        match self.inner.writer.try_send(req) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(req)) => {
-                let writer = self.inner.writer.clone();
-                tokio::spawn(async move {
-                    if let Err(mpsc::error::SendError(req)) = writer.send(req).await {
-                        req.abandon();
-                    }
-                });
-                true
-            }
-            Err(mpsc::error::TrySendError::Closed(req)) => {
-                req.abandon();
-                false
-            }
-        }
+        self.inner.writer.queue(req)
     }
 }

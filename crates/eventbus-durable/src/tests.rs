@@ -642,3 +642,118 @@ async fn batch_fsync_syncs_the_last_commit_without_further_writes() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A store whose commits wait at a gate the test opens, so many at a time.
+#[derive(Debug)]
+struct GatedStore {
+    inner: Arc<dyn Store>,
+    /// Commits let through; `u64::MAX`: every one.
+    passes: std::sync::Mutex<u64>,
+    opened: std::sync::Condvar,
+    /// Told each time a commit reaches the gate.
+    reached: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+}
+
+impl GatedStore {
+    fn pass(&self, commits: u64) {
+        *self.passes.lock().unwrap() = commits;
+        self.opened.notify_all();
+    }
+}
+
+impl Store for GatedStore {
+    fn load(&self) -> Result<store::Loaded, StoreError> {
+        self.inner.load()
+    }
+
+    fn apply(&self, ops: &[StoreOp]) -> Result<(), StoreError> {
+        let _ = self.reached.lock().unwrap().send(());
+        let mut passes = self.opened.wait_while(self.passes.lock().unwrap(), |p| *p == 0).unwrap();
+        if *passes != u64::MAX {
+            *passes -= 1;
+        }
+        drop(passes);
+        self.inner.apply(ops)
+    }
+
+    fn log(
+        &self,
+        consumer: &str,
+        status: Option<LogStatus>,
+        limit: usize,
+        after: Option<u64>,
+    ) -> Result<store::LogPage, StoreError> {
+        self.inner.log(consumer, status, limit, after)
+    }
+
+    fn redrive(
+        &self,
+        consumer: &str,
+        selection: store::RedriveSelection<'_>,
+        next_seq: &std::sync::atomic::AtomicU64,
+    ) -> Result<Vec<store::RedrivenEvent>, StoreError> {
+        self.inner.redrive(consumer, selection, next_seq)
+    }
+
+    fn redrivable(&self, consumer: &str) -> u64 {
+        self.inner.redrivable(consumer)
+    }
+}
+
+/// The writer's queue stays first in first out when it is full: a keyed capture that
+/// found it full is not overtaken by the next capture of its key, which found room.
+/// (One thread: the capture that waits for room cannot be sent before the test says.)
+#[tokio::test]
+async fn keyed_captures_keep_their_order_through_a_full_writer_queue() {
+    let (reached, at_gate) = std::sync::mpsc::channel();
+    let store = Arc::new(GatedStore {
+        inner: memory(),
+        passes: std::sync::Mutex::new(u64::MAX),
+        opened: std::sync::Condvar::new(),
+        reached: std::sync::Mutex::new(reached),
+    });
+    let durable = Durable::start(Arc::clone(&store) as Arc<dyn Store>, options(Duration::from_secs(1))).unwrap();
+    durable.create_consumer(consumer("o", &["orders.>"])).await.unwrap();
+    let wait_at_gate = || at_gate.recv_timeout(Duration::from_secs(20)).expect("a commit at the gate");
+    while at_gate.try_recv().is_ok() {}
+
+    // The writer holds one commit at the closed gate; its queue then fills up.
+    store.pass(0);
+    let fill = |i: usize| {
+        let record = store::DedupRecord { key: format!("fill-{i}"), event_id: String::new(), expires_ms: 0 };
+        vec![StoreOp::Dedup(record)]
+    };
+    durable.submit(fill(0));
+    wait_at_gate();
+    for i in 1..=crate::writer::WRITER_QUEUE {
+        durable.submit(fill(i));
+    }
+    let (first, second) = (crate::store_tests::event("first"), crate::store_tests::event("second"));
+    let keyed = |event| [CaptureRequest { event, ordering_key: Some("k1"), idempotency_key: None }];
+    let (first_request, second_request) = (keyed(&first), keyed(&second));
+    // Queued (finding the queue full) on its first poll, answered once committed.
+    let mut first_captured = std::pin::pin!(durable.capture_many(&first_request));
+    tokio::select! {
+        biased;
+        _ = &mut first_captured => panic!("answered before its commit"),
+        () = std::future::ready(()) => {}
+    }
+    // One commit through: the writer takes the next group off the queue (room frees
+    // up) and holds it at the gate.
+    store.pass(1);
+    wait_at_gate();
+    let mut second_captured = std::pin::pin!(durable.capture_many(&second_request));
+    tokio::select! {
+        biased;
+        _ = &mut second_captured => panic!("answered before its commit"),
+        () = std::future::ready(()) => {}
+    }
+    store.pass(u64::MAX);
+    for captured in [first_captured.await, second_captured.await] {
+        assert!(matches!(captured[..], [Ok(Captured::Stored(1))]), "{captured:?}");
+    }
+    let mut attached = durable.attach("o", ClientOptions::default(), None).await.unwrap();
+    let batch = next(&mut attached.deliveries).await;
+    let ids: Vec<&str> = batch.iter().map(|d| &*d.event.id).collect();
+    assert_eq!(ids, ["first"], "one in flight per key, the first published first");
+}

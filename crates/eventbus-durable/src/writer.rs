@@ -1,7 +1,9 @@
 //! The group-commit writer thread: every change queued meanwhile goes into one store
 //! transaction, so concurrent publishes share one commit (and one fsync).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
@@ -70,6 +72,83 @@ impl WriteRequest {
         match self.done {
             Completion::None | Completion::Notify(_) => {}
             Completion::Then(then) => then(Err(writer_stopped())),
+        }
+    }
+}
+
+/// The writer's queue, first in first out even when full: a request that finds it full
+/// waits in an overflow, and so does every request after it until the overflow has
+/// drained, so that requests queued in order (keyed captures, under the sequencer)
+/// reach the writer in that order, however hard the writer is pressed.
+#[derive(Debug)]
+pub(crate) struct WriteQueue {
+    tx: mpsc::Sender<WriteRequest>,
+    /// Requests waiting for room, in order; drained by one task at a time.
+    overflow: parking_lot::Mutex<VecDeque<WriteRequest>>,
+    /// `overflow` is not empty: the lock-free test on the way in.
+    overflowing: AtomicBool,
+}
+
+impl WriteQueue {
+    pub(crate) fn new(tx: mpsc::Sender<WriteRequest>) -> Arc<Self> {
+        Arc::new(Self { tx, overflow: parking_lot::Mutex::default(), overflowing: AtomicBool::new(false) })
+    }
+
+    /// Hands a request to the writer, or behind the ones waiting for room (off the
+    /// caller's path). False when the writer has stopped (the request is abandoned:
+    /// work waiting for it runs, told so).
+    pub(crate) fn queue(self: &Arc<Self>, req: WriteRequest) -> bool {
+        if !self.overflowing.load(Ordering::Acquire) {
+            match self.tx.try_send(req) {
+                Ok(()) => return true,
+                Err(mpsc::error::TrySendError::Closed(req)) => {
+                    req.abandon();
+                    return false;
+                }
+                Err(mpsc::error::TrySendError::Full(req)) => return self.overflow(req),
+            }
+        }
+        self.overflow(req)
+    }
+
+    fn overflow(self: &Arc<Self>, req: WriteRequest) -> bool {
+        let mut waiting = self.overflow.lock();
+        if waiting.is_empty() {
+            // Emptied meanwhile (the drain ended): room may be back.
+            match self.tx.try_send(req) {
+                Ok(()) => return true,
+                Err(mpsc::error::TrySendError::Closed(req)) => {
+                    req.abandon();
+                    return false;
+                }
+                Err(mpsc::error::TrySendError::Full(req)) => waiting.push_back(req),
+            }
+            self.overflowing.store(true, Ordering::Release);
+            tokio::spawn(Arc::clone(self).drain());
+        } else {
+            waiting.push_back(req);
+        }
+        true
+    }
+
+    /// Sends the waiting requests as room frees up, in order, until none waits.
+    async fn drain(self: Arc<Self>) {
+        loop {
+            let Ok(permit) = self.tx.reserve().await else {
+                let abandoned = std::mem::take(&mut *self.overflow.lock());
+                self.overflowing.store(false, Ordering::Release);
+                abandoned.into_iter().for_each(WriteRequest::abandon);
+                return;
+            };
+            // Sent under the lock: a request queued meanwhile goes behind it.
+            let mut waiting = self.overflow.lock();
+            if let Some(req) = waiting.pop_front() {
+                permit.send(req);
+            }
+            if waiting.is_empty() {
+                self.overflowing.store(false, Ordering::Release);
+                return;
+            }
         }
     }
 }

@@ -68,9 +68,25 @@ pub struct RedisOptions {
     pub health_check_timeout: Duration,
     /// Channels that keep a history (in Redis, shared by the instances).
     pub history: HistoryRules,
+    /// Replicas that must have an event kept in a history before its publish is
+    /// answered OK (`eventbus.redis.min_replicas_acked`; 0 = the master's word is
+    /// enough). One Redis keeps history in the durable engine's capture script, which
+    /// waits for them; a cluster's transport waits after its history scripts.
+    pub min_replicas_acked: u32,
+    /// How long a publish waits for them (`eventbus.redis.replica_ack_timeout_ms`).
+    pub replica_ack_timeout: Duration,
 }
 
 impl RedisOptions {
+    /// How long a command may take to be answered: a `WAIT` for replicas
+    /// (`min_replicas_acked`) may take up to its timeout on top.
+    pub(crate) fn response_timeout(&self, command: Duration) -> Duration {
+        match self.min_replicas_acked {
+            0 => command,
+            _ => command + self.replica_ack_timeout,
+        }
+    }
+
     /// The client for these settings (no connection is made yet).
     pub fn client(&self) -> Result<Client, redis::RedisError> {
         if let Some(url) = &self.url {
@@ -478,6 +494,8 @@ mod tests {
             health_check_interval: Duration::from_secs(1),
             health_check_timeout: Duration::from_millis(500),
             history: HistoryRules::default(),
+            min_replicas_acked: 0,
+            replica_ack_timeout: Duration::from_secs(1),
         };
         assert_eq!(s.display_target(), "redis://***@cache:6380/2");
         let s = RedisOptions { url: None, host: "cache".into(), port: 6379, password: Some("x".into()), ..s };

@@ -510,8 +510,8 @@ fn start_redis_durable(
         instance_id: bus.instance_id().to_owned(),
         retention: settings.retention(),
         envelope: redis.envelope,
-        min_replicas_acked: settings.eventbus.redis.min_replicas_acked,
-        replica_ack_timeout: Duration::from_millis(settings.eventbus.redis.replica_ack_timeout_ms),
+        min_replicas_acked: redis.min_replicas_acked,
+        replica_ack_timeout: redis.replica_ack_timeout,
         history: redis.history.clone(),
     };
     let options = durable_options(settings, metrics, supervisor);

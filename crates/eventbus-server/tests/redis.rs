@@ -7,6 +7,7 @@ mod common;
 
 use std::process::{Command, Stdio};
 
+use common::consume::{attach, consumer, ids};
 use common::redis_server::*;
 use common::*;
 use eventbus_proto::pb;
@@ -399,4 +400,62 @@ async fn a_group_with_members_on_two_instances_gets_each_event_once() {
     let Some(redis) = RedisProc::start().await else { return };
     let (a, b) = (broker(&redis).await, broker(&redis).await);
     a_group_spans_the_instances(&a, &b).await;
+}
+
+/// A consumer's read connection that dies without a word (no FIN) is found by the
+/// read's response timeout: the client's stream ends `UNAVAILABLE`, and attached again
+/// it gets what was published meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_connection_that_dies_silently_is_found_and_its_events_still_come() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let proxy = RedisProxy::start(&redis).await;
+    let a = broker_with(&redis, |s| s.eventbus.redis.port = proxy.port).await;
+    let create = pb::CreateConsumerRequest { config: Some(consumer("quiet", &["quiet.>"])) };
+    within(a.admin().await.create_consumer(create)).await.unwrap();
+    let mut attached = attach(a.endpoint(), "quiet", 0).await.unwrap();
+    proxy.silence(blocked_client(&redis, "xreadgroup").await);
+    within(a.client().await.publish(event("quiet.x", "meanwhile"))).await.unwrap();
+
+    // A read blocks 10 s at most, and is answered within 5 s more.
+    let end = tokio::time::timeout(std::time::Duration::from_secs(30), attached.responses.message()).await;
+    let end = end.expect("the silent read connection was never noticed");
+    assert_eq!(end.err().map(|s| s.code()), Some(Code::Unavailable), "the client is told to reconnect");
+    let mut attached = attach(a.endpoint(), "quiet", 0).await.unwrap();
+    let got = attached.deliveries(1).await;
+    assert_eq!(payload(got[0].event.as_ref().unwrap()), "meanwhile");
+}
+
+/// Events a client hands back unstarted go to whichever client has room, on any
+/// instance: here the other client on their instance is busy, and a client on another
+/// instance takes them at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_events_reach_a_client_with_room_on_another_instance() {
+    use eventbus_proto::pb::{consume_request, consume_response};
+    let Some(redis) = RedisProc::start().await else { return };
+    let (a, b) = (broker(&redis).await, broker(&redis).await);
+    let create = pb::CreateConsumerRequest { config: Some(consumer("handed", &["handed.>"])) };
+    within(a.admin().await.create_consumer(create)).await.unwrap();
+    let mut client = a.client().await;
+    // On a: one client holding an event (no room left), one holding two.
+    let mut busy = attach(a.endpoint(), "handed", 1).await.unwrap();
+    within(client.publish(event("handed.x", "busy"))).await.unwrap();
+    assert_eq!(payload(busy.deliveries(1).await[0].event.as_ref().unwrap()), "busy");
+    let mut stopping = attach(a.endpoint(), "handed", 2).await.unwrap();
+    for p in ["one", "two"] {
+        within(client.publish(event("handed.x", p))).await.unwrap();
+    }
+    let held = stopping.deliveries(2).await;
+    let mut elsewhere = attach(b.endpoint(), "handed", 10).await.unwrap();
+
+    stopping.send(consume_request::Kind::Release(pb::Release { event_ids: ids(&held), drain: true })).await;
+    assert!(matches!(
+        within(stopping.responses.message()).await.unwrap(),
+        Some(pb::ConsumeResponse { kind: Some(consume_response::Kind::Drained(_)) })
+    ));
+    let mut got: Vec<String> =
+        elsewhere.deliveries(2).await.iter().map(|d| payload(d.event.as_ref().unwrap())).collect();
+    got.sort();
+    assert_eq!(got, ["one", "two"], "the released events, at once, on the other instance");
+    let info = within(a.admin().await.get_consumer(pb::GetConsumerRequest { name: "handed".into() })).await;
+    assert_eq!(info.unwrap().into_inner().redelivered, 0, "a release counts no attempt");
 }

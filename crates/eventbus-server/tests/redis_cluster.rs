@@ -482,13 +482,28 @@ async fn name_in_first_slots(cluster: &RedisCluster, stem: &str) -> String {
 
 /// kill -9 of the master holding a durable consumer's keys under 4 publishers; the
 /// consumer then takes everything. Returns (answered OK, lost, delivered twice).
+/// Channel `ledger` (no consumer; on the same master) keeps a history.
 async fn durable_publishes_across_a_master_kill(min_replicas_acked: u32) -> Option<(usize, usize, usize)> {
     let mut cluster = RedisCluster::start().await?;
-    let server = cluster_broker(&cluster, |s| s.eventbus.redis.min_replicas_acked = min_replicas_acked).await;
+    let server = cluster_broker(&cluster, |s| {
+        s.eventbus.redis.min_replicas_acked = min_replicas_acked;
+        s.eventbus.history = vec![eventbus_server::config::HistoryRuleSetting {
+            channels: "ledger".into(),
+            size: 100,
+            max_bytes: 1 << 20,
+            ttl_ms: 0,
+        }];
+    })
+    .await;
     let name = "ledger";
     let req = pb::CreateConsumerRequest { config: Some(consumer(name, &["ledger.>"])) };
     within(server.admin().await.create_consumer(req)).await.unwrap();
     let master = cluster.owner_of(cluster.slot_of(name).await).await;
+    let shard = eventbus_redis::cluster::shard_channels("socle:eventbus")
+        [usize::from(cluster.slot_of(name).await / 128)]
+    .clone();
+    assert_eq!(cluster.owner_of(cluster.slot_of(&shard).await).await, master, "channel ledger is on that master");
+    within(server.client().await.publish(event("ledger", "kept"))).await.unwrap();
 
     let publishers = Publishers::start(&server, "ledger", 4);
     publishers.until_more(200).await;
@@ -496,9 +511,23 @@ async fn durable_publishes_across_a_master_kill(min_replicas_acked: u32) -> Opti
     if min_replicas_acked == 0 {
         publishers.until_more(200).await;
     } else {
-        // The promoted replica has no replica of its own: no capture can be confirmed.
-        let err = server.client().await.publish(event("ledger.x", "alone")).await.unwrap_err();
+        // The promoted replica has no replica of its own: no capture can be confirmed,
+        // nor an event kept in a history.
+        let mut client = server.client().await;
+        let err = client.publish(event("ledger.x", "alone")).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+        // (Once the instance publishes to the promoted master: right after the
+        // failover a publish may fail on its way there.)
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let err = client.publish(event("ledger", "kept alone")).await.unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+            if err.message().contains("min_replicas_acked") {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{err:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     let answered = publishers.finish().await;
 
@@ -629,4 +658,96 @@ async fn the_retry_of_a_publish_that_reached_some_shards_completes_it_and_duplic
         let info = info.into_inner();
         assert_eq!(info.pending + info.in_flight, 1, "{name} holds the event once: {info:?}");
     }
+}
+
+/// A consumer name whose keys, and whose first token's shard channel, are on a master
+/// `pred` accepts (by its port).
+async fn name_on(cluster: &RedisCluster, stem: &str, pred: impl Fn(u16) -> bool) -> String {
+    let shards = eventbus_redis::cluster::shard_channels("socle:eventbus");
+    for i in 0.. {
+        let name = format!("{stem}{i}");
+        let slot = cluster.slot_of(&name).await;
+        let shard = cluster.slot_of(&shards[usize::from(slot / 128)]).await;
+        if pred(cluster.owner_of(slot).await) && pred(cluster.owner_of(shard).await) {
+            return name;
+        }
+    }
+    unreachable!()
+}
+
+/// Lists, creates, pauses, redrives and deletes consumers through `server`, each at
+/// the first try; `fresh` is created and deleted, `existing` paused and redriven. (The
+/// list first: it starts with a transaction on the definitions' slot, where the others
+/// start with a script.)
+async fn admin_calls_succeed(server: &TestServer, fresh: &str, existing: &str, when: &str) {
+    let mut admin = server.admin().await;
+    let listed = within(admin.list_consumers(pb::ListConsumersRequest::default())).await;
+    listed.unwrap_or_else(|e| panic!("list {when}: {e:?}"));
+    let create = pb::CreateConsumerRequest { config: Some(consumer(fresh, &[&format!("{fresh}.>")])) };
+    within(admin.create_consumer(create)).await.unwrap_or_else(|e| panic!("create {when}: {e:?}"));
+    let known = within(admin.get_consumer(pb::GetConsumerRequest { name: fresh.to_owned() })).await;
+    known.unwrap_or_else(|e| panic!("get {when}: {e:?}"));
+    let paused = within(admin.pause_consumer(pb::PauseConsumerRequest { name: existing.to_owned() })).await;
+    assert!(paused.unwrap_or_else(|e| panic!("pause {when}: {e:?}")).into_inner().paused);
+    let resumed = within(admin.resume_consumer(pb::ResumeConsumerRequest { name: existing.to_owned() })).await;
+    assert!(!resumed.unwrap_or_else(|e| panic!("resume {when}: {e:?}")).into_inner().paused);
+    let redrive = pb::RedriveRequest { consumer: existing.to_owned(), ..Default::default() };
+    within(admin.redrive_dead_letters(redrive)).await.unwrap_or_else(|e| panic!("redrive {when}: {e:?}"));
+    let delete = pb::DeleteConsumerRequest { name: fresh.to_owned() };
+    within(admin.delete_consumer(delete)).await.unwrap_or_else(|e| panic!("delete {when}: {e:?}"));
+    let listed = within(admin.list_consumers(pb::ListConsumersRequest::default())).await;
+    let listed = listed.unwrap_or_else(|e| panic!("list {when}: {e:?}")).into_inner();
+    assert!(listed.consumers.iter().all(|c| c.config.as_ref().unwrap().name != fresh), "{fresh} deleted {when}");
+}
+
+/// The slot of the consumer definitions (`{durable}`) moves to another master, whose
+/// master is then killed (-9) under publishers whose consumers live on a third one.
+/// Those publishes go on while the slot has no master, with the definitions each
+/// instance holds, and so do the deliveries to an attached client; after the move, and again once a replica took over, an instance that
+/// has not touched the slot since (its slot map is stale) lists, creates, pauses,
+/// redrives and deletes consumers at the first try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_definitions_slot_moving_or_failing_over_stops_no_publish_and_no_admin_call() {
+    let Some(mut cluster) = RedisCluster::start().await else { return };
+    let a = cluster_broker(&cluster, |_| {}).await;
+    let b = cluster_broker(&cluster, |_| {}).await;
+    let definitions_slot = cluster.slot_of("socle:eventbus:{durable}:version").await;
+    let first = cluster.owner_of(definitions_slot).await;
+    let others: Vec<u16> = cluster.masters().await.iter().map(|m| m.port).filter(|p| *p != first).collect();
+    let (moved_to, elsewhere) = (others[0], others[1]);
+    let near = name_on(&cluster, "near", |m| m == moved_to).await;
+    let far = name_on(&cluster, "far", |m| m == elsewhere).await;
+    let mut admin_a = a.admin().await;
+    for name in [&near, &far] {
+        let req = pb::CreateConsumerRequest { config: Some(consumer(name, &[&format!("{name}.>")])) };
+        within(admin_a.create_consumer(req)).await.unwrap();
+    }
+    // b knows both (and has read the definitions' slot) before the slot moves.
+    let listed = within(b.admin().await.list_consumers(pb::ListConsumersRequest::default())).await.unwrap();
+    assert_eq!(listed.into_inner().consumers.len(), 2);
+
+    // b's first call after the move starts with a transaction its stale map sends to
+    // the old owner, which answers MOVED.
+    cluster.move_slot(definitions_slot, moved_to).await;
+    admin_calls_succeed(&b, "fresh", &near, "after the slot moved").await;
+
+    // kill -9 of the definitions' (and `near`'s) master under publishers to `far`,
+    // whose client stays attached.
+    let mut attached = attach(a.endpoint(), &far, 1000).await.unwrap();
+    let publishers = Publishers::start(&a, &far, 2);
+    publishers.until_more(50).await;
+    let replicas = cluster.kill_master_now(moved_to).await;
+    let mut client = a.client().await;
+    for i in 0..3 {
+        let answer = within(client.publish(event(&format!("{far}.x"), format!("outage-{i}")))).await;
+        assert!(answer.is_ok(), "a publish while the definitions' slot has no master: {answer:?}");
+    }
+    cluster.wait_promoted(replicas).await;
+    publishers.until_more(50).await;
+    let mut answered = publishers.finish().await;
+    answered.extend((0..3).map(|i| format!("outage-{i}")));
+    let seen = drain_consumer(&mut attached, &answered).await;
+    let lost: Vec<&String> = answered.iter().filter(|p| !seen.contains_key(*p)).collect();
+    assert!(lost.is_empty(), "{} publishes answered OK never came: {:?}", lost.len(), &lost[..lost.len().min(5)]);
+    admin_calls_succeed(&b, "fresher", &near, "after a master was killed").await;
 }

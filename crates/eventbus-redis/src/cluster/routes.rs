@@ -6,12 +6,14 @@
 //! or after a redirection says it is out of date.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult, Value};
 use tracing::warn;
 
-use super::{COMMAND_TIMEOUT, CONNECT_TIMEOUT, key_slot};
+use super::slots::key_slot;
+use super::{COMMAND_TIMEOUT, CONNECT_TIMEOUT};
 use crate::transport::RedisOptions;
 
 /// How to reach a node the cluster names (`CLUSTER SLOTS` gives host and port).
@@ -21,6 +23,7 @@ pub(crate) struct NodeAccess {
     username: Option<String>,
     password: Option<String>,
     ca_pem: Option<Vec<u8>>,
+    response_timeout: Duration,
 }
 
 impl NodeAccess {
@@ -30,6 +33,7 @@ impl NodeAccess {
             username: settings.username.clone(),
             password: settings.password.clone(),
             ca_pem,
+            response_timeout: settings.response_timeout(COMMAND_TIMEOUT),
         }
     }
 
@@ -59,7 +63,7 @@ impl NodeAccess {
         let client = self.client(host, port)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(COMMAND_TIMEOUT))
+            .set_response_timeout(Some(self.response_timeout))
             .set_number_of_retries(1);
         client.get_connection_manager_with_config(config).await
     }

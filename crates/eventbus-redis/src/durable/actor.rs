@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::conn::{CLUSTER_READ_BLOCK, Conn};
+use super::conn::{Conn, READ_BLOCK};
 use super::reply::{entries_of, is_missing_stream, outcome_of};
 use super::runtime::{Command, Runtime, StopReason};
 use super::scripts::Scripts;
@@ -247,6 +247,12 @@ impl Actor {
                 self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
             }
             self.dispatch();
+            if !self.buffer.is_empty() {
+                // Read here but no client here has room for it now (handed back by a
+                // client, or its room gone with it): back on the stream, where the
+                // clients of every instance may take it (this one's read it again).
+                self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
+            }
             self.flush();
             if self.read.is_none() {
                 self.start_read();
@@ -413,10 +419,11 @@ impl Actor {
         Some((key, held))
     }
 
-    /// Events a client hands back unstarted: read again by the next client with room,
-    /// with the attempt number they had (none counted). With `drain`, the client takes
-    /// no more and hears so; when no client here takes events any more, what was read
-    /// goes back to the stream for the other instances.
+    /// Events a client hands back unstarted: to the next client here with room, with
+    /// the attempt number they had (none counted), or back on the stream for any
+    /// instance's clients when none has room (see `run`). With `drain`, the client
+    /// takes no more and hears so; when no client here takes events any more, the read
+    /// stops.
     fn release_unstarted(&mut self, id: u64, event_ids: Vec<String>, drain: bool) {
         let mut released = 0usize;
         for event_id in event_ids {
@@ -437,7 +444,6 @@ impl Actor {
         if self.clients.iter().all(|c| c.draining) {
             self.read = None;
             self.idle_conn = None;
-            self.requeue.extend(self.buffer.drain(..).map(|r| r.sid));
         }
     }
 
@@ -589,21 +595,21 @@ impl Actor {
             };
             let mut read = redis::cmd("XREADGROUP");
             read.arg("GROUP").arg(GROUP).arg(&consumer).arg("COUNT").arg(count).arg("BLOCK");
-            if backend.is_cluster() {
-                read.arg(CLUSTER_READ_BLOCK.as_millis() as u64);
-            } else {
-                read.arg(0);
-            }
-            read.arg("STREAMS").arg(&stream).arg(">");
+            read.arg(READ_BLOCK.as_millis() as u64).arg("STREAMS").arg(&stream).arg(">");
             let mut paused = redis::cmd("HEXISTS");
             paused.arg(&paused_key).arg(&*name);
             // The pause check runs after the read returns, so it sees a pause made
             // before the events read were published (docs/consumer-operations.md):
             // in the same pipeline on one Redis, right after it on a cluster (the
-            // definitions are in another slot).
+            // definitions are in another slot, whose outage must not hold up delivery).
             let result = if backend.is_cluster() {
                 match read.query_async::<Value>(&mut conn).await {
-                    Ok(events) => paused.query_async::<bool>(&mut shared_conn.clone()).await.map(|p| (events, p)),
+                    Ok(events) => match paused.query_async::<bool>(&mut shared_conn.clone()).await {
+                        Ok(paused) => Ok((events, paused)),
+                        // The definitions' slot is not serving (a failover): the events
+                        // read are delivered, as the pause this instance knows allows.
+                        Err(_) => Ok((events, false)),
+                    },
                     Err(err) => Err(err),
                 }
             } else {

@@ -12,9 +12,14 @@ use std::collections::{HashMap, HashSet};
 use futures::future::join_all;
 use redis::{FromRedisValue, Value};
 use tokio::sync::{mpsc, oneshot};
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::*;
+
+/// How long a capture waits for the definitions' version once it could not be read
+/// (their slot has no master): the next captures are not held up by each failing
+/// read's retries, and its first answer once the slot serves again is taken.
+const UNREAD_VERSION_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A publish waiting for the next capture script.
 pub(super) struct PendingCapture {
@@ -244,7 +249,9 @@ impl Shared {
     /// slot), then one script per matching consumer stores its events of the batch, in
     /// order, all at once, with the consumer-set version read beside them. A version
     /// that moved meanwhile reloads the set and stores the batch for the consumers it
-    /// did not know (each consumer is written once per batch: nothing twice). A publish
+    /// did not know (each consumer is written once per batch: nothing twice). A version
+    /// that cannot be read (its slot has no master, during a failover) holds up
+    /// nothing: the batch stands with the definitions this instance holds. A publish
     /// is answered OK when every consumer it matches has it, else UNAVAILABLE.
     ///
     /// An event with an idempotency key is stored by each consumer once per event id
@@ -325,8 +332,16 @@ impl Shared {
             let mut conn = self.conn();
             let mut read_version = redis::cmd("GET");
             read_version.arg(&self.keys.version);
-            let (results, version_now) =
-                tokio::join!(join_all(stores), read_version.query_async::<Option<String>>(&mut conn));
+            let version_now = async {
+                let read = read_version.query_async::<Option<String>>(&mut conn);
+                if !self.definitions_unread.load(Ordering::Relaxed) {
+                    return read.await;
+                }
+                // Unreadable a moment ago: not waited on for the client's retries.
+                let timed_out = || redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+                tokio::time::timeout(UNREAD_VERSION_WAIT, read).await.unwrap_or_else(|_| Err(timed_out()))
+            };
+            let (results, version_now) = tokio::join!(join_all(stores), version_now);
             for ((rt, events), result) in work.iter().zip(results) {
                 written.insert(Arc::clone(&rt.name));
                 match result {
@@ -341,7 +356,10 @@ impl Shared {
                 }
             }
             match version_now {
-                Ok(now) if now.as_deref().unwrap_or("0") == &*version => break,
+                Ok(now) if now.as_deref().unwrap_or("0") == &*version => {
+                    self.definitions_read_again();
+                    break;
+                }
                 Ok(_) if round == STALE_RETRIES => {
                     failure = Some("durable consumer definitions keep changing; try again".to_owned());
                 }
@@ -350,6 +368,13 @@ impl Shared {
                         failure = Some(err.to_string());
                         break;
                     }
+                }
+                // The definitions' slot is not serving (a failover under way): each
+                // consumer's own slot answered for itself, with the definitions this
+                // instance holds; a change made meanwhile is read once the slot serves.
+                Err(err) if !version.is_empty() => {
+                    self.definitions_unreadable(&err);
+                    break;
                 }
                 Err(err) => {
                     failure = Some(format!("Redis: {err}"));
@@ -378,6 +403,25 @@ impl Shared {
         }
         if let Some(reason) = reason {
             warn!(events = lost, %reason, "durable capture failed on the cluster; publishes answered UNAVAILABLE");
+        }
+    }
+}
+
+impl Shared {
+    /// The consumer-set version could not be read: said once per outage.
+    fn definitions_unreadable(&self, err: &redis::RedisError) {
+        if !self.definitions_unread.swap(true, Ordering::Relaxed) {
+            warn!(
+                error = %err,
+                "cannot read the durable consumer definitions' version (their slot has no master?); capturing with \
+                 the definitions this instance holds until it can"
+            );
+        }
+    }
+
+    fn definitions_read_again(&self) {
+        if self.definitions_unread.load(Ordering::Relaxed) && self.definitions_unread.swap(false, Ordering::Relaxed) {
+            info!("the durable consumer definitions' version is readable again");
         }
     }
 }

@@ -139,6 +139,8 @@ impl Settings {
             health_check_interval: Duration::from_millis(r.health_check_interval_ms),
             health_check_timeout: Duration::from_millis(r.health_check_timeout_ms),
             history: self.history_rules(),
+            min_replicas_acked: r.min_replicas_acked,
+            replica_ack_timeout: Duration::from_millis(r.replica_ack_timeout_ms),
         }
     }
 

@@ -120,6 +120,64 @@ impl RedisCluster {
     /// kill -9 of the master at `port`; returns its replicas' URLs, for
     /// [`RedisCluster::wait_promoted`].
     pub async fn kill_master_now(&mut self, port: u16) -> Vec<String> {
+        let replicas = self.replicas_of(port).await;
+        self.nodes.iter_mut().find(|n| n.port == port).unwrap().kill();
+        replicas
+    }
+
+    /// Moves `slot` and its keys to the master at `to` (`SETSLOT … MIGRATING` /
+    /// `IMPORTING`, `MIGRATE`, `SETSLOT … NODE`); returns once every node says so. The
+    /// old owner stays up and answers MOVED for the slot.
+    pub async fn move_slot(&self, slot: u16, to: u16) {
+        let from = self.owner_of(slot).await;
+        let node = |port: u16| self.nodes.iter().find(|n| n.port == port).unwrap();
+        let id = |port: u16| async move {
+            redis::cmd("CLUSTER").arg("MYID").query_async::<String>(&mut node(port).conn().await).await.unwrap()
+        };
+        let (from_id, to_id) = (id(from).await, id(to).await);
+        let (mut source, mut target) = (node(from).conn().await, node(to).conn().await);
+        let setslot = |state: &str, id: &str| redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg(state).arg(id).clone();
+        let _: () = setslot("IMPORTING", &from_id).query_async(&mut target).await.unwrap();
+        let _: () = setslot("MIGRATING", &to_id).query_async(&mut source).await.unwrap();
+        loop {
+            let keys: Vec<String> =
+                redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(100).query_async(&mut source).await.unwrap();
+            if keys.is_empty() {
+                break;
+            }
+            let _: () = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(to)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query_async(&mut source)
+                .await
+                .unwrap();
+        }
+        for port in [to, from] {
+            let _: () = setslot("NODE", &to_id).query_async(&mut node(port).conn().await).await.unwrap();
+        }
+        for master in self.masters().await {
+            let _: () = setslot("NODE", &to_id).query_async(&mut master.conn().await).await.unwrap();
+        }
+        eventually("every node to see the slot's new owner", || async move {
+            for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+                let Some(owner) = slot_owner(&mut node.conn().await, slot).await else { return false };
+                if owner != to {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+        self.wait_ok().await;
+    }
+
+    /// The URLs of the replicas of the master at `port`.
+    async fn replicas_of(&self, port: u16) -> Vec<String> {
         let mut replicas = Vec::new();
         for node in self.nodes.iter().filter(|n| n.child.is_some()) {
             let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut node.conn().await).await.unwrap();
@@ -128,7 +186,6 @@ impl RedisCluster {
             }
         }
         assert!(!replicas.is_empty(), "the master at {port} has a replica");
-        self.nodes.iter_mut().find(|n| n.port == port).unwrap().kill();
         replicas
     }
 
@@ -155,20 +212,7 @@ impl RedisCluster {
     /// The port of the master serving `slot` now.
     pub async fn owner_of(&self, slot: u16) -> u16 {
         let node = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
-        let slots: Vec<Vec<redis::Value>> =
-            redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut node.conn().await).await.unwrap();
-        let port = slots.iter().find_map(|range| match (&range[0], &range[1], &range[2]) {
-            (redis::Value::Int(start), redis::Value::Int(end), redis::Value::Array(master))
-                if (*start..=*end).contains(&i64::from(slot)) =>
-            {
-                match &master[1] {
-                    redis::Value::Int(port) => Some(*port),
-                    _ => None,
-                }
-            }
-            _ => None,
-        });
-        u16::try_from(port.expect("a master serves the slot")).unwrap()
+        slot_owner(&mut node.conn().await, slot).await.expect("a master serves the slot")
     }
 
     /// The slot of `key`.
@@ -194,6 +238,23 @@ impl RedisCluster {
         }
         masters
     }
+}
+
+/// The port of the master serving `slot`, as the node behind `conn` sees it.
+async fn slot_owner(conn: &mut redis::aio::MultiplexedConnection, slot: u16) -> Option<u16> {
+    let slots: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await.unwrap();
+    let port = slots.iter().find_map(|range| match (&range[0], &range[1], &range[2]) {
+        (redis::Value::Int(start), redis::Value::Int(end), redis::Value::Array(master))
+            if (*start..=*end).contains(&i64::from(slot)) =>
+        {
+            match &master[1] {
+                redis::Value::Int(port) => Some(*port),
+                _ => None,
+            }
+        }
+        _ => None,
+    });
+    port.and_then(|p| u16::try_from(p).ok())
 }
 
 async fn cluster_info(url: &str) -> Option<String> {

@@ -295,3 +295,67 @@ pub async fn a_group_spans_the_instances(a: &TestServer, b: &TestServer) {
     let on_b = got.iter().filter(|(i, _)| *i == 2).count();
     assert!(on_b > 0 && on_b < 200, "both instances deliver: {on_b} of 200 on the second");
 }
+
+/// A TCP proxy to a Redis that can silence one of its connections: nothing more is
+/// forwarded either way, both sockets held open (a connection whose far end vanished
+/// without a FIN: a host or a middlebox gone).
+pub struct RedisProxy {
+    pub port: u16,
+    /// What silences each connection, by the proxy's local port towards Redis (the
+    /// `addr` Redis's `CLIENT LIST` shows).
+    links: Links,
+}
+
+type Links = std::sync::Arc<parking_lot::Mutex<std::collections::HashMap<u16, tokio_util::sync::CancellationToken>>>;
+
+impl RedisProxy {
+    pub async fn start(redis: &RedisProc) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let links = Links::default();
+        let (registry, to) = (std::sync::Arc::clone(&links), redis.port);
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else { continue };
+                let silence = tokio_util::sync::CancellationToken::new();
+                registry.lock().insert(outbound.local_addr().unwrap().port(), silence.clone());
+                tokio::spawn(async move {
+                    let (mut ri, mut wi) = inbound.into_split();
+                    let (mut ro, mut wo) = outbound.into_split();
+                    tokio::select! {
+                        _ = silence.cancelled() => {}
+                        _ = async { tokio::join!(tokio::io::copy(&mut ri, &mut wo), tokio::io::copy(&mut ro, &mut wi)) } => return,
+                    }
+                    // Silent, the sockets held open until the test's runtime ends.
+                    std::future::pending::<()>().await;
+                    drop((ri, wi, ro, wo));
+                });
+            }
+        });
+        Self { port, links }
+    }
+
+    /// Silences the connection whose end towards Redis is at local `port`.
+    pub fn silence(&self, port: u16) {
+        self.links.lock().get(&port).expect("a connection through the proxy").cancel();
+    }
+}
+
+/// The local port of a client of `redis` blocked in `command` now (`CLIENT LIST`), once
+/// there is one.
+pub async fn blocked_client(redis: &RedisProc, command: &str) -> u16 {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query_async(&mut redis.conn().await).await.unwrap();
+        let blocked = list.lines().find(|l| {
+            l.split(' ').any(|f| f == format!("cmd={command}"))
+                && l.split(' ').any(|f| f.starts_with("flags=") && f.contains('b'))
+        });
+        if let Some(line) = blocked {
+            let addr = line.split(' ').find_map(|f| f.strip_prefix("addr=")).unwrap();
+            return addr.rsplit_once(':').unwrap().1.parse().unwrap();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no client blocked in {command}: {list}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
