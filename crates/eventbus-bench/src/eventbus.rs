@@ -161,7 +161,7 @@ impl Publisher for EventBusPublisher {
         let req = pb::PublishRequest { channel: subject.to_owned(), payload, ..Default::default() };
         match self {
             Self::Unary(client) => {
-                client.publish(req).await?;
+                client.publish_unary(req).await?;
             }
             Self::Stream { tx, sent, .. } => {
                 let tx = tx.as_ref().context("the publish stream was closed by flush")?;

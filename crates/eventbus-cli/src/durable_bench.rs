@@ -167,7 +167,7 @@ async fn publish_unary(client: Client, req: pb::PublishRequest, share: u64) -> a
     let mut latency = latency_histogram();
     for _ in 0..share {
         let t = Instant::now();
-        client.publish(req.clone()).await?;
+        client.publish_unary(req.clone()).await?;
         latency.saturating_record(t.elapsed().as_nanos() as u64);
     }
     Ok(latency)

@@ -8,6 +8,7 @@ use crate::Error;
 use crate::consume::ConsumeStream;
 use crate::options::{AuthChannel, ClientOptions, Connector, MAX_MESSAGE};
 use crate::publish::{self, AckMode, PublishAnswers, PublishSender};
+use crate::publisher::SharedPublisher;
 use crate::subscribe::{self, SubscribeOptions, Subscription};
 
 /// A connection to eventbusd. Cheap to clone: clones share the connection (HTTP/2
@@ -40,6 +41,8 @@ struct Inner {
     channel: AuthChannel,
     bus: EventBusClient<AuthChannel>,
     admin: AdminClient<AuthChannel>,
+    /// The stream `publish` shares; `None` with [`ClientOptions::unary_publish`].
+    publisher: Option<SharedPublisher>,
 }
 
 impl Client {
@@ -73,7 +76,26 @@ impl Client {
 
     /// Publishes one event; answers once the broker has offered it to every matching
     /// subscription and stored it for every matching durable consumer.
+    ///
+    /// Concurrent calls share one `PublishStream` per client (clones included): each
+    /// call is sent as soon as the stream can take it, together with the calls that
+    /// came meanwhile, and gets its own answer or its own error. A refused event fails
+    /// its own call only. Should the stream be lost before an event is answered, the
+    /// call fails with [`Error::Unavailable`] (the event may or may not be published),
+    /// unless the event has an idempotency key: then it is sent again, and the broker
+    /// answers a duplicate with the original id. To bound a call, wrap it in
+    /// `tokio::time::timeout`: an event not yet sent when the caller gives up is never
+    /// sent. [`ClientOptions::unary_publish`] makes one `Publish` call per event instead,
+    /// as [`publish_unary`](Self::publish_unary) does.
     pub async fn publish(&self, request: pb::PublishRequest) -> Result<pb::PublishResponse, Error> {
+        match &self.inner.publisher {
+            Some(publisher) => publisher.publish(request).await,
+            None => self.publish_unary(request).await,
+        }
+    }
+
+    /// Publishes one event with a unary `Publish` call of its own.
+    pub async fn publish_unary(&self, request: pb::PublishRequest) -> Result<pb::PublishResponse, Error> {
         Ok(self.bus().publish(request).await?.into_inner())
     }
 
@@ -273,7 +295,8 @@ impl Connector {
             connector: self.clone(),
             channel: channel.clone(),
             bus: EventBusClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE),
-            admin: AdminClient::new(channel).max_decoding_message_size(MAX_MESSAGE),
+            admin: AdminClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE),
+            publisher: self.publishing().map(|tuning| SharedPublisher::start(channel, tuning)),
         };
         Ok(Client { inner: Arc::new(inner) })
     }

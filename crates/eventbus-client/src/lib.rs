@@ -7,7 +7,7 @@
 //! # Layout
 //! - [`options`]: [`ClientOptions`] (address, bearer token, TLS files) and the
 //!   connection they make.
-//! - [`Client`] (`client`): publish, pipelined [`publish_stream`](Client::publish_stream),
+//! - [`Client`] (`client`): publish (concurrent calls share one stream: `publisher`), pipelined [`publish_stream`](Client::publish_stream),
 //!   subscribe, the raw [`consume`](Client::consume) stream and the admin calls.
 //! - [`Subscription`] (`subscribe`): a subscribe stream that reconnects with backoff,
 //!   recovers what it missed on channels that keep a history, and reports each
@@ -93,6 +93,7 @@ pub mod options;
 #[cfg(feature = "postgres")]
 pub mod outbox;
 mod publish;
+mod publisher;
 mod subscribe;
 mod worker;
 

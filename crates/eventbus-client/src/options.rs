@@ -18,6 +18,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::Error;
+use crate::publisher::Tuning;
 
 /// Default broker address: a local eventbusd on its default gRPC port.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:50051";
@@ -47,8 +48,15 @@ pub struct ClientOptions {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.
     pub tls_key: Option<PathBuf>,
-    /// Bound on establishing a connection.
+    /// Bound on establishing a connection; also how long publishes wait for the broker
+    /// to come back when their stream cannot be opened again.
     pub connect_timeout: Duration,
+    /// [`Client::publish`](crate::Client::publish) makes one unary `Publish` call per
+    /// event instead of sharing the client's `PublishStream` (the default, `false`).
+    pub unary_publish: bool,
+    /// How long the shared stream waits for more calls to send together while earlier
+    /// ones are unanswered. Zero (the default) sends each call as soon as it can.
+    pub publish_linger: Duration,
 }
 
 impl Default for ClientOptions {
@@ -67,6 +75,8 @@ impl std::fmt::Debug for ClientOptions {
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
             .field("connect_timeout", &self.connect_timeout)
+            .field("unary_publish", &self.unary_publish)
+            .field("publish_linger", &self.publish_linger)
             .finish()
     }
 }
@@ -81,6 +91,8 @@ impl ClientOptions {
             tls_cert: None,
             tls_key: None,
             connect_timeout: CONNECT_TIMEOUT,
+            unary_publish: false,
+            publish_linger: Duration::ZERO,
         }
     }
 
@@ -106,6 +118,20 @@ impl ClientOptions {
     /// Bounds establishing a connection (default 5 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// `true`: [`Client::publish`](crate::Client::publish) makes one unary `Publish`
+    /// call per event rather than sharing the client's `PublishStream`.
+    pub fn unary_publish(mut self, unary: bool) -> Self {
+        self.unary_publish = unary;
+        self
+    }
+
+    /// Lets the shared publish stream wait up to `linger` for more calls to send
+    /// together while earlier ones are unanswered (default zero: no wait).
+    pub fn publish_linger(mut self, linger: Duration) -> Self {
+        self.publish_linger = linger;
         self
     }
 }
@@ -154,6 +180,8 @@ pub struct Connector {
     server: String,
     endpoint: Endpoint,
     bearer: Bearer,
+    /// How `publish` reaches the broker: `None` for unary calls.
+    publishing: Option<Tuning>,
 }
 
 impl Connector {
@@ -175,12 +203,19 @@ impl Connector {
                 .map_err(|e| Error::Options(format!("cannot use these TLS settings: {}", root_cause(&e))))?,
             None => endpoint,
         };
-        Ok(Self { server, endpoint, bearer })
+        let publishing = (!options.unary_publish)
+            .then_some(Tuning { linger: options.publish_linger, reopen_for: options.connect_timeout });
+        Ok(Self { server, endpoint, bearer, publishing })
     }
 
     /// The server address, as given.
     pub fn server(&self) -> &str {
         &self.server
+    }
+
+    /// How `publish` shares a stream; `None` when it makes unary calls.
+    pub(crate) fn publishing(&self) -> Option<Tuning> {
+        self.publishing
     }
 
     /// A new connection.

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)] // Tests fail loudly on purpose.
 
 mod common;
+mod shared_publish;
 
 use common::*;
 use eventbus_client::{Client, ClientOptions, Error, SubscribeOptions, SubscriptionItem, pb};

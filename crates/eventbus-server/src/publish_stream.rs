@@ -229,7 +229,20 @@ impl Publishing {
 
     /// The answers to the next chunk; `None` once the stream is over.
     async fn step(&mut self) -> Option<Step> {
-        let Some(chunk) = self.inbound.recv().await else {
+        let next = tokio::select! {
+            biased;
+            chunk = self.inbound.recv() => chunk,
+            // Between chunks, nothing read is left unanswered: the stream ends now, and
+            // its publisher opens the next one on a broker that is up.
+            () = self.svc.bus.shutdown_begun() => {
+                let refused = status(eventbus_core::Error::ShuttingDown);
+                return Some(match self.mode() {
+                    AckMode::Each => (vec![Err(refused)], false),
+                    AckMode::Cumulative | AckMode::None => (vec![Ok(self.totals()), Err(refused)], false),
+                });
+            }
+        };
+        let Some(chunk) = next else {
             // The publisher closed its side and everything was read.
             return match self.mode() {
                 AckMode::Each => None,

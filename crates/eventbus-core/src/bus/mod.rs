@@ -85,6 +85,8 @@ pub(crate) struct Inner {
     transport_status: Option<tokio::sync::watch::Receiver<TransportStatus>>,
     /// Signalled whenever a subscription leaves (shutdown waits on it).
     removed: Notify,
+    /// Signalled when shutdown begins (publish streams waiting for requests end).
+    stopping: Notify,
     /// `in_memory` mode with history rules: the kept events.
     history: Option<MemoryHistory>,
     /// Durable consumers, when enabled: captured before a publish is answered.
@@ -300,6 +302,19 @@ impl Bus {
         let router = self.inner.router.write();
         self.inner.shutting_down.store(true, Ordering::Release);
         router.all().for_each(|s| s.drain());
+        self.inner.stopping.notify_waiters();
+    }
+
+    /// Resolves once shutdown has begun: for the streams that wait on their publisher
+    /// and would otherwise hold the drain until the connections are closed.
+    pub async fn shutdown_begun(&self) {
+        let notified = self.inner.stopping.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if self.is_shutting_down() {
+            return;
+        }
+        notified.await;
     }
 
     /// Resolves once no subscription is left (all drained and gone).
@@ -342,6 +357,7 @@ impl Inner {
             transport_status: transport.as_ref().map(|t| t.status()),
             transport,
             removed: Notify::new(),
+            stopping: Notify::new(),
             durable: std::sync::OnceLock::new(),
             owner_budgets: parking_lot::Mutex::default(),
             me,

@@ -54,8 +54,8 @@ impl Bus {
         let Some(durable) = self.inner.durable.get().filter(|_| inputs.len() > 1) else {
             if self.inner.transport.is_some() && self.inner.durable.get().is_none() {
                 // Sent together (see `publish_together`); the answers still stop at the
-                // first error, the events after it unanswered.
-                for published in self.publish_together(inputs).await {
+                // first error, and nothing after a refused event is sent.
+                for published in self.publish_together(inputs, true).await {
                     let failed = published.is_err();
                     out.push(published);
                     if failed {
@@ -114,14 +114,25 @@ impl Bus {
 
     /// Publishes through the transport without waiting for one answer before sending the
     /// next ([`Transport::publish_all`]): one at a time would bound a publisher to one
-    /// event per round trip.
-    async fn publish_together(&self, inputs: Vec<PublishInput>) -> Vec<Result<Published, Error>> {
+    /// event per round trip. With `stop_at_refusal`, the events after the first one
+    /// refused are neither sent nor answered: a stream answered one by one tells its
+    /// publisher that nothing after a refusal was published, so it can send them again.
+    async fn publish_together(
+        &self,
+        inputs: Vec<PublishInput>,
+        stop_at_refusal: bool,
+    ) -> Vec<Result<Published, Error>> {
         let start = Instant::now();
         let max_payload_bytes = self.inner.config.max_payload_bytes;
         let mut prepared: Vec<Result<Arc<Event>, Error>> = Vec::with_capacity(inputs.len());
         for input in inputs {
             let check = channel_check(prepared.last().and_then(|p| p.as_ref().ok()), &input);
-            prepared.push(self.prepare(input, max_payload_bytes, check).map(|(event, _)| Arc::new(event)));
+            let event = self.prepare(input, max_payload_bytes, check).map(|(event, _)| Arc::new(event));
+            let refused = event.is_err();
+            prepared.push(event);
+            if refused && stop_at_refusal {
+                break;
+            }
         }
         let Some(transport) = &self.inner.transport else { return Vec::new() };
         let events: Vec<Arc<Event>> = prepared.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
@@ -162,7 +173,7 @@ impl Bus {
         let mut out = Vec::with_capacity(inputs.len());
         let Some(durable) = self.inner.durable.get() else {
             if self.inner.transport.is_some() {
-                return self.publish_together(inputs).await;
+                return self.publish_together(inputs, false).await;
             }
             let mut recent = RecentChannel::default();
             for input in inputs {

@@ -101,6 +101,20 @@ async fn transport_seam_carries_publishes_and_interest() {
 }
 
 #[tokio::test]
+async fn publishes_of_one_stream_stop_at_a_refused_event_through_a_transport() {
+    let bus = Bus::with_transport(BusConfig::default(), |local| {
+        Arc::new(Loopback { local, watched: Mutex::default(), down: AtomicBool::new(false) })
+    });
+    let mut sub = bus.subscribe(opts(&["s.>"])).await.unwrap();
+    let answers = bus.publish_many(vec![input("s.a", b"1"), input("s..bad", b"2"), input("s.a", b"3")]).await;
+    assert!(matches!(&answers[..], [Ok(_), Err(_)]), "{answers:?}");
+    assert_eq!(bus.stats().total_published, 1, "nothing after the refused event is published");
+    let mut out = Vec::new();
+    sub.next_batch(&mut out).await.unwrap();
+    assert_eq!(out.iter().map(|e| &e.payload[..]).collect::<Vec<_>>(), [b"1"]);
+}
+
+#[tokio::test]
 async fn groups_split_and_ungrouped_get_copies() {
     let bus = Bus::new(BusConfig::default());
     let group = |g: &str| SubscribeOptions { group: g.into(), ..opts(&["jobs.>"]) };
