@@ -247,6 +247,12 @@ async fn flood(server: &TestServer) {
     publish_numbered(&mut client, "hist.flood", 0).await;
     let positions = last_positions(&first.take(1).await);
     drop(first);
+    // Gone on the broker's side too before the flood, or part of it is delivered live.
+    eventually("the first subscription to close", || async {
+        let mut admin = server.admin().await;
+        admin.list_subscriptions(pb::ListSubscriptionsRequest {}).await.unwrap().into_inner().subscriptions.is_empty()
+    })
+    .await;
     let payload = vec![b'x'; 1000];
     for _ in 0..500 {
         client.publish(event("hist.flood", payload.clone())).await.unwrap();
