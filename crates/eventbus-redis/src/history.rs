@@ -28,47 +28,68 @@ use redis::aio::ConnectionLike;
 
 use crate::envelope::{self, Envelope};
 
-/// The Lua function that keeps an event in its channel's history: `retain(stream, meta,
-/// index, channel, msg, kind, epoch, event_ms, size, max_bytes, ttl_ms, now_ms)` gives
-/// the event the channel's next offset (a new history adds the channel to the set
-/// `index`, where recoveries by time find the channels of a pattern), appends `msg` (the envelope, `kind` `b` binary or `j` JSON)
-/// with its position to the stream, trims the stream to its bounds, and returns the
-/// envelope with the position, to PUBLISH. Redis trims the stream itself as it appends
-/// (`MAXLEN`): to `size` entries, or fewer when `max_bytes` holds fewer of this
-/// envelope's size (the byte bound reckons every entry at the newest one's size), and
-/// by age (`MINID`) with a ttl. Four commands an event, none reading the stream. `epoch` names a history made now (first
-/// publish, or Redis lost the keys): the event's id.
+/// The Lua functions that keep events in their channels' histories. `retain(stream,
+/// meta, index, channel, msg, kind, epoch, event_ms, size, max_bytes, ttl_ms, now_ms)`
+/// gives the event the channel's next offset (a new history adds the channel to the
+/// set `index`, where recoveries by time find the channels of a pattern), appends `msg`
+/// (the envelope, `kind` `b` binary or `j` JSON) with its position to the stream, and
+/// returns the envelope with the position, to PUBLISH. `settle()`, called once at the
+/// end of the script, writes each channel's hash and trims its stream to its bounds:
+/// to `size` entries, or fewer when `max_bytes` holds fewer of the newest envelope's
+/// size (the byte bound reckons every entry at the newest one's size), and by age
+/// (`MINID`) with a ttl. A script carrying many events of a channel (a batch of
+/// publishes) reads its hash once and writes it and trims once: an event costs its
+/// `XADD` alone. `epoch` names a history made now (first publish, or Redis lost the
+/// keys): the id of the event that made it.
 pub(crate) const RETAIN: &str = r#"
+local char, floor = string.char, math.floor
 local function varint(n)
+  if n < 128 then return char(n) end
+  if n < 16384 then return char(n % 128 + 128, floor(n / 128)) end
   local out = ''
   while n >= 128 do
-    out = out .. string.char(n % 128 + 128)
-    n = math.floor(n / 128)
+    out = out .. char(n % 128 + 128)
+    n = floor(n / 128)
   end
-  return out .. string.char(n)
+  return out .. char(n)
 end
+local kept, kept_order = {}, {}
 local function retain(stream, meta, index, channel, msg, kind, epoch, event_ms, size, max_bytes, ttl, now)
-  local kept = redis.call('HMGET', meta, 'epoch', 'offset', 'last_ms')
-  local offset, last_ms = 0, 0
-  if kept[1] then
-    epoch, offset, last_ms = kept[1], tonumber(kept[2]), tonumber(kept[3])
-  else
-    redis.call('DEL', stream)
-    redis.call('SADD', index, channel)
+  local h = kept[stream]
+  if not h then
+    h = {stream = stream, meta = meta, epoch = epoch, offset = 0, last_ms = 0}
+    local was = redis.call('HMGET', meta, 'epoch', 'offset', 'last_ms')
+    if was[1] then
+      h.epoch, h.offset, h.last_ms = was[1], tonumber(was[2]), tonumber(was[3])
+    else
+      redis.call('DEL', stream)
+      redis.call('SADD', index, channel)
+    end
+    if kind ~= 'j' then h.tag = '\10' .. varint(#h.epoch) .. h.epoch .. '\16' end
+    kept[stream] = h
+    kept_order[#kept_order + 1] = h
   end
-  offset = offset + 1
+  local offset = h.offset + 1
+  h.offset = offset
   if kind == 'j' then
-    msg = string.sub(msg, 1, -2) .. ',"position":{"epoch":"' .. epoch .. '","offset":' .. string.format('%d', offset) .. '}}'
+    msg = string.sub(msg, 1, -2) .. ',"position":{"epoch":"' .. h.epoch .. '","offset":' .. string.format('%d', offset) .. '}}'
   else
-    local body = '\10' .. varint(#epoch) .. epoch .. '\16' .. varint(offset)
-    msg = msg .. '\66' .. varint(#body) .. body
+    local n = varint(offset)
+    msg = msg .. '\66' .. varint(#h.tag + #n) .. h.tag .. n
   end
-  local ms = math.max(event_ms, last_ms)
-  redis.call('HSET', meta, 'epoch', epoch, 'offset', string.format('%d', offset), 'last_ms', string.format('%d', ms))
-  local cap = math.max(1, math.min(size, math.floor(max_bytes / #msg)))
-  redis.call('XADD', stream, 'MAXLEN', cap, string.format('%d-%d', ms, offset), 'e', msg)
-  if ttl > 0 then redis.call('XTRIM', stream, 'MINID', string.format('%d', math.min(now - ttl, ms))) end
+  local ms = math.max(event_ms, h.last_ms)
+  h.last_ms = ms
+  h.cap = math.max(1, math.min(size, floor(max_bytes / #msg)))
+  h.ttl, h.now = ttl, now
+  redis.call('XADD', stream, string.format('%d-%d', ms, offset), 'e', msg)
   return msg
+end
+local function settle()
+  for _, h in ipairs(kept_order) do
+    redis.call('HSET', h.meta, 'epoch', h.epoch, 'offset', string.format('%d', h.offset), 'last_ms', string.format('%d', h.last_ms))
+    redis.call('XTRIM', h.stream, 'MAXLEN', h.cap)
+    if h.ttl > 0 then redis.call('XTRIM', h.stream, 'MINID', string.format('%d', math.min(h.now - h.ttl, h.last_ms))) end
+  end
 end
 "#;
 
@@ -79,7 +100,9 @@ end
 const PUBLISH: &str = r#"
 local msg = retain(KEYS[1], KEYS[2], KEYS[3], ARGV[11], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[8]),
   tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9]))
-return redis.call(ARGV[10], ARGV[1], msg)
+local receivers = redis.call(ARGV[10], ARGV[1], msg)
+settle()
+return receivers
 "#;
 
 /// The `kind` argument of [`RETAIN`] for an envelope.

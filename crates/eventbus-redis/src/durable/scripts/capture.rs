@@ -32,7 +32,8 @@ end
 /// ('' = the envelope), channel, ordering key ('' = none), idempotency key ('' =
 /// none), history size, max bytes, ttl ms and event ms (size 0: the channel keeps no
 /// history), number of consumers n, then n (consumer key base, max_pending) pairs. An event of a channel with history is kept in it with its
-/// position, and published with it (`retain`).
+/// position, and published with it (`retain`); each channel's hash is written and its
+/// stream trimmed once, after the batch (`settle`).
 /// Returns `{'stale', version}` (nothing done), or `{'ok', r1, r2, ...}` with one `r`
 /// per event: the receivers of its PUBLISH (integer), or for a repeated idempotency
 /// key the original event id (string).
@@ -64,6 +65,7 @@ while j <= #ARGV do
     out[#out + 1] = redis.call('PUBLISH', pubsub .. channel, msg)
   end
 end
+settle()
 return out
 "#;
 
