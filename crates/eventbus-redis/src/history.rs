@@ -94,17 +94,28 @@ local function settle()
 end
 "#;
 
-/// KEYS: stream, meta, index. ARGV: pub/sub channel, envelope without position, kind,
-/// event id, size, max bytes, ttl ms (0: none), event ms (the order of [`bounds`]), now
-/// ms, publish command (`PUBLISH`, or `SPUBLISH` on a cluster), event channel. Returns
-/// the receivers.
+/// Publishes events and keeps those of channels with a history, in order, in one
+/// script. KEYS: the set of channels with a history (on a cluster, the shard's: it
+/// routes the script to the slot of every key it touches). ARGV: publish command
+/// (`PUBLISH`, or `SPUBLISH` on a cluster), history stream key prefix, history hash
+/// key prefix (each with the shard's hash tag on a cluster), envelope kind, now ms,
+/// then per event: pub/sub channel, envelope without position, event id, event
+/// channel, size, max bytes, ttl ms (0: none) and event ms (the order of [`bounds`];
+/// size 0: the channel keeps no history, the envelope is published as it is). Returns
+/// each event's receivers.
 const PUBLISH: &str = r#"
-local h = history(ARGV[11], KEYS[1], KEYS[2], KEYS[3], ARGV[4], ARGV[3])
-local msg = retain(h, ARGV[2], tonumber(ARGV[8]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]),
-  tonumber(ARGV[9]))
-local receivers = redis.call(ARGV[10], ARGV[1], msg)
+local publish, hstream, hmeta, kind, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local out = {}
+for j = 6, #ARGV, 8 do
+  local msg, channel, size = ARGV[j + 1], ARGV[j + 3], tonumber(ARGV[j + 4])
+  if size > 0 then
+    local h = kept[channel] or history(channel, hstream .. channel, hmeta .. channel, KEYS[1], ARGV[j + 2], kind)
+    msg = retain(h, msg, tonumber(ARGV[j + 7]), size, tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6]), now)
+  end
+  out[#out + 1] = redis.call(publish, ARGV[j], msg)
+end
 settle()
-return receivers
+return out
 "#;
 
 /// The `kind` argument of [`RETAIN`] for an envelope.
@@ -237,25 +248,33 @@ impl RedisHistory {
         }
     }
 
-    /// The command that publishes `event` on `pubsub` with `publish` (`PUBLISH`,
-    /// `SPUBLISH`) and keeps it in its channel's history.
-    pub(crate) fn command(
+    /// The command that publishes `events`, each on its pub/sub channel, with `publish`
+    /// (`PUBLISH`, `SPUBLISH`) and keeps those of channels with a history in their
+    /// histories, in order: one script for all of them. On a cluster every event must
+    /// be of one shard (their keys share its hash tag). Answers one receiver count per
+    /// event.
+    pub(crate) fn command<'a>(
         &self,
         send: Sending,
         publish: &str,
-        pubsub: &str,
         envelope: Envelope,
-        event: &Event,
-        limits: &HistoryLimits,
+        events: impl Iterator<Item = (&'a str, &'a Event)>,
     ) -> redis::Cmd {
         let mut cmd = match send {
             Sending::Hash => redis::cmd("EVALSHA").arg(self.script.get_hash()).clone(),
             Sending::Text => redis::cmd("EVAL").arg(&self.text).clone(),
         };
-        cmd.arg(3).arg(self.stream_key(&event.channel)).arg(self.meta_key(&event.channel));
-        cmd.arg(self.index_key(&event.channel));
-        cmd.arg(pubsub).arg(envelope::encode_as(envelope, event)).arg(kind(envelope)).arg(&*event.id);
-        cmd.arg(&bounds(Some(limits), event)[..]).arg(ms(SystemTime::now())).arg(publish).arg(&event.channel);
+        let mut events = events.peekable();
+        // The shard's tag: every event of the script is of the first one's shard.
+        let tag = events.peek().map_or("", |(_, e)| self.tag(&e.channel));
+        cmd.arg(1).arg(self.index_key(events.peek().map_or("", |(_, e)| &*e.channel)));
+        cmd.arg(publish);
+        cmd.arg(format!("{}{tag}", stream_prefix(&self.prefix))).arg(format!("{}{tag}", meta_prefix(&self.prefix)));
+        cmd.arg(kind(envelope)).arg(ms(SystemTime::now()));
+        for (pubsub, event) in events {
+            cmd.arg(pubsub).arg(envelope::encode_as(envelope, event)).arg(&*event.id).arg(&*event.channel);
+            cmd.arg(&bounds(self.limits(&event.channel), event)[..]);
+        }
         cmd
     }
 
@@ -264,22 +283,22 @@ impl RedisHistory {
         redis::cmd("SCRIPT").arg("LOAD").arg(&self.text).clone()
     }
 
-    /// Publishes `event` on `pubsub` and keeps it, with its position, in the channel's
-    /// history. Returns the receivers of the PUBLISH.
-    pub(crate) async fn publish(
+    /// Publishes `events` (each on its pub/sub channel) and keeps those of channels
+    /// with a history, with their positions, in one script (one Redis). Returns the
+    /// receivers of each PUBLISH.
+    pub(crate) async fn publish<'a>(
         &self,
         conn: &mut impl ConnectionLike,
-        pubsub: &str,
         envelope: Envelope,
-        event: &Event,
-        limits: &HistoryLimits,
-    ) -> redis::RedisResult<i64> {
-        let now = ms(SystemTime::now());
-        let mut call = self.script.key(self.stream_key(&event.channel));
-        call.key(self.meta_key(&event.channel)).key(self.index_key(&event.channel));
-        call.arg(pubsub).arg(envelope::encode_as(envelope, event)).arg(kind(envelope)).arg(&*event.id);
-        call.arg(&bounds(Some(limits), event)[..]).arg(now).arg("PUBLISH").arg(&event.channel);
-        call.invoke_async(conn).await
+        events: impl Iterator<Item = (&'a str, &'a Event)> + Clone,
+    ) -> redis::RedisResult<Vec<i64>> {
+        let answer = self.command(Sending::Hash, "PUBLISH", envelope, events.clone()).query_async(conn).await;
+        match answer {
+            Err(err) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.command(Sending::Text, "PUBLISH", envelope, events).query_async(conn).await
+            }
+            answer => answer,
+        }
     }
 
     async fn meta(&self, conn: &mut impl ConnectionLike, channel: &str) -> redis::RedisResult<Meta> {

@@ -432,6 +432,35 @@ async fn redis_batches_on_several_channels_keep_each_history_in_order_and_bounde
     server.stop().await;
 }
 
+/// On a cluster a shard's events go in one script that publishes them all, in order,
+/// and keeps those of channels with a history: two kept channels and one not, all of
+/// one shard, interleaved in a batch, arrive in publish order, the kept ones with
+/// contiguous offsets and the other without a position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_publishes_a_shards_kept_and_plain_events_in_one_script_in_order() {
+    let Some(cluster) = common::redis_cluster::RedisCluster::start().await else { return };
+    let server = common::redis_cluster::cluster_broker(&cluster, |s| {
+        keep(s, 1000);
+        s.eventbus.history[0].channels = "hist.k.>".into();
+    })
+    .await;
+    let channels = ["hist.k.a", "hist.p", "hist.k.b"];
+    let mut live = open(&server, sub(&["hist.>"])).await.unwrap();
+    let events = (0..60u64).map(|i| event(channels[(i % 3) as usize], (i + 1).to_string())).collect();
+    let req = pb::PublishBatchRequest { events };
+    let results = within(server.client().await.publish_batch(req)).await.unwrap().into_inner().results;
+    assert!(results.iter().all(|r| r.error.is_none()), "{results:?}");
+    let got = live.take(60).await;
+    assert_eq!(numbers(&got), (1..=60).collect::<Vec<_>>(), "one shard's events in publish order");
+    for channel in channels {
+        let positions: Vec<Option<u64>> =
+            got.iter().filter(|e| e.channel == channel).map(|e| e.position.as_ref().map(|p| p.offset)).collect();
+        let expected: Vec<Option<u64>> = (1..=20).map(|n| channel.starts_with("hist.k").then_some(n)).collect();
+        assert_eq!(positions, expected, "{channel}");
+    }
+    server.stop().await;
+}
+
 /// Two redis-mode instances; a subscriber on B; a publisher on A that never stops.
 /// B is restarted (same port); the subscriber resumes from its positions on the new
 /// B: every event exactly once, in order.
