@@ -178,7 +178,8 @@ impl Server {
                 let setup = ClusterTransport::client(&redis).map_err(ServerError::Redis)?;
                 let stop = transport_stop.clone();
                 Bus::with_transport(settings.bus_config(), |local| {
-                    let transport: Arc<dyn Transport> = ClusterTransport::start(setup, &redis, local, stop, &supervisor);
+                    let transport: Arc<dyn Transport> =
+                        ClusterTransport::start(setup, &redis, local, stop, &supervisor);
                     cluster_transport = Some(Arc::clone(&transport));
                     transport
                 })

@@ -754,7 +754,7 @@ async fn a_durable_publish_reaches_its_consumer_and_subscribers_once_in_order() 
     within(server.admin().await.create_consumer(req)).await.unwrap();
     let mut subscriber = server.subscribe(sub(&["once.>"])).await;
     let mut client = server.client().await;
-    let channel = |n: u32| if n % 2 == 0 { "once.even" } else { "once.odd" };
+    let channel = |n: u32| if n.is_multiple_of(2) { "once.even" } else { "once.odd" };
     let events = (1..=20).map(|n| event(channel(n), n.to_string())).collect();
     let results = within(client.publish_batch(pb::PublishBatchRequest { events })).await.unwrap().into_inner();
     let counted = |r: &pb::PublishResponse| r.error.is_none() && r.delivered_count == 1 && r.captured_count == 1;

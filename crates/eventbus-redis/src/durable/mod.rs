@@ -72,13 +72,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use eventbus_core::{TaskHandle, Transport};
 use eventbus_core::durable::{
     Attachment, BoxFuture, CaptureRequest, Captured, ClientOptions, ConsumerConfig, ConsumerInfo, DeadLetterSink,
     DurableBackend, DurableError, DurableOptions, LogEntry, LogSlice, LogStatus, MAX_REDRIVE, PendingEntry,
     PendingSlice, PendingState, Redriven, Retention,
 };
 use eventbus_core::trie::Trie;
+use eventbus_core::{TaskHandle, Transport};
 use parking_lot::{Mutex, RwLock};
 use redis::{Client, Value};
 use tokio::sync::mpsc;
