@@ -333,10 +333,12 @@ impl Shared {
             let mut read_version = redis::cmd("GET");
             read_version.arg(&self.keys.version);
             // The first round also sends the events to subscribers, beside their
-            // capture (not again when a changed consumer set stores them once more).
+            // capture (not again when a changed consumer set stores them once more),
+            // once this instance has read the definitions: until then a capture may
+            // yet be refused, and the bus sends what was stored afterwards.
             let publish = async {
                 match (round, self.publisher.get()) {
-                    (1, Some(transport)) => {
+                    (1, Some(transport)) if !version.is_empty() => {
                         let sent: Vec<usize> =
                             (0..n).filter(|&i| failed[i].is_none() && duplicate[i].is_none()).collect();
                         let events = sent.iter().map(|&i| Arc::clone(&batch[i].event)).collect();
