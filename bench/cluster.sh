@@ -22,7 +22,7 @@ rm -rf "$OUT"; mkdir -p "$OUT"
 RESULTS=$OUT/../cluster.jsonl
 : > "$RESULTS"
 cargo build --release --quiet -p eventbus-server -p eventbus-cli
-T=target/release
+T=${T:-target/release}  # another build's binaries: T=/path/to/bin bash bench/cluster.sh
 
 PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }

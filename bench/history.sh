@@ -8,6 +8,8 @@
 #
 #   bash bench/history.sh              # results in target/bench/history.jsonl
 #   ROUNDS=5 bash bench/history.sh
+#   BASELINE=/path/to/old/bin bash bench/history.sh   # also an older eventbusd's redis
+#                                      # pair, interleaved (before/after, same run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,8 +44,8 @@ PIDS+=($!)
 wait_port "$REDIS_PORT"
 
 declare -A PORT
-start() { # name mode config-or-empty
-  local name=$1 mode=$2 config=$3 port http
+start() { # name mode config-or-empty [eventbusd]
+  local name=$1 mode=$2 config=$3 daemon=${4:-target/release/eventbusd} port http
   port=$(free_port); http=$(free_port)
   local args=(--grpc-addr "127.0.0.1:$port" --http-addr "127.0.0.1:$http" --log-level warn --mode "$mode")
   [ -n "$config" ] && args+=(--config "$config")
@@ -52,7 +54,7 @@ start() { # name mode config-or-empty
   rm -rf "$OUT/history-data-$name"
   EVENTBUS__DURABLE__DATA_DIR="$OUT/history-data-$name" \
   EVENTBUS__EVENTBUS__REDIS__PORT="$REDIS_PORT" EVENTBUS__EVENTBUS__REDIS__PREFIX="bench-$name" \
-    target/release/eventbusd "${args[@]}" >"$OUT/eventbusd-$name.log" 2>&1 &
+    "$daemon" "${args[@]}" >"$OUT/eventbusd-$name.log" 2>&1 &
   PIDS+=($!)
   PORT[$name]=$port
   wait_port "$port"
@@ -61,6 +63,12 @@ start memory in_memory ""
 start memory-history in_memory "$OUT/history.yaml"
 start redis redis ""
 start redis-history redis "$OUT/history.yaml"
+SYSTEMS=(memory memory-history redis redis-history)
+if [ -n "${BASELINE:-}" ]; then
+  start redis-base redis "" "$BASELINE/eventbusd"
+  start redis-history-base redis "$OUT/history.yaml" "$BASELINE/eventbusd"
+  SYSTEMS+=(redis-base redis-history-base)
+fi
 
 WORKLOADS=(
   "pubonly --publishers 1 --payload 128 --count 300000 --mode stream"
@@ -70,7 +78,7 @@ WORKLOADS=(
 
 for round in $(seq "$ROUNDS"); do
   for workload in "${WORKLOADS[@]}"; do
-    for system in memory memory-history redis redis-history; do
+    for system in "${SYSTEMS[@]}"; do
       echo "round $round/$ROUNDS: $system $workload" >&2
       # shellcheck disable=SC2086
       target/release/eventbus --server "http://127.0.0.1:${PORT[$system]}" --json bench $workload \
@@ -92,7 +100,10 @@ for line in open(sys.argv[1]):
 print("| workload | mode | history off (events/s) | history on | on/off |")
 print("|---|---|---:|---:|---:|")
 for name, by in runs.items():
-    for mode, off, on in [("in_memory", "memory", "memory-history"), ("redis", "redis", "redis-history")]:
+    for mode, off, on in [("in_memory", "memory", "memory-history"), ("redis", "redis", "redis-history"),
+                          ("redis (baseline)", "redis-base", "redis-history-base")]:
+        if not by[off]:
+            continue
         a, b = statistics.median(by[off]), statistics.median(by[on])
         print(f"| {name} | {mode} | {a:,.0f} | {b:,.0f} | {b / a:.2f}× |")
 EOF

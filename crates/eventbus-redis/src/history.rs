@@ -28,58 +28,94 @@ use redis::aio::ConnectionLike;
 
 use crate::envelope::{self, Envelope};
 
-/// The Lua function that keeps an event in its channel's history: `retain(stream, meta,
-/// index, channel, msg, kind, epoch, event_ms, size, max_bytes, ttl_ms, now_ms)` gives
-/// the event the channel's next offset (a new history adds the channel to the set
-/// `index`, where recoveries by time find the channels of a pattern), appends `msg` (the envelope, `kind` `b` binary or `j` JSON)
-/// with its position to the stream, trims the stream to its bounds, and returns the
-/// envelope with the position, to PUBLISH. Redis trims the stream itself as it appends
-/// (`MAXLEN`): to `size` entries, or fewer when `max_bytes` holds fewer of this
-/// envelope's size (the byte bound reckons every entry at the newest one's size), and
-/// by age (`MINID`) with a ttl. Four commands an event, none reading the stream. `epoch` names a history made now (first
-/// publish, or Redis lost the keys): the event's id.
+/// The Lua functions that keep events in their channels' histories.
+/// `history(channel, stream, meta, index, epoch, kind)` opens a channel's history for
+/// the script's run (kept in `kept`, by channel): it reads its hash once, and a new
+/// history (first publish, or Redis lost the keys) is named `epoch`, the id of the
+/// event that makes it, and added to the set `index`, where recoveries by time find
+/// the channels of a pattern. `retain(h, msg, event_ms, size, max_bytes, ttl_ms,
+/// now_ms)` gives the event the channel's next offset, appends `msg` (the envelope,
+/// `kind` `b` binary or `j` JSON) with its position to the stream, and returns the
+/// envelope with the position, to PUBLISH. `settle()`, called once at the end of the
+/// script, writes each channel's hash and trims its stream to its bounds: to `size`
+/// entries, or fewer when `max_bytes` holds fewer of the newest envelope's size (the
+/// byte bound reckons every entry at the newest one's size), and by age (`MINID`) with
+/// a ttl. So a script carrying many events of a channel (a batch of publishes) pays
+/// one `XADD` an event, and the hash and the trim once.
 pub(crate) const RETAIN: &str = r#"
+local char, floor = string.char, math.floor
 local function varint(n)
+  if n < 128 then return char(n) end
+  if n < 16384 then return char(n % 128 + 128, floor(n / 128)) end
+  if n < 2097152 then return char(n % 128 + 128, floor(n / 128) % 128 + 128, floor(n / 16384)) end
   local out = ''
   while n >= 128 do
-    out = out .. string.char(n % 128 + 128)
-    n = math.floor(n / 128)
+    out = out .. char(n % 128 + 128)
+    n = floor(n / 128)
   end
-  return out .. string.char(n)
+  return out .. char(n)
 end
-local function retain(stream, meta, index, channel, msg, kind, epoch, event_ms, size, max_bytes, ttl, now)
-  local kept = redis.call('HMGET', meta, 'epoch', 'offset', 'last_ms')
-  local offset, last_ms = 0, 0
-  if kept[1] then
-    epoch, offset, last_ms = kept[1], tonumber(kept[2]), tonumber(kept[3])
+local kept, kept_order = {}, {}
+local function history(channel, stream, meta, index, epoch, kind)
+  local h = {stream = stream, meta = meta, epoch = epoch, offset = 0, last_ms = 0, json = kind == 'j'}
+  local was = redis.call('HMGET', meta, 'epoch', 'offset', 'last_ms')
+  if was[1] then
+    h.epoch, h.offset, h.last_ms = was[1], tonumber(was[2]), tonumber(was[3])
   else
     redis.call('DEL', stream)
     redis.call('SADD', index, channel)
   end
-  offset = offset + 1
-  if kind == 'j' then
-    msg = string.sub(msg, 1, -2) .. ',"position":{"epoch":"' .. epoch .. '","offset":' .. string.format('%d', offset) .. '}}'
+  if not h.json then h.tag = '\10' .. varint(#h.epoch) .. h.epoch .. '\16' end
+  kept[channel] = h
+  kept_order[#kept_order + 1] = h
+  return h
+end
+local function retain(h, msg, event_ms, size, max_bytes, ttl, now)
+  local offset = h.offset + 1
+  h.offset = offset
+  if h.json then
+    msg = string.sub(msg, 1, -2) .. ',"position":{"epoch":"' .. h.epoch .. '","offset":' .. string.format('%d', offset) .. '}}'
   else
-    local body = '\10' .. varint(#epoch) .. epoch .. '\16' .. varint(offset)
-    msg = msg .. '\66' .. varint(#body) .. body
+    local n = varint(offset)
+    msg = msg .. '\66' .. varint(#h.tag + #n) .. h.tag .. n
   end
-  local ms = math.max(event_ms, last_ms)
-  redis.call('HSET', meta, 'epoch', epoch, 'offset', string.format('%d', offset), 'last_ms', string.format('%d', ms))
-  local cap = math.max(1, math.min(size, math.floor(max_bytes / #msg)))
-  redis.call('XADD', stream, 'MAXLEN', cap, string.format('%d-%d', ms, offset), 'e', msg)
-  if ttl > 0 then redis.call('XTRIM', stream, 'MINID', string.format('%d', math.min(now - ttl, ms))) end
+  local ms = event_ms
+  if ms < h.last_ms then ms = h.last_ms end
+  h.last_ms, h.size, h.max_bytes, h.len, h.ttl, h.now = ms, size, max_bytes, #msg, ttl, now
+  redis.call('XADD', h.stream, string.format('%d-%d', ms, offset), 'e', msg)
   return msg
+end
+local function settle()
+  for _, h in ipairs(kept_order) do
+    redis.call('HSET', h.meta, 'epoch', h.epoch, 'offset', string.format('%d', h.offset), 'last_ms', string.format('%d', h.last_ms))
+    redis.call('XTRIM', h.stream, 'MAXLEN', math.max(1, math.min(h.size, floor(h.max_bytes / h.len))))
+    if h.ttl > 0 then redis.call('XTRIM', h.stream, 'MINID', string.format('%d', math.min(h.now - h.ttl, h.last_ms))) end
+  end
 end
 "#;
 
-/// KEYS: stream, meta, index. ARGV: pub/sub channel, envelope without position, kind,
-/// event id, size, max bytes, ttl ms (0: none), event ms (the order of [`bounds`]), now
-/// ms, publish command (`PUBLISH`, or `SPUBLISH` on a cluster), event channel. Returns
-/// the receivers.
+/// Publishes events and keeps those of channels with a history, in order, in one
+/// script. KEYS: the set of channels with a history (on a cluster, the shard's: it
+/// routes the script to the slot of every key it touches). ARGV: publish command
+/// (`PUBLISH`, or `SPUBLISH` on a cluster), history stream key prefix, history hash
+/// key prefix (each with the shard's hash tag on a cluster), envelope kind, now ms,
+/// then per event: pub/sub channel, envelope without position, event id, event
+/// channel, size, max bytes, ttl ms (0: none) and event ms (the order of [`bounds`];
+/// size 0: the channel keeps no history, the envelope is published as it is). Returns
+/// each event's receivers.
 const PUBLISH: &str = r#"
-local msg = retain(KEYS[1], KEYS[2], KEYS[3], ARGV[11], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[8]),
-  tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9]))
-return redis.call(ARGV[10], ARGV[1], msg)
+local publish, hstream, hmeta, kind, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local out = {}
+for j = 6, #ARGV, 8 do
+  local msg, channel, size = ARGV[j + 1], ARGV[j + 3], tonumber(ARGV[j + 4])
+  if size > 0 then
+    local h = kept[channel] or history(channel, hstream .. channel, hmeta .. channel, KEYS[1], ARGV[j + 2], kind)
+    msg = retain(h, msg, tonumber(ARGV[j + 7]), size, tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6]), now)
+  end
+  out[#out + 1] = redis.call(publish, ARGV[j], msg)
+end
+settle()
+return out
 "#;
 
 /// The `kind` argument of [`RETAIN`] for an envelope.
@@ -212,25 +248,33 @@ impl RedisHistory {
         }
     }
 
-    /// The command that publishes `event` on `pubsub` with `publish` (`PUBLISH`,
-    /// `SPUBLISH`) and keeps it in its channel's history.
-    pub(crate) fn command(
+    /// The command that publishes `events`, each on its pub/sub channel, with `publish`
+    /// (`PUBLISH`, `SPUBLISH`) and keeps those of channels with a history in their
+    /// histories, in order: one script for all of them. On a cluster every event must
+    /// be of one shard (their keys share its hash tag). Answers one receiver count per
+    /// event.
+    pub(crate) fn command<'a>(
         &self,
         send: Sending,
         publish: &str,
-        pubsub: &str,
         envelope: Envelope,
-        event: &Event,
-        limits: &HistoryLimits,
+        events: impl Iterator<Item = (&'a str, &'a Event)>,
     ) -> redis::Cmd {
         let mut cmd = match send {
             Sending::Hash => redis::cmd("EVALSHA").arg(self.script.get_hash()).clone(),
             Sending::Text => redis::cmd("EVAL").arg(&self.text).clone(),
         };
-        cmd.arg(3).arg(self.stream_key(&event.channel)).arg(self.meta_key(&event.channel));
-        cmd.arg(self.index_key(&event.channel));
-        cmd.arg(pubsub).arg(envelope::encode_as(envelope, event)).arg(kind(envelope)).arg(&*event.id);
-        cmd.arg(&bounds(Some(limits), event)[..]).arg(ms(SystemTime::now())).arg(publish).arg(&event.channel);
+        let mut events = events.peekable();
+        // The shard's tag: every event of the script is of the first one's shard.
+        let tag = events.peek().map_or("", |(_, e)| self.tag(&e.channel));
+        cmd.arg(1).arg(self.index_key(events.peek().map_or("", |(_, e)| &*e.channel)));
+        cmd.arg(publish);
+        cmd.arg(format!("{}{tag}", stream_prefix(&self.prefix))).arg(format!("{}{tag}", meta_prefix(&self.prefix)));
+        cmd.arg(kind(envelope)).arg(ms(SystemTime::now()));
+        for (pubsub, event) in events {
+            cmd.arg(pubsub).arg(envelope::encode_as(envelope, event)).arg(&*event.id).arg(&*event.channel);
+            cmd.arg(&bounds(self.limits(&event.channel), event)[..]);
+        }
         cmd
     }
 
@@ -239,22 +283,22 @@ impl RedisHistory {
         redis::cmd("SCRIPT").arg("LOAD").arg(&self.text).clone()
     }
 
-    /// Publishes `event` on `pubsub` and keeps it, with its position, in the channel's
-    /// history. Returns the receivers of the PUBLISH.
-    pub(crate) async fn publish(
+    /// Publishes `events` (each on its pub/sub channel) and keeps those of channels
+    /// with a history, with their positions, in one script (one Redis). Returns the
+    /// receivers of each PUBLISH.
+    pub(crate) async fn publish<'a>(
         &self,
         conn: &mut impl ConnectionLike,
-        pubsub: &str,
         envelope: Envelope,
-        event: &Event,
-        limits: &HistoryLimits,
-    ) -> redis::RedisResult<i64> {
-        let now = ms(SystemTime::now());
-        let mut call = self.script.key(self.stream_key(&event.channel));
-        call.key(self.meta_key(&event.channel)).key(self.index_key(&event.channel));
-        call.arg(pubsub).arg(envelope::encode_as(envelope, event)).arg(kind(envelope)).arg(&*event.id);
-        call.arg(&bounds(Some(limits), event)[..]).arg(now).arg("PUBLISH").arg(&event.channel);
-        call.invoke_async(conn).await
+        events: impl Iterator<Item = (&'a str, &'a Event)> + Clone,
+    ) -> redis::RedisResult<Vec<i64>> {
+        let answer = self.command(Sending::Hash, "PUBLISH", envelope, events.clone()).query_async(conn).await;
+        match answer {
+            Err(err) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.command(Sending::Text, "PUBLISH", envelope, events).query_async(conn).await
+            }
+            answer => answer,
+        }
     }
 
     async fn meta(&self, conn: &mut impl ConnectionLike, channel: &str) -> redis::RedisResult<Meta> {

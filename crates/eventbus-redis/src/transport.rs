@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use eventbus_core::history::{HistoryInfo, HistoryRules, Recovery, Start, Take};
 use eventbus_core::name::validate_channel;
-use eventbus_core::transport::{HistoryFuture, PublishFuture, WatchedFuture};
+use eventbus_core::transport::{HistoryFuture, PublishAllFuture, PublishFuture, WatchedFuture};
 use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Supervisor, Transport, TransportError, TransportStatus};
 use futures::StreamExt;
 use parking_lot::RwLock;
@@ -413,12 +413,13 @@ impl Transport for RedisTransport {
                 return Err(self.unavailable(format!("not connected to Redis at {}", self.target)));
             };
             let key = redis_channel(&self.prefix, &event.channel);
-            if let Some(limits) = self.history.limits(&event.channel) {
+            if self.history.limits(&event.channel).is_some() {
                 let receivers = self
                     .history
-                    .publish(&mut conn, &key, self.envelope, &event, limits)
+                    .publish(&mut conn, self.envelope, std::iter::once((key.as_str(), &*event)))
                     .await
                     .map_err(|e| self.unavailable(format!("PUBLISH with history failed: {e}")))?;
+                let receivers = receivers.first().copied().unwrap_or(0);
                 return Ok(Fanout { delivered: u32::try_from(receivers).unwrap_or(u32::MAX), failed: 0 });
             }
             let receivers: i64 = redis::cmd("PUBLISH")
@@ -428,6 +429,47 @@ impl Transport for RedisTransport {
                 .await
                 .map_err(|e| self.unavailable(format!("PUBLISH failed: {e}")))?;
             Ok(Fanout { delivered: u32::try_from(receivers).unwrap_or(u32::MAX), failed: 0 })
+        })
+    }
+
+    /// All at once: one script when one of them keeps a history (each channel's hash
+    /// read and written once, its stream trimmed once), else one pipeline of
+    /// `PUBLISH`es; in order, on the one connection, in one round trip.
+    fn publish_all(&self, events: Vec<Arc<Event>>) -> PublishAllFuture<'_> {
+        Box::pin(async move {
+            let Some(mut conn) = self.publisher.read().clone() else {
+                let reason = format!("not connected to Redis at {}", self.target);
+                return events.iter().map(|_| Err(self.unavailable(reason.clone()))).collect();
+            };
+            let keys: Vec<String> = events.iter().map(|e| redis_channel(&self.prefix, &e.channel)).collect();
+            let answers: redis::RedisResult<Vec<i64>> =
+                match events.iter().any(|e| self.history.limits(&e.channel).is_some()) {
+                    true => {
+                        let pairs = keys.iter().map(String::as_str).zip(events.iter().map(|e| &**e));
+                        self.history.publish(&mut conn, self.envelope, pairs).await
+                    }
+                    false => {
+                        let mut pipe = redis::pipe();
+                        for (key, event) in keys.iter().zip(&events) {
+                            pipe.cmd("PUBLISH").arg(key).arg(envelope::encode_as(self.envelope, event));
+                        }
+                        pipe.query_async(&mut conn).await
+                    }
+                };
+            match answers {
+                Ok(answers) if answers.len() == events.len() => answers
+                    .into_iter()
+                    .map(|n| Ok(Fanout { delivered: u32::try_from(n).unwrap_or(u32::MAX), failed: 0 }))
+                    .collect(),
+                Ok(_) => {
+                    let reason = "PUBLISH was answered for fewer events than were sent";
+                    events.iter().map(|_| Err(self.unavailable(reason))).collect()
+                }
+                Err(err) => {
+                    let reason = format!("PUBLISH failed: {err}");
+                    events.iter().map(|_| Err(self.unavailable(reason.clone()))).collect()
+                }
+            }
         })
     }
 

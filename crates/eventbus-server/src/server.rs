@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::http::{HeaderName, HeaderValue, Method};
 use eventbus_auth::{AuthError, Authenticator};
 use eventbus_core::durable::{AckObserver, DurableBackend, DurableOptions};
-use eventbus_core::{Bus, Supervisor, TransportStatus};
+use eventbus_core::{Bus, Supervisor, Transport, TransportStatus};
 use eventbus_durable::{Durable, Fsync};
 use eventbus_proto::pb::{self, admin_server::AdminServer, event_bus_server::EventBusServer};
 use eventbus_redis::{ClusterTransport, RedisDurable, RedisDurableSettings, RedisTransport};
@@ -165,6 +165,8 @@ impl Server {
         }
         let transport_stop = CancellationToken::new();
         let supervisor = Supervisor::new();
+        // The durable engine sends what it captures on a cluster through it.
+        let mut cluster_transport = None;
         let bus = match settings.eventbus.mode {
             Mode::InMemory => Bus::new(settings.bus_config()),
             Mode::Redis if cluster => {
@@ -178,7 +180,10 @@ impl Server {
                 let setup = ClusterTransport::client(&redis).map_err(ServerError::Redis)?;
                 let stop = transport_stop.clone();
                 Bus::with_transport(settings.bus_config(), |local| {
-                    ClusterTransport::start(setup, &redis, local, stop, &supervisor)
+                    let transport: Arc<dyn Transport> =
+                        ClusterTransport::start(setup, &redis, local, stop, &supervisor);
+                    cluster_transport = Some(Arc::clone(&transport));
+                    transport
                 })
             }
             Mode::Redis => {
@@ -206,7 +211,14 @@ impl Server {
         let endpoints = Endpoints::new(&settings.push, vec![grpc_addr, http_addr])?;
         match settings.eventbus.mode {
             Mode::InMemory => start_durable(&settings, &bus, metrics.clone(), &supervisor).await?,
-            Mode::Redis => start_redis_durable(&settings, &bus, metrics.clone(), transport_stop.clone(), &supervisor)?,
+            Mode::Redis => start_redis_durable(
+                &settings,
+                &bus,
+                cluster_transport,
+                metrics.clone(),
+                transport_stop.clone(),
+                &supervisor,
+            )?,
         }
         let pusher = bus
             .durable()
@@ -500,6 +512,7 @@ fn durable_options(settings: &Settings, metrics: Option<Arc<Metrics>>, superviso
 fn start_redis_durable(
     settings: &Settings,
     bus: &Bus,
+    cluster_transport: Option<Arc<dyn Transport>>,
     metrics: Option<Arc<Metrics>>,
     stop: CancellationToken,
     supervisor: &Supervisor,
@@ -522,6 +535,9 @@ fn start_redis_durable(
         }
         false => RedisDurable::start_cluster(&redis, durable_settings, options, stop.clone())?,
     };
+    if let Some(transport) = cluster_transport {
+        durable.publish_through(transport);
+    }
     bus.enable_durable(durable.clone());
     let declared: Vec<_> = settings.durable.consumers.iter().map(|c| c.to_config()).collect();
     if declared.is_empty() {

@@ -448,6 +448,80 @@ async fn the_rest_route_pages_a_channel_history() {
     server.stop().await;
 }
 
+/// Batches of events interleaved over three channels with history, each batch kept
+/// by one capture script where it can (a script reads and writes a channel's hash and
+/// trims its stream once per batch): every channel's events carry contiguous offsets
+/// in publish order, live and recovered, and the size bound holds after the batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_batches_on_several_channels_keep_each_history_in_order_and_bounded() {
+    let Some(redis) = RedisProc::start().await else { return };
+    let server = broker_with(&redis, |s| keep(s, 50)).await;
+    let channels = ["hist.a", "hist.b", "hist.c"];
+    let mut live = open(&server, sub(&["hist.>"])).await.unwrap();
+    let mut client = server.client().await;
+    for batch in 0..4u64 {
+        let events = (0..60u64).map(|i| event(channels[(i % 3) as usize], (batch * 20 + i / 3 + 1).to_string()));
+        let req = pb::PublishBatchRequest { events: events.collect() };
+        let results = within(client.publish_batch(req)).await.unwrap().into_inner().results;
+        assert!(results.iter().all(|r| r.error.is_none()), "{results:?}");
+    }
+    let received = live.take(240).await;
+    let mut middle = HashMap::new();
+    for channel in channels {
+        let mine: Vec<pb::Event> = received.iter().filter(|e| e.channel == channel).cloned().collect();
+        assert_eq!(numbers(&mine), (1..=80).collect::<Vec<_>>(), "{channel}: in publish order");
+        let offsets: Vec<u64> = mine.iter().map(|e| e.position.as_ref().unwrap().offset).collect();
+        assert_eq!(offsets, (1..=80).collect::<Vec<_>>(), "{channel}: contiguous offsets");
+        middle.insert(channel.to_owned(), mine[39].position.clone().unwrap());
+    }
+    let mut admin = server.admin().await;
+    for channel in channels {
+        let req = pb::GetChannelHistoryRequest { channel: channel.into(), ..Default::default() };
+        let history = admin.get_channel_history(req).await.unwrap().into_inner().history.unwrap();
+        assert_eq!((history.first_offset, history.last_offset, history.events), (31, 80, 50), "{channel}");
+    }
+    let mut again =
+        open(&server, pb::SubscribeRequest { since: Some(since(&middle)), ..sub(&channels) }).await.unwrap();
+    assert!(again.started.recovered, "the history holds offsets 31 to 80");
+    let recovered = again.take(120).await;
+    for channel in channels {
+        let mine: Vec<pb::Event> = recovered.iter().filter(|e| e.channel == channel).cloned().collect();
+        assert_eq!(numbers(&mine), (41..=80).collect::<Vec<_>>(), "{channel}: recovered after the position");
+        let offsets: Vec<u64> = mine.iter().map(|e| e.position.as_ref().unwrap().offset).collect();
+        assert_eq!(offsets, (41..=80).collect::<Vec<_>>(), "{channel}");
+    }
+    server.stop().await;
+}
+
+/// On a cluster a shard's events go in one script that publishes them all, in order,
+/// and keeps those of channels with a history: two kept channels and one not, all of
+/// one shard, interleaved in a batch, arrive in publish order, the kept ones with
+/// contiguous offsets and the other without a position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_publishes_a_shards_kept_and_plain_events_in_one_script_in_order() {
+    let Some(cluster) = common::redis_cluster::RedisCluster::start().await else { return };
+    let server = common::redis_cluster::cluster_broker(&cluster, |s| {
+        keep(s, 1000);
+        s.eventbus.history[0].channels = "hist.k.>".into();
+    })
+    .await;
+    let channels = ["hist.k.a", "hist.p", "hist.k.b"];
+    let mut live = open(&server, sub(&["hist.>"])).await.unwrap();
+    let events = (0..60u64).map(|i| event(channels[(i % 3) as usize], (i + 1).to_string())).collect();
+    let req = pb::PublishBatchRequest { events };
+    let results = within(server.client().await.publish_batch(req)).await.unwrap().into_inner().results;
+    assert!(results.iter().all(|r| r.error.is_none()), "{results:?}");
+    let got = live.take(60).await;
+    assert_eq!(numbers(&got), (1..=60).collect::<Vec<_>>(), "one shard's events in publish order");
+    for channel in channels {
+        let positions: Vec<Option<u64>> =
+            got.iter().filter(|e| e.channel == channel).map(|e| e.position.as_ref().map(|p| p.offset)).collect();
+        let expected: Vec<Option<u64>> = (1..=20).map(|n| channel.starts_with("hist.k").then_some(n)).collect();
+        assert_eq!(positions, expected, "{channel}");
+    }
+    server.stop().await;
+}
+
 /// Two redis-mode instances; a subscriber on B; a publisher on A that never stops.
 /// B is restarted (same port); the subscriber resumes from its positions on the new
 /// B: every event exactly once, in order.

@@ -751,3 +751,40 @@ async fn the_definitions_slot_moving_or_failing_over_stops_no_publish_and_no_adm
     assert!(lost.is_empty(), "{} publishes answered OK never came: {:?}", lost.len(), &lost[..lost.len().min(5)]);
     admin_calls_succeed(&b, "fresher", &near, "after a master was killed").await;
 }
+
+/// A durable publish on a cluster is stored and sent to subscribers together: each
+/// event reaches the consumer and a subscriber once, each channel's in publish order,
+/// its answer counts both, and the retry of one with an idempotency key (a duplicate)
+/// reaches no subscriber again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_publish_reaches_its_consumer_and_subscribers_once_in_order() {
+    let Some(cluster) = RedisCluster::start().await else { return };
+    let server = cluster_broker(&cluster, |_| {}).await;
+    let req = pb::CreateConsumerRequest { config: Some(consumer("once0", &["once.*"])) };
+    within(server.admin().await.create_consumer(req)).await.unwrap();
+    let mut subscriber = server.subscribe(sub(&["once.>"])).await;
+    let mut client = server.client().await;
+    let channel = |n: u32| if n.is_multiple_of(2) { "once.even" } else { "once.odd" };
+    let events = (1..=20).map(|n| event(channel(n), n.to_string())).collect();
+    let results = within(client.publish_batch(pb::PublishBatchRequest { events })).await.unwrap().into_inner();
+    let counted = |r: &pb::PublishResponse| r.error.is_none() && r.delivered_count == 1 && r.captured_count == 1;
+    assert!(results.results.iter().all(counted), "{results:?}");
+    let keyed = pb::PublishRequest { idempotency_key: "once-21".into(), ..event(channel(21), "21") };
+    let first = within(client.publish(keyed.clone())).await.unwrap().into_inner();
+    let retry = within(client.publish(keyed)).await.unwrap().into_inner();
+    assert!(retry.duplicate && retry.event_id == first.event_id, "{retry:?}");
+    within(client.publish(event(channel(22), "22"))).await.unwrap();
+
+    let got = subscriber.take(22).await;
+    for parity in ["once.even", "once.odd"] {
+        let mine: Vec<u32> = got.iter().filter(|e| e.channel == parity).map(|e| payload(e).parse().unwrap()).collect();
+        let expected: Vec<u32> = (1..=22).filter(|&n| channel(n) == parity).collect();
+        assert_eq!(mine, expected, "{parity}: each once, in publish order");
+    }
+    let mut attached = attach(server.endpoint(), "once0", 32).await.unwrap();
+    let mut stored: Vec<u32> =
+        attached.deliveries(22).await.iter().map(|d| payload(d.event.as_ref().unwrap()).parse().unwrap()).collect();
+    stored.sort_unstable();
+    assert_eq!(stored, (1..=22).collect::<Vec<_>>());
+    server.stop().await;
+}

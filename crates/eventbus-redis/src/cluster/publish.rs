@@ -17,6 +17,35 @@ fn is_redirect(err: &redis::RedisError) -> bool {
     matches!(err.kind(), ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask))
 }
 
+/// A pipeline's answer: an `SPUBLISH`'s or a `WAIT`'s count, or the counts of the
+/// script that publishes a bucket's events and keeps their history.
+#[derive(Debug)]
+enum Answer {
+    One(i64),
+    Each(Vec<i64>),
+}
+
+impl redis::FromRedisValue for Answer {
+    fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        match v {
+            redis::Value::Array(_) => Ok(Self::Each(Vec::from_redis_value(v)?)),
+            v => Ok(Self::One(i64::from_redis_value(v)?)),
+        }
+    }
+}
+
+/// One count per event (and the `WAIT`'s last), in order.
+fn flatten(answers: Vec<Answer>) -> Vec<i64> {
+    let mut out = Vec::with_capacity(answers.len());
+    for answer in answers {
+        match answer {
+            Answer::One(n) => out.push(n),
+            Answer::Each(counts) => out.extend(counts),
+        }
+    }
+    out
+}
+
 impl ClusterTransport {
     /// Sends one bucket's pipeline to its master, or through the cluster client when
     /// the map has no master for it or the master redirects (then nothing ran there).
@@ -33,8 +62,8 @@ impl ClusterTransport {
         let direct = self.routes.read().by_bucket.get(bucket).cloned().flatten();
         if let Some(mut node) = direct {
             let (pipe, waits) = build(Sending::Hash);
-            match pipe.query_async::<Vec<i64>>(&mut node).await {
-                Ok(answers) => return self.replicated(answers, waits, channel),
+            match pipe.query_async::<Vec<Answer>>(&mut node).await {
+                Ok(answers) => return self.replicated(flatten(answers), waits, channel),
                 Err(err) if is_redirect(&err) => self.routes_stale.notify_one(),
                 // Perhaps run, perhaps not: not sent again (at most once).
                 Err(err) => {
@@ -47,8 +76,8 @@ impl ClusterTransport {
             return Err(format!("not connected to the Redis Cluster at {}", self.target));
         };
         let (pipe, waits) = build(Sending::Text);
-        let answers = pipe.query_async::<Vec<i64>>(&mut conn).await;
-        self.replicated(answers.map_err(|e| format!("SPUBLISH to {channel} failed: {e}"))?, waits, channel)
+        let answers = pipe.query_async::<Vec<Answer>>(&mut conn).await;
+        self.replicated(flatten(answers.map_err(|e| format!("SPUBLISH to {channel} failed: {e}"))?), waits, channel)
     }
 
     /// The publishes' answers, once the `WAIT` that ends them (if it does) says enough
@@ -69,49 +98,31 @@ impl ClusterTransport {
         }
     }
 
-    /// Adds the publish of `event` to a bucket's pipeline: a plain `SPUBLISH`, or for a
-    /// channel with history the script that keeps it and publishes it.
-    fn add_publish(&self, pipe: &mut redis::Pipeline, sending: Sending, bucket: usize, event: &Event) {
-        match self.history.limits(&event.channel) {
-            Some(limits) => {
-                pipe.add_command(self.history.command(
-                    sending,
-                    "SPUBLISH",
-                    &self.channels[bucket],
-                    self.envelope,
-                    event,
-                    limits,
-                ));
-            }
-            None => {
-                pipe.cmd("SPUBLISH").arg(&self.channels[bucket]).arg(envelope::encode_as(self.envelope, event));
-            }
-        }
-    }
-
-    /// A bucket's pipeline for `events`: the script loaded first (its answer ignored)
-    /// when one of them is sent by hash; with `min_replicas_acked`, a `WAIT` for that
-    /// many replicas last when one of them is kept in a history (then `true`), as a
-    /// durable capture waits on one Redis.
+    /// A bucket's pipeline for `events`, in order: when one of them keeps a history, one
+    /// script that publishes them all and keeps those (loaded first, its answer
+    /// ignored, when sent by hash) and, with `min_replicas_acked`, a `WAIT` for that
+    /// many replicas last (then `true`), as a durable capture waits on one Redis; else
+    /// one `SPUBLISH` each.
     pub(super) fn pipeline<'a>(
         &self,
         sending: Sending,
         bucket: usize,
-        events: impl Iterator<Item = &'a Arc<Event>>,
+        events: impl Iterator<Item = &'a Arc<Event>> + Clone,
     ) -> (redis::Pipeline, bool) {
         let mut pipe = redis::pipe();
-        let (mut loaded, mut kept) = (false, false);
-        for event in events {
-            if self.history.limits(&event.channel).is_some() {
-                kept = true;
-                if sending == Sending::Hash && !loaded {
-                    pipe.add_command(self.history.load()).ignore();
-                    loaded = true;
-                }
+        let channel = self.channels[bucket].as_str();
+        let kept = events.clone().any(|e| self.history.limits(&e.channel).is_some());
+        if !kept {
+            for event in events {
+                pipe.cmd("SPUBLISH").arg(channel).arg(envelope::encode_as(self.envelope, event));
             }
-            self.add_publish(&mut pipe, sending, bucket, event);
+            return (pipe, false);
         }
-        let waits = kept && self.min_replicas_acked > 0;
+        if sending == Sending::Hash {
+            pipe.add_command(self.history.load()).ignore();
+        }
+        pipe.add_command(self.history.command(sending, "SPUBLISH", self.envelope, events.map(|e| (channel, &**e))));
+        let waits = self.min_replicas_acked > 0;
         if waits {
             let timeout_ms = u64::try_from(self.replica_ack_timeout.as_millis()).unwrap_or(u64::MAX).max(1);
             pipe.cmd("WAIT").arg(self.min_replicas_acked).arg(timeout_ms);

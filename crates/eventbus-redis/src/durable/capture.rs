@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use eventbus_core::durable::{CaptureRequest, Captured, DurableError};
-use eventbus_core::{Event, Fanout};
+use eventbus_core::{Event, Fanout, TransportError};
 use std::collections::{HashMap, HashSet};
 
 use futures::future::join_all;
@@ -259,7 +259,10 @@ impl Shared {
     /// claimed before is stored again under the first event's id, so the retry of a
     /// publish that reached only some consumers completes it and duplicates nothing,
     /// and is answered as a duplicate once every consumer has it. Subscribers get the
-    /// new events from the bus afterwards ([`Captured::Stored`]).
+    /// new events through the transport given to [`RedisDurable::publish_through`],
+    /// sent beside the stores (so a publish answered UNAVAILABLE because a consumer's
+    /// store failed may have reached subscribers), or else from the bus afterwards
+    /// ([`Captured::Stored`]).
     async fn capture_batch_cluster(self: &Arc<Self>, batch: &mut Vec<PendingCapture>) {
         let n = batch.len();
         let window_ms = self.options.dedup_window.as_millis().max(1) as u64;
@@ -287,6 +290,8 @@ impl Shared {
         }
 
         let mut stored = vec![0usize; n];
+        // What sending each event to subscribers answered (`publish_through`).
+        let mut fanouts: Vec<Option<Result<Fanout, TransportError>>> = (0..n).map(|_| None).collect();
         let mut written: HashSet<Arc<str>> = HashSet::new();
         let mut failure = None;
         let mut names = Vec::new();
@@ -341,7 +346,33 @@ impl Shared {
                 let timed_out = || redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
                 tokio::time::timeout(UNREAD_VERSION_WAIT, read).await.unwrap_or_else(|_| Err(timed_out()))
             };
-            let (results, version_now) = tokio::join!(join_all(stores), version_now);
+            // The first round also sends the events to subscribers, beside their
+            // capture (not again when a changed consumer set stores them once more),
+            // once this instance has read the definitions: until then a capture may
+            // yet be refused, and the bus sends what was stored afterwards.
+            let publish = async {
+                match (round, self.publisher.get()) {
+                    (1, Some(transport)) if !version.is_empty() => {
+                        let sent: Vec<usize> =
+                            (0..n).filter(|&i| failed[i].is_none() && duplicate[i].is_none()).collect();
+                        let events = sent.iter().map(|&i| Arc::clone(&batch[i].event)).collect();
+                        Some((sent, transport.publish_all(events).await))
+                    }
+                    _ => None,
+                }
+            };
+            let (results, version_now, published) = tokio::join!(join_all(stores), version_now, publish);
+            if let Some((sent, answers)) = published {
+                let mut answers = answers.into_iter();
+                for i in sent {
+                    fanouts[i] = Some(answers.next().unwrap_or_else(|| {
+                        Err(TransportError {
+                            transport: "redis",
+                            reason: "the transport answered fewer events than it was given".to_owned(),
+                        })
+                    }));
+                }
+            }
             for ((rt, events), result) in work.iter().zip(results) {
                 written.insert(Arc::clone(&rt.name));
                 match result {
@@ -397,7 +428,14 @@ impl Shared {
                     Err(DurableError::unavailable(format!("{err}{retry}")))
                 }
                 (None, Some(first)) => Ok(Captured::Duplicate(first)),
-                (None, None) => Ok(Captured::Stored(stored[i])),
+                (None, None) => match fanouts[i].take() {
+                    None => Ok(Captured::Stored(stored[i])),
+                    Some(Ok(fanout)) => Ok(Captured::Forwarded { consumers: stored[i], fanout }),
+                    Some(Err(err)) => Err(DurableError::unavailable(format!(
+                        "stored for its durable consumers, but not sent to subscribers: {}",
+                        err.reason
+                    ))),
+                },
             };
             let _ = p.reply.send(answer);
         }

@@ -72,13 +72,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use eventbus_core::TaskHandle;
 use eventbus_core::durable::{
     Attachment, BoxFuture, CaptureRequest, Captured, ClientOptions, ConsumerConfig, ConsumerInfo, DeadLetterSink,
     DurableBackend, DurableError, DurableOptions, LogEntry, LogSlice, LogStatus, MAX_REDRIVE, PendingEntry,
     PendingSlice, PendingState, Redriven, Retention,
 };
 use eventbus_core::trie::Trie;
+use eventbus_core::{TaskHandle, Transport};
 use parking_lot::{Mutex, RwLock};
 use redis::{Client, Value};
 use tokio::sync::mpsc;
@@ -194,6 +194,9 @@ pub(crate) struct Shared {
     definitions: tokio::sync::watch::Sender<u64>,
     /// On a cluster, the last capture could not read the definitions' version.
     definitions_unread: AtomicBool,
+    /// On a cluster, where captured events go to subscribers (the transport), sent in
+    /// the same round trip as their capture; unset, they are left to the bus.
+    publisher: OnceLock<Arc<dyn Transport>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -244,6 +247,16 @@ impl RedisDurable {
         Self::start_on(Backend::Cluster { client: Box::new(client), seeds }, settings, options, shutdown)
     }
 
+    /// On a Redis Cluster, sends the events a capture stores to subscribers through
+    /// `transport` (the bus's), at the same time as it stores them: a publish costs one
+    /// round trip instead of the capture's and then the `SPUBLISH`'s, and is answered
+    /// as fanned out ([`Captured::Forwarded`]). An event whose idempotency key was
+    /// claimed before is a duplicate and goes to no subscriber; the claims are made
+    /// first. Set once; on one Redis the capture script publishes by itself.
+    pub fn publish_through(&self, transport: Arc<dyn Transport>) {
+        let _ = self.shared.publisher.set(transport);
+    }
+
     fn start_on(
         backend: Backend,
         settings: RedisDurableSettings,
@@ -279,6 +292,7 @@ impl RedisDurable {
             shutdown,
             definitions: tokio::sync::watch::Sender::new(0),
             definitions_unread: AtomicBool::new(false),
+            publisher: OnceLock::new(),
         });
         let supervisor = &shared.options.supervisor;
         let follower = supervisor.spawn("durable consumer follower (redis)", follow_changes(Arc::downgrade(&shared)));

@@ -32,7 +32,8 @@ end
 /// ('' = the envelope), channel, ordering key ('' = none), idempotency key ('' =
 /// none), history size, max bytes, ttl ms and event ms (size 0: the channel keeps no
 /// history), number of consumers n, then n (consumer key base, max_pending) pairs. An event of a channel with history is kept in it with its
-/// position, and published with it (`retain`).
+/// position, and published with it (`history`, `retain`); each channel's hash is read
+/// once, and written and its stream trimmed once, after the batch (`settle`).
 /// Returns `{'stale', version}` (nothing done), or `{'ok', r1, r2, ...}` with one `r`
 /// per event: the receivers of its PUBLISH (integer), or for a repeated idempotency
 /// key the original event id (string).
@@ -59,11 +60,13 @@ while j <= #ARGV do
   else
     for i = first, j - 1, 2 do capture(ARGV[i], tonumber(ARGV[i + 1]), id, env, channel, key) end
     if size > 0 then
-      msg = retain(hstream .. channel, hmeta .. channel, hindex, channel, msg, kind, id, ems, size, max_bytes, ttl, now)
+      local h = kept[channel] or history(channel, hstream .. channel, hmeta .. channel, hindex, id, kind)
+      msg = retain(h, msg, ems, size, max_bytes, ttl, now)
     end
     out[#out + 1] = redis.call('PUBLISH', pubsub .. channel, msg)
   end
 end
+settle()
 return out
 "#;
 
