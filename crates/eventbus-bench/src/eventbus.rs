@@ -45,6 +45,7 @@ impl Target for EventBusTarget {
         let client = self.client.new_connection().await?;
         match how.mode {
             PublishMode::Unary => Ok(EventBusPublisher::Unary(client)),
+            PublishMode::Client => anyhow::bail!("--mode client applies to bench durable only"),
             PublishMode::Batch => {
                 let size = how.batch.max(1);
                 Ok(EventBusPublisher::Batch { client, size, pending: Vec::with_capacity(size), calls: JoinSet::new() })

@@ -16,6 +16,11 @@ pub enum PublishMode {
     /// without a batch call (NATS, Redis, JetStream) publish as with `stream`: their
     /// clients already coalesce pipelined publishes into large writes.
     Batch,
+    /// Concurrent callers share one client, each call awaited (`bench durable` only):
+    /// eventbus `Client::publish()`, whose calls ride one shared `PublishStream`;
+    /// JetStream `publish()` on one shared connection, then its ack. What a service
+    /// whose request handlers each publish one event does.
+    Client,
 }
 
 impl PublishMode {
@@ -25,6 +30,7 @@ impl PublishMode {
             Self::Unary => "unary",
             Self::Stream => "stream",
             Self::Batch => "batch",
+            Self::Client => "client",
         }
     }
 }

@@ -72,6 +72,7 @@ impl Load {
 
     fn publishing(&self) -> anyhow::Result<Publishing> {
         check_ack(self.mode, self.ack)?;
+        anyhow::ensure!(self.mode != PublishMode::Client, "--mode client applies to bench durable only");
         Ok(Publishing { mode: self.mode, batch: self.batch as usize, ack: self.ack })
     }
 }

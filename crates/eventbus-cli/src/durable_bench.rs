@@ -62,7 +62,11 @@ pub(crate) async fn publish(
     let req = pb::PublishRequest { channel, payload: bytes::Bytes::from(vec![0xAB; a.payload]), ..Default::default() };
     let mut clients = Vec::new();
     for _ in 0..a.publishers.max(1) {
-        clients.push(client.new_connection().await?);
+        clients.push(match a.mode {
+            // Every caller shares the one client (and its one publish stream).
+            PublishMode::Client => client.clone(),
+            PublishMode::Unary | PublishMode::Stream | PublishMode::Batch => client.new_connection().await?,
+        });
     }
     let start = Instant::now();
     let n = clients.len() as u64;
@@ -72,6 +76,7 @@ pub(crate) async fn publish(
         let req = req.clone();
         tasks.push(match a.mode {
             PublishMode::Unary => tokio::spawn(publish_unary(client, req, share)),
+            PublishMode::Client => tokio::spawn(publish_calls(client, req, share)),
             PublishMode::Stream => tokio::spawn(publish_stream(client, req, share)),
             PublishMode::Batch => tokio::spawn(publish_batches(client, req, share)),
         });
@@ -168,6 +173,18 @@ async fn publish_unary(client: Client, req: pb::PublishRequest, share: u64) -> a
     for _ in 0..share {
         let t = Instant::now();
         client.publish_unary(req.clone()).await?;
+        latency.saturating_record(t.elapsed().as_nanos() as u64);
+    }
+    Ok(latency)
+}
+
+/// `share` calls of the client's `publish()`, each awaited: with the other callers'
+/// they share one `PublishStream`.
+async fn publish_calls(client: Client, req: pb::PublishRequest, share: u64) -> anyhow::Result<Histogram<u64>> {
+    let mut latency = latency_histogram();
+    for _ in 0..share {
+        let t = Instant::now();
+        client.publish(req.clone()).await?;
         latency.saturating_record(t.elapsed().as_nanos() as u64);
     }
     Ok(latency)

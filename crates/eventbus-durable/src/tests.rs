@@ -494,20 +494,26 @@ fn every_fresh_engine_fires_its_timers_on_the_multi_threaded_runtime() {
     });
 }
 
-/// A store whose commits panic once armed: the writer thread dies on it.
-#[derive(Debug)]
-struct PanickingStore {
+/// A store that runs a hook before each commit (to fail it, or hold it), around
+/// another store.
+struct HookedStore<H> {
     inner: Arc<dyn Store>,
-    armed: std::sync::atomic::AtomicBool,
+    before_apply: H,
 }
 
-impl Store for PanickingStore {
+impl<H> std::fmt::Debug for HookedStore<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookedStore").field("inner", &self.inner).finish_non_exhaustive()
+    }
+}
+
+impl<H: Fn() + Send + Sync + 'static> Store for HookedStore<H> {
     fn load(&self) -> Result<store::Loaded, StoreError> {
         self.inner.load()
     }
 
     fn apply(&self, ops: &[StoreOp]) -> Result<(), StoreError> {
-        assert!(!self.armed.load(std::sync::atomic::Ordering::Acquire), "the disk caught fire");
+        (self.before_apply)();
         self.inner.apply(ops)
     }
 
@@ -541,12 +547,16 @@ impl Store for PanickingStore {
 fn a_dead_store_writer_is_reported_and_a_dropped_engine_is_not() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
-        let store = Arc::new(PanickingStore { inner: memory(), armed: Default::default() });
+        // Its commits panic once armed: the writer thread dies on it.
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let fire = Arc::clone(&armed);
+        let before_apply = move || assert!(!fire.load(std::sync::atomic::Ordering::Acquire), "the disk caught fire");
+        let store = Arc::new(HookedStore { inner: memory(), before_apply });
         let opts = options(Duration::from_secs(1));
         let supervisor = opts.supervisor.clone();
         let durable = Durable::start(store.clone(), opts).unwrap();
         durable.create_consumer(consumer("inbox", &["a"])).await.unwrap();
-        store.armed.store(true, std::sync::atomic::Ordering::Release);
+        armed.store(true, std::sync::atomic::Ordering::Release);
         assert!(durable.flush().await.is_err(), "a commit on a dead writer is an error");
         let mut failures = supervisor.failures();
         let failure = tokio::time::timeout(Duration::from_secs(10), failures.wait_for(Option::is_some))
@@ -643,10 +653,9 @@ async fn batch_fsync_syncs_the_last_commit_without_further_writes() {
     }
 }
 
-/// A store whose commits wait at a gate the test opens, so many at a time.
+/// A gate commits wait at until the test opens it, so many at a time.
 #[derive(Debug)]
-struct GatedStore {
-    inner: Arc<dyn Store>,
+struct Gate {
     /// Commits let through; `u64::MAX`: every one.
     passes: std::sync::Mutex<u64>,
     opened: std::sync::Condvar,
@@ -654,49 +663,18 @@ struct GatedStore {
     reached: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
 }
 
-impl GatedStore {
+impl Gate {
     fn pass(&self, commits: u64) {
         *self.passes.lock().unwrap() = commits;
         self.opened.notify_all();
     }
-}
 
-impl Store for GatedStore {
-    fn load(&self) -> Result<store::Loaded, StoreError> {
-        self.inner.load()
-    }
-
-    fn apply(&self, ops: &[StoreOp]) -> Result<(), StoreError> {
+    fn wait(&self) {
         let _ = self.reached.lock().unwrap().send(());
         let mut passes = self.opened.wait_while(self.passes.lock().unwrap(), |p| *p == 0).unwrap();
         if *passes != u64::MAX {
             *passes -= 1;
         }
-        drop(passes);
-        self.inner.apply(ops)
-    }
-
-    fn log(
-        &self,
-        consumer: &str,
-        status: Option<LogStatus>,
-        limit: usize,
-        after: Option<u64>,
-    ) -> Result<store::LogPage, StoreError> {
-        self.inner.log(consumer, status, limit, after)
-    }
-
-    fn redrive(
-        &self,
-        consumer: &str,
-        selection: store::RedriveSelection<'_>,
-        next_seq: &std::sync::atomic::AtomicU64,
-    ) -> Result<Vec<store::RedrivenEvent>, StoreError> {
-        self.inner.redrive(consumer, selection, next_seq)
-    }
-
-    fn redrivable(&self, consumer: &str) -> u64 {
-        self.inner.redrivable(consumer)
     }
 }
 
@@ -706,19 +684,20 @@ impl Store for GatedStore {
 #[tokio::test]
 async fn keyed_captures_keep_their_order_through_a_full_writer_queue() {
     let (reached, at_gate) = std::sync::mpsc::channel();
-    let store = Arc::new(GatedStore {
-        inner: memory(),
+    let gate = Arc::new(Gate {
         passes: std::sync::Mutex::new(u64::MAX),
         opened: std::sync::Condvar::new(),
         reached: std::sync::Mutex::new(reached),
     });
-    let durable = Durable::start(Arc::clone(&store) as Arc<dyn Store>, options(Duration::from_secs(1))).unwrap();
+    let at = Arc::clone(&gate);
+    let store: Arc<dyn Store> = Arc::new(HookedStore { inner: memory(), before_apply: move || at.wait() });
+    let durable = Durable::start(store, options(Duration::from_secs(1))).unwrap();
     durable.create_consumer(consumer("o", &["orders.>"])).await.unwrap();
     let wait_at_gate = || at_gate.recv_timeout(Duration::from_secs(20)).expect("a commit at the gate");
     while at_gate.try_recv().is_ok() {}
 
     // The writer holds one commit at the closed gate; its queue then fills up.
-    store.pass(0);
+    gate.pass(0);
     let fill = |i: usize| {
         let record = store::DedupRecord { key: format!("fill-{i}"), event_id: String::new(), expires_ms: 0 };
         vec![StoreOp::Dedup(record)]
@@ -740,7 +719,7 @@ async fn keyed_captures_keep_their_order_through_a_full_writer_queue() {
     }
     // One commit through: the writer takes the next group off the queue (room frees
     // up) and holds it at the gate.
-    store.pass(1);
+    gate.pass(1);
     wait_at_gate();
     let mut second_captured = std::pin::pin!(durable.capture_many(&second_request));
     tokio::select! {
@@ -748,7 +727,7 @@ async fn keyed_captures_keep_their_order_through_a_full_writer_queue() {
         _ = &mut second_captured => panic!("answered before its commit"),
         () = std::future::ready(()) => {}
     }
-    store.pass(u64::MAX);
+    gate.pass(u64::MAX);
     for captured in [first_captured.await, second_captured.await] {
         assert!(matches!(captured[..], [Ok(Captured::Stored(1))]), "{captured:?}");
     }
