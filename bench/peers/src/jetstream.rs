@@ -30,13 +30,21 @@ pub(crate) async fn run(url: &str, json: bool, a: &DurableArgs) -> anyhow::Resul
     let start = Instant::now();
     let mut tasks = Vec::new();
     let n = a.publishers.max(1) as u64;
+    // `client`: the publishers are tasks sharing one connection, as a service's handlers.
+    let shared = match a.mode {
+        PublishMode::Client => Some(async_nats::connect(url).await?),
+        _ => None,
+    };
     for i in 0..n {
         let share = a.count / n + u64::from(i < a.count % n);
-        let client = async_nats::connect(url).await?;
+        let client = match &shared {
+            Some(client) => client.clone(),
+            None => async_nats::connect(url).await?,
+        };
         let js = jetstream::new(client);
         let (subject, payload) = (subject.clone(), payload.clone());
         let window = match a.mode {
-            PublishMode::Unary => 1,
+            PublishMode::Unary | PublishMode::Client => 1,
             PublishMode::Stream | PublishMode::Batch => STREAM_WINDOW,
         };
         tasks.push(tokio::spawn(async move {

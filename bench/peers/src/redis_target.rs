@@ -65,7 +65,7 @@ impl Publisher for RedisPublisher {
         let subject = subject.to_owned();
         let send = async move { redis::cmd("PUBLISH").arg(subject).arg(payload.as_ref()).query_async(&mut conn).await };
         match self.mode {
-            PublishMode::Unary => {
+            PublishMode::Unary | PublishMode::Client => {
                 send.await?;
             }
             // Redis has no batch call; pipelined like `stream`.

@@ -16,6 +16,11 @@ pub enum PublishMode {
     /// without a batch call (NATS, Redis, JetStream) publish as with `stream`: their
     /// clients already coalesce pipelined publishes into large writes.
     Batch,
+    /// The publishers are tasks of one process sharing one client, each awaiting its
+    /// client's `publish()` before the next, as request handlers publish (eventbus: one
+    /// `Client`, whose calls share its `PublishStream`; JetStream: one connection,
+    /// `publish().await` then its ack). Elsewhere as `unary`.
+    Client,
 }
 
 impl PublishMode {
@@ -25,6 +30,7 @@ impl PublishMode {
             Self::Unary => "unary",
             Self::Stream => "stream",
             Self::Batch => "batch",
+            Self::Client => "client",
         }
     }
 }

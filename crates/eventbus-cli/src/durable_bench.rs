@@ -61,8 +61,16 @@ pub(crate) async fn publish(
 ) -> anyhow::Result<(f64, Histogram<u64>)> {
     let req = pb::PublishRequest { channel, payload: bytes::Bytes::from(vec![0xAB; a.payload]), ..Default::default() };
     let mut clients = Vec::new();
+    // `client`: the publishers are tasks sharing one client (and its publish stream).
+    let shared = match a.mode {
+        PublishMode::Client => Some(client.new_connection().await?),
+        _ => None,
+    };
     for _ in 0..a.publishers.max(1) {
-        clients.push(client.new_connection().await?);
+        clients.push(match &shared {
+            Some(shared) => shared.clone(),
+            None => client.new_connection().await?,
+        });
     }
     let start = Instant::now();
     let n = clients.len() as u64;
@@ -73,6 +81,7 @@ pub(crate) async fn publish(
         tasks.push(match a.mode {
             PublishMode::Unary => tokio::spawn(publish_unary(client, req, share)),
             PublishMode::Stream => tokio::spawn(publish_stream(client, req, share)),
+            PublishMode::Client => tokio::spawn(publish_calls(client, req, share)),
             PublishMode::Batch => tokio::spawn(publish_batches(client, req, share)),
         });
     }
@@ -168,6 +177,18 @@ async fn publish_unary(client: Client, req: pb::PublishRequest, share: u64) -> a
     for _ in 0..share {
         let t = Instant::now();
         client.publish_unary(req.clone()).await?;
+        latency.saturating_record(t.elapsed().as_nanos() as u64);
+    }
+    Ok(latency)
+}
+
+/// `share` calls of the client's `publish()`, one at a time (concurrent tasks share its
+/// stream); latency is each call's.
+async fn publish_calls(client: Client, req: pb::PublishRequest, share: u64) -> anyhow::Result<Histogram<u64>> {
+    let mut latency = latency_histogram();
+    for _ in 0..share {
+        let t = Instant::now();
+        client.publish(req.clone()).await?;
         latency.saturating_record(t.elapsed().as_nanos() as u64);
     }
     Ok(latency)
