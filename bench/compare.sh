@@ -89,6 +89,7 @@ WORKLOADS=(
   "pubonly --publishers 1 --payload 128 --count 300000 --mode batch --batch 256"
 )
 DURABLES=("durable --publishers 16 --count 20000 --payload 128 --mode unary"
+          "durable --publishers 16 --count 20000 --payload 128 --mode client"
           "durable --publishers 16 --count 60000 --payload 128 --mode stream")
 # SYSTEMS="eventbus nats" and DURABLE=0 narrow a run to what is being looked at.
 read -r -a SYSTEMS <<<"${SYSTEMS:-eventbus nats redis eventbus-cluster}"

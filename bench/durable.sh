@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Durable publishing on the embedded store against JetStream (file storage), same run:
 # starts nats-server with JetStream and one eventbusd per variant, each on its own data
-# directory, then runs the durable workloads (16 tasks calling one client's publish();
-# 16 unary publishers; 16 stream publishers) against every side interleaved ROUNDS times, and prints medians with the
+# directory, then runs the durable workloads (16 unary publishers; 16 tasks sharing one
+# client, each awaiting its publish(); 16 stream publishers) against every side
+# interleaved ROUNDS times, and prints medians with the
 # ratio to JetStream, and the CPU each side spent per event (bench/cpu.py: the server
 # process, and the load generator), publishing and consuming included.
 #
@@ -54,8 +55,8 @@ done
 wait_port "$NATS_PORT"
 for name in "${SIDES[@]}"; do wait_port "${PORT[$name]}"; done
 
-WORKLOADS=("durable --publishers 16 --count 20000 --payload 128 --mode client"
-           "durable --publishers 16 --count 20000 --payload 128 --mode unary"
+WORKLOADS=("durable --publishers 16 --count 20000 --payload 128 --mode unary"
+           "durable --publishers 16 --count 20000 --payload 128 --mode client"
            "durable --publishers 16 --count 60000 --payload 128 --mode stream")
 for round in $(seq "$ROUNDS"); do
   for workload in "${WORKLOADS[@]}"; do

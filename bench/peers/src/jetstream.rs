@@ -30,17 +30,18 @@ pub(crate) async fn run(url: &str, json: bool, a: &DurableArgs) -> anyhow::Resul
     let start = Instant::now();
     let mut tasks = Vec::new();
     let n = a.publishers.max(1) as u64;
-    // `client`: every task publishes through one connection, as a service's handlers do.
+    // `client`: the publishers are tasks sharing one connection, as a service's handlers.
     let shared = match a.mode {
-        PublishMode::Client => Some(jetstream::new(async_nats::connect(url).await?)),
-        PublishMode::Unary | PublishMode::Stream | PublishMode::Batch => None,
+        PublishMode::Client => Some(async_nats::connect(url).await?),
+        _ => None,
     };
     for i in 0..n {
         let share = a.count / n + u64::from(i < a.count % n);
-        let js = match &shared {
-            Some(js) => js.clone(),
-            None => jetstream::new(async_nats::connect(url).await?),
+        let client = match &shared {
+            Some(client) => client.clone(),
+            None => async_nats::connect(url).await?,
         };
+        let js = jetstream::new(client);
         let (subject, payload) = (subject.clone(), payload.clone());
         let window = match a.mode {
             PublishMode::Unary | PublishMode::Client => 1,

@@ -56,7 +56,7 @@ pub(crate) struct NatsPublisher {
 impl Publisher for NatsPublisher {
     async fn publish(&mut self, subject: &str, payload: Bytes) -> anyhow::Result<()> {
         self.client.publish(subject.to_owned(), payload).await?;
-        if self.mode == PublishMode::Unary {
+        if matches!(self.mode, PublishMode::Unary | PublishMode::Client) {
             self.client.flush().await?;
         }
         Ok(())

@@ -40,6 +40,7 @@ import {
 } from "./gen/eventbus/v1/eventbus.js";
 import type { Timestamp } from "./gen/google/protobuf/timestamp.js";
 import { EventBusError, Unavailable, fromServiceError, fromStatus } from "./errors.js";
+import { SharedPublisher } from "./publisher.js";
 import { Subscription, type SubscribeOptions } from "./subscription.js";
 import { type Payload, Semaphore, dateToTimestamp, toBytes } from "./util.js";
 
@@ -68,6 +69,16 @@ export interface ConnectOptions {
   connectTimeoutMs?: number;
   /** Extra gRPC channel options (`grpc.*` keys), merged over this package's defaults. */
   channelOptions?: ChannelOptions;
+  /**
+   * `publish` makes one unary `Publish` call per event instead of sharing the client's
+   * `PublishStream` (default false).
+   */
+  unaryPublish?: boolean;
+  /**
+   * How long the shared publish stream waits for more calls to send together while
+   * earlier ones are unanswered, in milliseconds (default 0: each call is sent at once).
+   */
+  publishLingerMs?: number;
 }
 
 /** One event to publish (`publishBatch`, `publishStream`). */
@@ -86,8 +97,11 @@ export interface PublishInput {
   idempotencyKey?: string;
 }
 
-/** Options of `Client.publish` (the event's fields other than channel and payload). */
-export type PublishOptions = Omit<PublishInput, "channel" | "payload"> & { signal?: AbortSignal };
+/**
+ * Options of `Client.publish`: the event's fields other than channel and payload, an
+ * abort signal, and the call's deadline (`timeoutMs`, default the client's `timeoutMs`).
+ */
+export type PublishOptions = Omit<PublishInput, "channel" | "payload"> & { signal?: AbortSignal; timeoutMs?: number };
 
 /** What a `publishStream` publisher waits for: see the proto's `PublishStream`. */
 export type AckModeName = "each" | "cumulative" | "none";
@@ -278,13 +292,18 @@ export class Client {
   readonly url: string;
   private readonly token: string | undefined;
   private readonly timeoutMs: number;
+  /** The stream `publish` shares; undefined with `unaryPublish`. */
+  private readonly publisher: SharedPublisher | undefined;
 
-  private constructor(url: string, bus: EventBusClient, admin: AdminClient, token: string | undefined, timeoutMs: number) {
+  private constructor(url: string, bus: EventBusClient, admin: AdminClient, token: string | undefined, options: ConnectOptions) {
     this.url = url;
     this.bus = bus;
     this.admin = admin;
     this.token = token;
-    this.timeoutMs = timeoutMs;
+    this.timeoutMs = options.timeoutMs ?? 30_000;
+    this.publisher = options.unaryPublish
+      ? undefined
+      : new SharedPublisher(bus, () => this.metadata(), options.publishLingerMs ?? 0, options.connectTimeoutMs || 10_000);
   }
 
   /**
@@ -304,7 +323,7 @@ export class Client {
     }
     const bus = new EventBusClient(target, creds, channelOptions);
     const admin = new AdminClient(target, creds, { ...channelOptions, channelOverride: bus.getChannel() });
-    const client = new Client(url, bus, admin, options.token, options.timeoutMs ?? 30_000);
+    const client = new Client(url, bus, admin, options.token, options);
     const wait = options.connectTimeoutMs ?? 10_000;
     if (wait > 0) {
       try {
@@ -321,6 +340,7 @@ export class Client {
 
   /** Closes the channel; open calls and streams end. */
   close(): void {
+    this.publisher?.close();
     this.bus.close();
   }
 
@@ -332,10 +352,16 @@ export class Client {
     return md;
   }
 
-  private unary<Req, Res>(method: UnaryMethod<Req, Res>, target: object, request: Req, signal?: AbortSignal): Promise<Res> {
+  private unary<Req, Res>(
+    method: UnaryMethod<Req, Res>,
+    target: object,
+    request: Req,
+    signal?: AbortSignal,
+    timeoutMs = this.timeoutMs,
+  ): Promise<Res> {
     if (signal?.aborted) return Promise.reject(signal.reason);
     return new Promise<Res>((resolve, reject) => {
-      const options: Partial<CallOptions> = this.timeoutMs > 0 ? { deadline: Date.now() + this.timeoutMs } : {};
+      const options: Partial<CallOptions> = timeoutMs > 0 ? { deadline: Date.now() + timeoutMs } : {};
       const onAbort = (): void => call.cancel();
       const call = method.call(target, request, this.metadata(), options, (err, response) => {
         signal?.removeEventListener("abort", onAbort);
@@ -351,10 +377,22 @@ export class Client {
   /**
    * Publishes one event; answers once it is offered to every subscription and stored for
    * every matching durable consumer.
+   *
+   * Concurrent calls share one `PublishStream` per client: each call is sent as soon as the
+   * stream can take it, together with the calls that came meanwhile, and gets its own answer
+   * or its own error (a refused event fails its own call only). Should the stream be lost
+   * before an event is answered, the call rejects with `Unavailable` (the event may or may
+   * not be published), unless it has an `idempotencyKey`: then it is sent again, and the
+   * broker answers a duplicate with the original id. Past `timeoutMs` (default the client's)
+   * the call rejects with `DeadlineExceeded`, and after `signal` aborts with its reason; an
+   * event not yet sent then is never sent. `connect(url, { unaryPublish: true })` makes one
+   * unary `Publish` call per event instead.
    */
   publish(channel: string, payload?: Payload, options: PublishOptions = {}): Promise<PublishResponse> {
-    const { signal, ...fields } = options;
-    return this.unary(this.bus.publish, this.bus, publishRequest({ ...fields, channel, payload }), signal);
+    const { signal, timeoutMs, ...fields } = options;
+    const request = publishRequest({ ...fields, channel, payload });
+    if (this.publisher === undefined) return this.unary(this.bus.publish, this.bus, request, signal, timeoutMs);
+    return this.publisher.publish(request, timeoutMs ?? this.timeoutMs, signal);
   }
 
   /**

@@ -25,9 +25,9 @@ pub struct DurableArgs {
     /// up to [`STREAM_WINDOW`] publishes unanswered (eventbus: one `PublishStream`;
     /// JetStream: asynchronous publishes, acks awaited in order); `batch`: eventbus
     /// sends [`STREAM_WINDOW`] events per `PublishBatch`, each call awaited (JetStream:
-    /// as `stream`); `client`: the publishers are tasks sharing one client, each call
-    /// awaited (eventbus: `Client::publish()`, the calls riding one `PublishStream`;
-    /// JetStream: one connection's `publish()`, then its ack).
+    /// as `stream`); `client`: the publishers are tasks sharing one client, each awaiting
+    /// `publish()` (eventbus: the client's shared `PublishStream`; JetStream: one
+    /// connection, `publish().await` and its ack).
     #[arg(long, value_enum, default_value_t = PublishMode::Unary)]
     pub mode: PublishMode,
 }

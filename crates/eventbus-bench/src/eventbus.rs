@@ -44,8 +44,7 @@ impl Target for EventBusTarget {
     async fn publisher(&self, how: Publishing) -> anyhow::Result<EventBusPublisher> {
         let client = self.client.new_connection().await?;
         match how.mode {
-            PublishMode::Unary => Ok(EventBusPublisher::Unary(client)),
-            PublishMode::Client => anyhow::bail!("--mode client applies to bench durable only"),
+            PublishMode::Unary | PublishMode::Client => Ok(EventBusPublisher::Unary(client)),
             PublishMode::Batch => {
                 let size = how.batch.max(1);
                 Ok(EventBusPublisher::Batch { client, size, pending: Vec::with_capacity(size), calls: JoinSet::new() })

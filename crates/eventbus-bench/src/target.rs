@@ -16,10 +16,10 @@ pub enum PublishMode {
     /// without a batch call (NATS, Redis, JetStream) publish as with `stream`: their
     /// clients already coalesce pipelined publishes into large writes.
     Batch,
-    /// Concurrent callers share one client, each call awaited (`bench durable` only):
-    /// eventbus `Client::publish()`, whose calls ride one shared `PublishStream`;
-    /// JetStream `publish()` on one shared connection, then its ack. What a service
-    /// whose request handlers each publish one event does.
+    /// The publishers are tasks of one process sharing one client, each awaiting its
+    /// client's `publish()` before the next, as request handlers publish (eventbus: one
+    /// `Client`, whose calls share its `PublishStream`; JetStream: one connection,
+    /// `publish().await` then its ack). Elsewhere as `unary`.
     Client,
 }
 

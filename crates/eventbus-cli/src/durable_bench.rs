@@ -61,11 +61,15 @@ pub(crate) async fn publish(
 ) -> anyhow::Result<(f64, Histogram<u64>)> {
     let req = pb::PublishRequest { channel, payload: bytes::Bytes::from(vec![0xAB; a.payload]), ..Default::default() };
     let mut clients = Vec::new();
+    // `client`: the publishers are tasks sharing one client (and its publish stream).
+    let shared = match a.mode {
+        PublishMode::Client => Some(client.new_connection().await?),
+        _ => None,
+    };
     for _ in 0..a.publishers.max(1) {
-        clients.push(match a.mode {
-            // Every caller shares the one client (and its one publish stream).
-            PublishMode::Client => client.clone(),
-            PublishMode::Unary | PublishMode::Stream | PublishMode::Batch => client.new_connection().await?,
+        clients.push(match &shared {
+            Some(shared) => shared.clone(),
+            None => client.new_connection().await?,
         });
     }
     let start = Instant::now();
@@ -76,8 +80,8 @@ pub(crate) async fn publish(
         let req = req.clone();
         tasks.push(match a.mode {
             PublishMode::Unary => tokio::spawn(publish_unary(client, req, share)),
-            PublishMode::Client => tokio::spawn(publish_calls(client, req, share)),
             PublishMode::Stream => tokio::spawn(publish_stream(client, req, share)),
+            PublishMode::Client => tokio::spawn(publish_calls(client, req, share)),
             PublishMode::Batch => tokio::spawn(publish_batches(client, req, share)),
         });
     }
@@ -178,8 +182,8 @@ async fn publish_unary(client: Client, req: pb::PublishRequest, share: u64) -> a
     Ok(latency)
 }
 
-/// `share` calls of the client's `publish()`, each awaited: with the other callers'
-/// they share one `PublishStream`.
+/// `share` calls of the client's `publish()`, one at a time (concurrent tasks share its
+/// stream); latency is each call's.
 async fn publish_calls(client: Client, req: pb::PublishRequest, share: u64) -> anyhow::Result<Histogram<u64>> {
     let mut latency = latency_histogram();
     for _ in 0..share {

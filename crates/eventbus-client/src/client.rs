@@ -79,8 +79,9 @@ impl Client {
     ///
     /// Concurrent calls share one `PublishStream` per client (clones included): each
     /// call is sent as soon as the stream can take it, together with the calls that
-    /// came meanwhile, and gets its own answer or its own error. A refused event fails
-    /// its own call only. Should the stream be lost before an event is answered, the
+    /// came meanwhile, and gets its own answer or its own error (the stream answers a
+    /// refused event in place, `ACK_MODE_EACH_IN_PLACE`): a refused event fails its own
+    /// call only. Should the stream be lost before an event is answered, the
     /// call fails with [`Error::Unavailable`] (the event may or may not be published),
     /// unless the event has an idempotency key: then it is sent again, and the broker
     /// answers a duplicate with the original id. To bound a call, wrap it in

@@ -75,12 +75,12 @@ fn answer(mut response: pb::PublishResponse) -> PublishAnswer {
 }
 
 /// A refused event's error, typed like the call's status would be.
-fn refusal(error: pb::PublishError) -> Error {
+pub(crate) fn refusal(error: pb::PublishError) -> Error {
     tonic::Status::new(tonic::Code::from_i32(error.code), error.message).into()
 }
 
 /// The call metadata that chooses the ack mode.
-const ACK_METADATA: &str = "eventbus-ack";
+pub(crate) const ACK_METADATA: &str = "eventbus-ack";
 
 pub(crate) async fn open(
     channel: AuthChannel,

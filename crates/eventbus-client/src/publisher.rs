@@ -6,10 +6,12 @@
 //! One task owns the stream. Calls queue to it; it sends whatever has queued as soon
 //! as it can (the calls that arrive while it is busy go out together, one write), and
 //! matches the broker's answers, which come in order, to the calls in the order they
-//! were sent. Each call gets its own answer or its own error:
-//! - a refused event ends an each-answer stream with its status; the broker published
-//!   the events before it and none after it, so the refused call gets the status and
-//!   the calls sent after it go again, first and in order, on a new stream;
+//! were sent. The stream answers each event, a refused one in place
+//! (`ACK_MODE_EACH_IN_PLACE`), so each call gets its own answer or its own error:
+//! - a refused event fails its own call, and the stream goes on;
+//! - a stream ended by a request the broker could not read (over its read limit) fails
+//!   that call; the broker read nothing after it, so the calls sent after it go again,
+//!   first and in order, on a new stream;
 //! - a stream lost otherwise (connection broken, broker restarting) leaves the fate of
 //!   the unanswered events unknown: a call with an idempotency key is sent again (the
 //!   broker answers a duplicate with the original id), any other fails with
@@ -28,6 +30,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::Error;
 use crate::codec::{self, Method};
 use crate::options::AuthChannel;
+use crate::publish;
 
 /// Calls waiting for the stream's task before `publish` itself waits.
 const QUEUE: usize = 4096;
@@ -149,8 +152,11 @@ impl Task {
             tokio::select! {
                 biased;
                 answer = open.answers.message() => match answer {
-                    Ok(Some(response)) => match open.in_flight.pop_front() {
-                        Some(call) => call.answer(Ok(response)),
+                    Ok(Some(mut response)) => match open.in_flight.pop_front() {
+                        Some(call) => call.answer(match response.error.take() {
+                            None => Ok(response),
+                            Some(error) => Err(publish::refusal(error)),
+                        }),
                         None => {
                             let status = tonic::Status::internal("the broker answered more events than were sent");
                             self.lost(stream.take(), status);
@@ -242,7 +248,7 @@ impl Task {
         let Some(mut open) = stream else { return };
         let mut again = VecDeque::with_capacity(open.in_flight.len());
         if refuses_one(&status) {
-            // The broker refused the first unanswered event and read no further.
+            // The broker could not read the first unanswered event, and read no further.
             if let Some(refused) = open.in_flight.pop_front() {
                 refused.answer(Err(Error::from(status)));
             }
@@ -300,14 +306,16 @@ fn send(open: &mut Open, waiting: &mut VecDeque<Call>) {
 
 async fn open(channel: AuthChannel) -> Result<Open, Error> {
     let (requests, outgoing) = mpsc::channel(MAX_IN_FLIGHT);
-    let answers = codec::streaming(channel, Method::PublishStream, ReceiverStream::new(outgoing)).await?;
+    let mut request = tonic::Request::new(ReceiverStream::new(outgoing));
+    request.metadata_mut().insert(publish::ACK_METADATA, tonic::metadata::MetadataValue::from_static("each_in_place"));
+    let answers = codec::streaming(channel, Method::PublishStream, request).await?;
     Ok(Open { requests, answers, in_flight: VecDeque::new() })
 }
 
-/// Whether a status ending an each-answer stream is the broker refusing the first
-/// unanswered event (which ends the stream with nothing after it published), rather
-/// than the stream failing. The codes the broker answers a bad event with, never
-/// produced by the connection breaking.
+/// Whether a status ending the stream is the broker refusing the first unanswered
+/// request (one it could not read: nothing after it published), rather than the stream
+/// failing. The codes the broker answers a bad request with, never produced by the
+/// connection breaking.
 fn refuses_one(status: &tonic::Status) -> bool {
     use tonic::Code;
     matches!(

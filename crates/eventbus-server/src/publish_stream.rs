@@ -1,8 +1,8 @@
 //! `PublishStream`: requests read ahead a chunk at a time, published together, and
 //! answered as the publisher chose (`AckMode`): each event (EACH), running totals per
-//! chunk (CUMULATIVE), or nothing but refusals (NONE). In the last two, a refused event
-//! is answered on its own with its position and does not stop the stream, and the
-//! stream ends with its totals.
+//! chunk (CUMULATIVE), nothing but refusals (NONE), or each event with refusals in place
+//! (EACH_IN_PLACE). In the last three, a refused event is answered on its own with its
+//! position and does not stop the stream; CUMULATIVE and NONE end with the totals.
 
 use std::sync::Arc;
 
@@ -29,9 +29,9 @@ pub(crate) type Answers = RpcStream<StreamAnswer>;
 /// One answer of a `PublishStream`.
 #[derive(Debug, Clone)]
 pub(crate) enum StreamAnswer {
-    /// An accepted event, in EACH mode.
+    /// An accepted event, in EACH and EACH_IN_PLACE modes.
     Published(Published),
-    /// A refused event, in CUMULATIVE and NONE modes.
+    /// A refused event, in CUMULATIVE, NONE and EACH_IN_PLACE modes.
     Refused { position: u64, error: pb::PublishError },
     /// The stream's running totals, in CUMULATIVE and NONE modes.
     Totals(pb::PublishAck),
@@ -56,6 +56,7 @@ pub(crate) enum AckMode {
     Each,
     Cumulative,
     None,
+    EachInPlace,
 }
 
 impl AckMode {
@@ -66,8 +67,9 @@ impl AckMode {
             Ok(pb::AckMode::Each) => Ok(Some(Self::Each)),
             Ok(pb::AckMode::Cumulative) => Ok(Some(Self::Cumulative)),
             Ok(pb::AckMode::None) => Ok(Some(Self::None)),
+            Ok(pb::AckMode::EachInPlace) => Ok(Some(Self::EachInPlace)),
             Err(_) => Err(Status::invalid_argument(format!(
-                "unknown ack mode {value} in the first request (expected ACK_MODE_EACH, ACK_MODE_CUMULATIVE or ACK_MODE_NONE)"
+                "unknown ack mode {value} in the first request (expected ACK_MODE_EACH, ACK_MODE_CUMULATIVE, ACK_MODE_NONE or ACK_MODE_EACH_IN_PLACE)"
             ))),
         }
     }
@@ -80,9 +82,10 @@ impl AckMode {
             "each" => Self::Each,
             "cumulative" => Self::Cumulative,
             "none" => Self::None,
+            "each_in_place" => Self::EachInPlace,
             _ => {
                 return Err(Status::invalid_argument(format!(
-                    "{ACK_METADATA} metadata {:?} is not an ack mode (expected each, cumulative or none)",
+                    "{ACK_METADATA} metadata {:?} is not an ack mode (expected each, cumulative, none or each_in_place)",
                     String::from_utf8_lossy(value.as_bytes())
                 )));
             }
@@ -108,6 +111,7 @@ impl AckMode {
             Self::Each => "each",
             Self::Cumulative => "cumulative",
             Self::None => "none",
+            Self::EachInPlace => "each_in_place",
         }
     }
 }
@@ -237,7 +241,7 @@ impl Publishing {
             () = self.svc.bus.shutdown_begun() => {
                 let refused = status(eventbus_core::Error::ShuttingDown);
                 return Some(match self.mode() {
-                    AckMode::Each => (vec![Err(refused)], false),
+                    AckMode::Each | AckMode::EachInPlace => (vec![Err(refused)], false),
                     AckMode::Cumulative | AckMode::None => (vec![Ok(self.totals()), Err(refused)], false),
                 });
             }
@@ -245,7 +249,7 @@ impl Publishing {
         let Some(chunk) = next else {
             // The publisher closed its side and everything was read.
             return match self.mode() {
-                AckMode::Each => None,
+                AckMode::Each | AckMode::EachInPlace => None,
                 AckMode::Cumulative | AckMode::None => {
                     self.totals.end = true;
                     Some((vec![Ok(self.totals())], false))
@@ -265,7 +269,7 @@ impl Publishing {
         }
         Some(match self.mode() {
             AckMode::Each => self.each(chunk).await,
-            AckMode::Cumulative | AckMode::None => self.lenient(chunk).await,
+            AckMode::Cumulative | AckMode::None | AckMode::EachInPlace => self.lenient(chunk).await,
         })
     }
 
@@ -321,16 +325,20 @@ impl Publishing {
         (answers, more)
     }
 
-    /// CUMULATIVE and NONE: refused events answered on their own, with their position,
-    /// the others published all the same; then the totals (CUMULATIVE). A request that
-    /// does not decode, or the broker shutting down, ends the stream after the totals.
+    /// CUMULATIVE, NONE and EACH_IN_PLACE: refused events answered on their own, with
+    /// their position, the others published all the same (and answered, EACH_IN_PLACE);
+    /// then the totals (CUMULATIVE). A request that does not decode, or the broker
+    /// shutting down, ends the stream (after the totals, but in EACH_IN_PLACE).
     async fn lenient(&mut self, chunk: Vec<Result<pb::PublishRequest, Status>>) -> Step {
         let svc = &self.svc;
-        let mut answers = Vec::new();
+        let in_place = self.mode() == AckMode::EachInPlace;
+        let mut answers = Vec::with_capacity(if in_place { chunk.len() + 1 } else { 1 });
         if svc.bus.is_shutting_down() {
             let refused = status(eventbus_core::Error::ShuttingDown);
             count_refused(svc.metrics.as_deref(), &refused);
-            answers.push(Ok(self.totals()));
+            if !in_place {
+                answers.push(Ok(self.totals()));
+            }
             answers.push(Err(refused));
             return (answers, false);
         }
@@ -374,7 +382,12 @@ impl Publishing {
                     totals.failed += u64::from(p.failed);
                     totals.captured += u64::from(p.captured);
                     totals.duplicates += u64::from(p.duplicate);
-                    self.last_id = Some(p.event_id);
+                    if in_place {
+                        self.last_id = Some(p.event_id.clone());
+                        answers.push(Ok(StreamAnswer::Published(p)));
+                    } else {
+                        self.last_id = Some(p.event_id);
+                    }
                 }
                 Err(err) => refuse(totals, metrics, &mut answers, position, &status(err)),
             }
@@ -382,7 +395,7 @@ impl Publishing {
         for (at, status) in edge {
             refuse(totals, metrics, &mut answers, at, &status);
         }
-        let report = self.mode == Some(AckMode::Cumulative) || broken.is_some();
+        let report = self.mode == Some(AckMode::Cumulative) || (broken.is_some() && !in_place);
         if report {
             answers.push(Ok(self.totals()));
         }

@@ -1,5 +1,5 @@
 //! `PublishStream` ack modes on a real server with real clients: EACH answers every
-//! event and stops at a refusal; CUMULATIVE answers running totals per chunk read and
+//! event and stops at a refusal; EACH_IN_PLACE answers every event, refusals in place; CUMULATIVE answers running totals per chunk read and
 //! NONE nothing but refusals, both answering a refused event on its own with its
 //! position and ending with the stream's totals.
 
@@ -161,6 +161,39 @@ async fn each_is_unchanged_and_ends_at_the_first_refusal() {
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().contains("m.*"), "{}", status.message());
         assert_eq!(payloads(&sub.take(3).await), ["0", "1", "2"]);
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_in_place_answers_every_event_in_order_refusals_included() {
+    let server = start_with(|s| s.eventbus.max_payload_bytes = 1024).await;
+    let mut sub = server.subscribe(sub(&["m.>"])).await;
+    let mut client = server.client().await;
+    let (events, refused) = mixed();
+    for (explicit, metadata) in [(true, None), (false, Some("each_in_place"))] {
+        let (tx, mut responses) = open(&mut client, metadata).await;
+        for (i, mut e) in events.clone().into_iter().enumerate() {
+            if i == 0 && explicit {
+                e.ack = pb::AckMode::EachInPlace as i32;
+            }
+            tx.send(e).await.unwrap();
+        }
+        drop(tx);
+        let (answers, end) = drain(&mut responses).await;
+        end.unwrap();
+        assert_eq!(answers.len(), events.len(), "one answer per event, no totals: {answers:?}");
+        assert_eq!(refusals(&answers), refused);
+        for (i, answer) in answers.iter().enumerate() {
+            let is_refused = refused.iter().any(|(at, _)| *at == i as u64);
+            assert_eq!(answer.event_id.is_empty(), is_refused, "answer {i}: {answer:?}");
+            assert!(answer.ack.is_none());
+        }
+        let accepted: Vec<String> = (0..events.len() as u64)
+            .filter(|i| !refused.iter().any(|(at, _)| at == i))
+            .map(|i| i.to_string())
+            .collect();
+        assert_eq!(payloads(&sub.take(accepted.len()).await), accepted);
     }
     server.stop().await;
 }

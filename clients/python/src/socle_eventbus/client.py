@@ -33,6 +33,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from ._pb import eventbus_pb2 as pb
 from ._pb import eventbus_pb2_grpc as pb_grpc
 from .errors import EventBusError, ResourceExhausted, Unavailable, from_rpc_error, from_status, is_transient
+from .publisher import SharedPublisher
 
 Payload = Union[bytes, str]
 PemSource = Union[str, bytes, Path, None]
@@ -163,7 +164,8 @@ class Client:
     """A connection to eventbusd. Create with `await Client.connect(url)`; close with
     `await client.close()` or `async with`. Cheap to share between tasks."""
 
-    def __init__(self, channel: grpc.aio.Channel, token: Optional[str], timeout: Optional[float]) -> None:
+    def __init__(self, channel: grpc.aio.Channel, token: Optional[str], timeout: Optional[float], *,
+                 unary_publish: bool = False, publish_linger: float = 0.0, reopen_for: float = 10.0) -> None:
         self._channel = channel
         self._metadata: Metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout = timeout
@@ -171,6 +173,8 @@ class Client:
         """Raw generated stub of the EventBus service (for what this class does not wrap)."""
         self.admin = pb_grpc.AdminStub(channel)
         """Raw generated stub of the Admin service."""
+        self._publisher: Optional[SharedPublisher] = None if unary_publish else SharedPublisher(
+            self.bus, self._metadata, linger=publish_linger, reopen_for=reopen_for)
 
     @classmethod
     async def connect(
@@ -183,14 +187,22 @@ class Client:
         *,
         timeout: Optional[float] = 30.0,
         connect_timeout: Optional[float] = 10.0,
+        unary_publish: bool = False,
+        publish_linger: float = 0.0,
     ) -> "Client":
         """Connects to `url` (`http://host:port`, `https://host:port` for TLS, or `host:port`).
 
         `token`: bearer token sent with every call. `tls_ca`: PEM (path, str or bytes) of the
         CA that signed the server certificate (default: system roots); `tls_cert`/`tls_key`:
-        client certificate for mTLS. `timeout`: default deadline of unary calls, seconds.
-        `connect_timeout`: wait this long for the first connection (None: do not wait);
-        `Unavailable` when it expires.
+        client certificate for mTLS. `timeout`: default deadline of unary calls and of each
+        `publish`, seconds. `connect_timeout`: wait this long for the first connection (None:
+        do not wait); `Unavailable` when it expires; also how long publishes wait for the
+        broker to come back when their shared stream cannot be opened again (default 10 s).
+
+        `publish` shares one `PublishStream` between concurrent calls (see `publish`);
+        `unary_publish=True` makes one unary `Publish` call per event instead.
+        `publish_linger`: seconds the shared stream waits for more calls to send together
+        while earlier ones are unanswered (default 0: each call is sent at once).
         """
         target, tls = _target(url)
         if tls or tls_ca is not None or tls_cert is not None:
@@ -202,7 +214,8 @@ class Client:
             channel = grpc.aio.secure_channel(target, creds, options=_CHANNEL_OPTIONS)
         else:
             channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
-        client = cls(channel, token, timeout)
+        client = cls(channel, token, timeout, unary_publish=unary_publish, publish_linger=publish_linger,
+                     reopen_for=connect_timeout if connect_timeout is not None else 10.0)
         if connect_timeout is not None:
             try:
                 await asyncio.wait_for(channel.channel_ready(), connect_timeout)
@@ -214,6 +227,8 @@ class Client:
 
     async def close(self) -> None:
         """Closes the channel; open streams end."""
+        if self._publisher is not None:
+            await self._publisher.close()
         await self._channel.close()
 
     async def __aenter__(self) -> "Client":
@@ -245,12 +260,25 @@ class Client:
         source: str = "",
         ordering_key: str = "",
         idempotency_key: str = "",
+        timeout: Optional[float] = None,
     ) -> pb.PublishResponse:
         """Publishes one event; answers once it is offered to every subscription and stored
-        for every matching durable consumer. `str` payloads are sent as UTF-8."""
+        for every matching durable consumer. `str` payloads are sent as UTF-8.
+
+        Concurrent calls share one `PublishStream` per client: each call is sent as soon as
+        the stream can take it, together with the calls that came meanwhile, and gets its own
+        answer or its own error (a refused event fails its own call only). Should the stream
+        be lost before an event is answered, the call raises `Unavailable` (the event may or
+        may not be published), unless it has an `idempotency_key`: then it is sent again, and
+        the broker answers a duplicate with the original id. `timeout` (seconds; default the
+        client's): past it the call raises `EventBusError` with code DEADLINE_EXCEEDED, and
+        an event not yet sent is never sent. `Client.connect(unary_publish=True)` makes one
+        unary `Publish` call per event instead."""
         req = publish_request(channel, payload, metadata=metadata, content_type=content_type, source=source,
                               ordering_key=ordering_key, idempotency_key=idempotency_key)
-        return await self._unary(self.bus.Publish, req)
+        if self._publisher is None:
+            return await self._unary(self.bus.Publish, req)
+        return await self._publisher.publish(req, self._timeout if timeout is None else timeout)
 
     async def publish_batch(
         self, requests: Iterable[pb.PublishRequest]
