@@ -4,7 +4,10 @@
 //! (EACH_IN_PLACE). In the last three, a refused event is answered on its own with its
 //! position and does not stop the stream; CUMULATIVE and NONE end with the totals.
 
+use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use eventbus_core::Published;
 use eventbus_proto::pb;
@@ -215,10 +218,48 @@ struct Publishing {
     totals: pb::PublishAck,
     /// The last accepted event's id, copied into the totals only when they are sent.
     last_id: Option<Arc<str>>,
+    /// Whether EACH_IN_PLACE chunks may be published while earlier ones commit (see
+    /// [`PIPELINE_DEPTH`]).
+    pipelined: bool,
+    /// Chunks being published, oldest first (pipelined only).
+    in_flight: VecDeque<InFlight>,
+    /// No chunk is to be read any more: the requests ended, or one did not decode.
+    input_done: bool,
 }
 
 /// What one step of the stream yields, and whether it goes on.
 type Step = (Vec<Result<StreamAnswer, Status>>, bool);
+
+/// Chunks of an EACH_IN_PLACE stream being published at once on the embedded store:
+/// the next chunk's captures join the writer's queue while an earlier chunk's commit
+/// (and its fsync) is under way, as concurrent unary calls' do, so the many callers of
+/// one client's `publish()` share commits. Answers keep the stream's order.
+const PIPELINE_DEPTH: usize = 4;
+
+/// What the bus answers for a chunk's accepted events.
+type Publishes = Pin<Box<dyn Future<Output = Vec<Result<Published, eventbus_core::Error>>> + Send>>;
+
+/// A lenient chunk read and checked: its refusals at the edge and the positions of the
+/// events handed to the bus, both in stream order.
+struct Checked {
+    positions: Vec<u64>,
+    refused_here: Vec<(u64, Status)>,
+    /// A request that did not decode: the stream ends after this chunk's answers.
+    broken: Option<Status>,
+}
+
+/// A chunk being published (pipelined).
+struct InFlight {
+    checked: Checked,
+    published: Publishes,
+}
+
+/// What a pipelined stream waited for.
+enum Woke {
+    Published(Vec<Result<Published, eventbus_core::Error>>),
+    Chunk(Option<Vec<Result<pb::PublishRequest, Status>>>),
+    ShuttingDown,
+}
 
 impl Publishing {
     fn mode(&self) -> AckMode {
@@ -233,6 +274,9 @@ impl Publishing {
 
     /// The answers to the next chunk; `None` once the stream is over.
     async fn step(&mut self) -> Option<Step> {
+        if self.resolved && self.pipelined && self.mode() == AckMode::EachInPlace {
+            return self.step_pipelined().await;
+        }
         let next = tokio::select! {
             biased;
             chunk = self.inbound.recv() => chunk,
@@ -269,8 +313,68 @@ impl Publishing {
         }
         Some(match self.mode() {
             AckMode::Each => self.each(chunk).await,
+            AckMode::EachInPlace if self.pipelined => {
+                self.start(chunk).await;
+                return self.step_pipelined().await;
+            }
             AckMode::Cumulative | AckMode::None | AckMode::EachInPlace => self.lenient(chunk).await,
         })
+    }
+
+    /// EACH_IN_PLACE, pipelined: the answers to the oldest chunk in flight once it is
+    /// published, reading and starting more chunks meanwhile; `None` once the stream
+    /// is over.
+    async fn step_pipelined(&mut self) -> Option<Step> {
+        loop {
+            if self.input_done && self.in_flight.is_empty() {
+                return None;
+            }
+            let Self { in_flight, inbound, svc, input_done, .. } = &mut *self;
+            let busy = !in_flight.is_empty();
+            let can_read = !*input_done && in_flight.len() < PIPELINE_DEPTH;
+            let oldest = async {
+                match in_flight.front_mut() {
+                    Some(chunk) => chunk.published.as_mut().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let woke = tokio::select! {
+                biased;
+                published = oldest, if busy => Woke::Published(published),
+                chunk = inbound.recv(), if can_read => Woke::Chunk(chunk),
+                // Between chunks, nothing read is left unanswered: the stream ends now.
+                () = svc.bus.shutdown_begun(), if !busy => Woke::ShuttingDown,
+            };
+            match woke {
+                Woke::Published(published) => {
+                    let Some(InFlight { checked, .. }) = self.in_flight.pop_front() else { continue };
+                    return Some(self.answer_lenient(checked, published));
+                }
+                Woke::Chunk(None) => self.input_done = true,
+                Woke::Chunk(Some(chunk)) => self.start(chunk).await,
+                Woke::ShuttingDown => return Some((vec![Err(status(eventbus_core::Error::ShuttingDown))], false)),
+            }
+        }
+    }
+
+    /// Checks a chunk and hands its accepted events to the bus (pipelined).
+    async fn start(&mut self, chunk: Vec<Result<pb::PublishRequest, Status>>) {
+        let (checked, inputs) = self.check_lenient(chunk);
+        if checked.broken.is_some() {
+            self.input_done = true;
+        }
+        let bus = self.svc.bus.clone();
+        let mut published: Publishes = if inputs.is_empty() {
+            Box::pin(std::future::ready(Vec::new()))
+        } else {
+            Box::pin(async move { bus.publish_each(inputs).await })
+        };
+        // Polled once now: the embedded store queues a chunk's captures on the first
+        // poll, so a later chunk's captures queue after these (the order per key holds).
+        if let Poll::Ready(done) = futures::poll!(published.as_mut()) {
+            published = Box::pin(std::future::ready(done));
+        }
+        self.in_flight.push_back(InFlight { checked, published });
     }
 
     /// EACH: every event answered in order; a refused request, or one tonic could not
@@ -330,22 +434,30 @@ impl Publishing {
     /// then the totals (CUMULATIVE). A request that does not decode, or the broker
     /// shutting down, ends the stream (after the totals, but in EACH_IN_PLACE).
     async fn lenient(&mut self, chunk: Vec<Result<pb::PublishRequest, Status>>) -> Step {
-        let svc = &self.svc;
-        let in_place = self.mode() == AckMode::EachInPlace;
-        let mut answers = Vec::with_capacity(if in_place { chunk.len() + 1 } else { 1 });
-        if svc.bus.is_shutting_down() {
+        if self.svc.bus.is_shutting_down() {
             let refused = status(eventbus_core::Error::ShuttingDown);
-            count_refused(svc.metrics.as_deref(), &refused);
-            if !in_place {
+            count_refused(self.svc.metrics.as_deref(), &refused);
+            let mut answers = Vec::with_capacity(2);
+            if self.mode() != AckMode::EachInPlace {
                 answers.push(Ok(self.totals()));
             }
             answers.push(Err(refused));
             return (answers, false);
         }
+        let (checked, inputs) = self.check_lenient(chunk);
+        let bus = self.svc.bus.clone();
+        let published = if inputs.is_empty() { Vec::new() } else { bus.publish_each(inputs).await };
+        self.answer_lenient(checked, published)
+    }
+
+    /// A lenient chunk's checks at the edge, and the events to hand to the bus.
+    fn check_lenient(
+        &mut self,
+        chunk: Vec<Result<pb::PublishRequest, Status>>,
+    ) -> (Checked, Vec<eventbus_core::PublishInput>) {
+        let svc = &self.svc;
         let caller = self.watch.current();
         let mut inputs = Vec::with_capacity(chunk.len());
-        // The position of each event handed to the bus, and the refusals at the edge,
-        // both in stream order.
         let mut positions = Vec::with_capacity(chunk.len());
         let mut refused_here: Vec<(u64, Status)> = Vec::new();
         let mut broken = None;
@@ -366,9 +478,16 @@ impl Publishing {
                 }
             }
         }
-        let metrics = svc.metrics.as_deref();
+        (Checked { positions, refused_here, broken }, inputs)
+    }
+
+    /// A lenient chunk's answers, once the bus answered for its accepted events.
+    fn answer_lenient(&mut self, checked: Checked, published: Vec<Result<Published, eventbus_core::Error>>) -> Step {
+        let Checked { positions, refused_here, broken } = checked;
+        let in_place = self.mode() == AckMode::EachInPlace;
+        let mut answers = Vec::with_capacity(if in_place { positions.len() + refused_here.len() + 1 } else { 1 });
+        let metrics = self.svc.metrics.as_deref();
         let mut edge = refused_here.into_iter().peekable();
-        let published = if inputs.is_empty() { Vec::new() } else { svc.bus.publish_each(inputs).await };
         let totals = &mut self.totals;
         for (position, published) in positions.into_iter().zip(published) {
             while let Some((at, status)) = edge.next_if(|(at, _)| *at < position) {
@@ -435,6 +554,11 @@ impl EventBusService {
             position: 0,
             totals: pb::PublishAck::default(),
             last_id: None,
+            // Only the embedded store queues a chunk's captures on the first poll, which
+            // keeps the order per key across chunks in flight.
+            pipelined: self.bus.mode() == "in_memory" && self.bus.durable().is_some(),
+            in_flight: VecDeque::new(),
+            input_done: false,
         };
         let answers = stream::unfold(Some(publishing), |state| async move {
             let mut publishing = state?;

@@ -10,7 +10,7 @@ mod common;
 use common::auth::{Files, base_principals, bus_client_with, entry};
 use common::consume::{attach, consumer, ids};
 use common::*;
-use eventbus_proto::pb;
+use eventbus_proto::pb::{self, consume_request};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Streaming};
@@ -195,6 +195,50 @@ async fn each_in_place_answers_every_event_in_order_refusals_included() {
             .collect();
         assert_eq!(payloads(&sub.take(accepted.len()).await), accepted);
     }
+    server.stop().await;
+}
+
+/// On the embedded store the chunks of an EACH_IN_PLACE stream are published while
+/// earlier ones commit: the answers and a consumer's deliveries keep the stream's order
+/// (one ordering key), a refusal among them included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_in_place_chunks_in_flight_together_keep_the_streams_order() {
+    const EVENTS: usize = 3_000;
+    let server = start().await;
+    let mut admin = server.admin().await;
+    let create = pb::CreateConsumerRequest { config: Some(consumer("pipeline", &["p.>"])) };
+    admin.create_consumer(create).await.unwrap();
+    let mut client = server.client().await;
+    let (tx, mut responses) = open(&mut client, Some("each_in_place")).await;
+    let sender = tokio::spawn(async move {
+        for i in 0..EVENTS {
+            let channel = if i == 1_500 { "p..refused".to_owned() } else { "p.orders".to_owned() };
+            let e = pb::PublishRequest { channel, ordering_key: "k".into(), ..event("", i.to_string()) };
+            tx.send(e).await.unwrap();
+        }
+    });
+    let mut answers = Vec::with_capacity(EVENTS);
+    while answers.len() < EVENTS {
+        answers.push(within(responses.message()).await.unwrap().expect("an answer per event"));
+    }
+    within(sender).await.unwrap();
+    for (i, answer) in answers.iter().enumerate() {
+        assert_eq!(answer.event_id.is_empty(), i == 1_500, "answer {i}: {answer:?}");
+    }
+    // One key: each event is delivered once the one before it is acked.
+    let mut consumer = attach(server.endpoint(), "pipeline", 10_000).await.unwrap();
+    let mut delivered = Vec::with_capacity(EVENTS);
+    while delivered.len() < EVENTS - 1 {
+        let batch = consumer.deliveries(1).await;
+        consumer.send(consume_request::Kind::Ack(pb::Ack { event_ids: ids(&batch) })).await;
+        delivered.extend(batch);
+    }
+    let payloads: Vec<String> =
+        delivered.iter().map(|d| String::from_utf8(d.event.as_ref().unwrap().payload.to_vec()).unwrap()).collect();
+    let expected: Vec<String> = (0..EVENTS).filter(|i| *i != 1_500).map(|i| i.to_string()).collect();
+    assert_eq!(payloads, expected, "delivered in the stream's order");
+    let sent: Vec<&str> = answers.iter().filter(|a| !a.event_id.is_empty()).map(|a| a.event_id.as_str()).collect();
+    assert_eq!(ids(&delivered), sent, "each answer names its own event");
     server.stop().await;
 }
 
