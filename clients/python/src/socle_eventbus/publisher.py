@@ -190,13 +190,23 @@ class SharedPublisher:
         while True:
             call = self._bus.PublishStream(metadata=self._metadata + (("eventbus-ack", "each_in_place"),))
             try:
-                await asyncio.wait_for(call.wait_for_connection(), max(0.001, give_up - time.monotonic()))
+                # The broker answers an accepted stream's headers at once, and a refused
+                # one (credentials, rights) with its status: read which it is before
+                # writing, as a write racing that status loses it.
+                await asyncio.wait_for(call.initial_metadata(), max(0.001, give_up - time.monotonic()))
+                if call.done():
+                    code = await call.code()
+                    raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                               await call.details() or "")
                 stream = _Stream(call)
                 stream.reader = asyncio.get_running_loop().create_task(self._read(stream))
                 self._stream = stream
                 return stream
             except grpc.aio.AioRpcError as e:
                 error: EventBusError = from_rpc_error(e)
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    # Refused (credentials, rights): opening again would be refused too.
+                    give_up = time.monotonic()
             except asyncio.TimeoutError:
                 error = Unavailable(f"UNAVAILABLE: the broker did not open a publish stream within "
                                     f"{self._reopen_for}s", grpc.StatusCode.UNAVAILABLE)
