@@ -158,7 +158,13 @@ impl PublishInput {
     /// Checks the docs/concepts.md limits and turns the input into an event with a fresh id.
     /// The channel check is left out when `channel` says it was done (a run of publishes
     /// on one channel checks it once).
-    pub(crate) fn into_event(self, max_payload_bytes: usize, channel: ChannelCheck) -> Result<Event, Error> {
+    /// `stamp` is the clock reading of the publish (shared by the events of one call).
+    pub(crate) fn into_event(
+        self,
+        max_payload_bytes: usize,
+        channel: ChannelCheck,
+        stamp: Stamp,
+    ) -> Result<Event, Error> {
         if channel == ChannelCheck::Needed {
             validate_channel(&self.channel)?;
         }
@@ -173,11 +179,10 @@ impl PublishInput {
             });
         }
         let source = if self.source.is_empty() { self.peer } else { Arc::from(self.source) };
-        let timestamp = SystemTime::now();
         Ok(Event {
-            id: new_id_at(timestamp),
+            id: new_id_at(stamp.unix_ms),
             channel: self.channel,
-            timestamp,
+            timestamp: stamp.at,
             source,
             payload: self.payload,
             metadata: self.metadata,
@@ -205,6 +210,21 @@ fn validate_metadata(metadata: &HashMap<String, String>) -> Result<(), MetadataE
     Ok(())
 }
 
+/// One reading of the clock, shared by the events published together: their
+/// timestamp, and the millisecond their ids are made in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stamp {
+    pub(crate) at: SystemTime,
+    unix_ms: u64,
+}
+
+impl Stamp {
+    pub(crate) fn now() -> Self {
+        let at = SystemTime::now();
+        Self { at, unix_ms: at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64) }
+    }
+}
+
 /// The newest id's time and counter, process-wide: `unix_ms << 12 | counter`.
 static LAST_ID_STAMP: AtomicU64 = AtomicU64::new(0);
 
@@ -216,12 +236,11 @@ static LAST_ID_STAMP: AtomicU64 = AtomicU64::new(0);
 /// read-modify-write, no lock: `uuid`'s own generator takes a process-wide mutex for
 /// each id, on every publish.
 pub fn new_id() -> Arc<str> {
-    new_id_at(SystemTime::now())
+    new_id_at(Stamp::now().unix_ms)
 }
 
-/// [`new_id`] for an event made at `now` (one clock read for its timestamp and its id).
-fn new_id_at(now: SystemTime) -> Arc<str> {
-    let now_ms = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+/// [`new_id`] for an event made at `now_ms` (one clock read for its timestamp and its id).
+fn new_id_at(now_ms: u64) -> Arc<str> {
     let fresh = now_ms << 12;
     let next = |last: u64| if fresh > last { fresh } else { last + 1 };
     let stamp = match LAST_ID_STAMP.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| Some(next(last))) {
@@ -230,6 +249,18 @@ fn new_id_at(now: SystemTime) -> Arc<str> {
     id_from(stamp, rand::random())
 }
 
+/// Two lowercase hex digits per byte value.
+static HEX_PAIRS: [[u8; 2]; 256] = {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut pairs = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        pairs[i] = [DIGITS[i >> 4], DIGITS[i & 0xf]];
+        i += 1;
+    }
+    pairs
+};
+
 fn id_from(stamp: u64, random: u64) -> Arc<str> {
     let ms = stamp >> 12;
     let counter = (stamp & 0xfff) as u16;
@@ -237,10 +268,20 @@ fn id_from(stamp: u64, random: u64) -> Arc<str> {
     bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
     bytes[6..8].copy_from_slice(&(0x7000 | counter).to_be_bytes());
     bytes[8..].copy_from_slice(&(random & (u64::MAX >> 2) | 1 << 63).to_be_bytes());
-    // Into a stack buffer, then one exact allocation: `to_string` would go through the
-    // formatting machinery and grow its string.
-    let mut buf = uuid::Uuid::encode_buffer();
-    Arc::from(&*uuid::Uuid::from_bytes(bytes).hyphenated().encode_lower(&mut buf))
+    // The hyphenated text (8-4-4-4-12) through a table into a stack buffer, then one
+    // exact allocation: no formatting machinery, no growing string.
+    let mut text = [b'-'; 36];
+    let mut at = 0;
+    for (i, byte) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            at += 1;
+        }
+        text[at..at + 2].copy_from_slice(&HEX_PAIRS[usize::from(*byte)]);
+        at += 2;
+    }
+    // Only ASCII hex digits and hyphens were written.
+    let text = std::str::from_utf8(&text).unwrap_or_default();
+    Arc::from(text)
 }
 
 #[cfg(test)]
@@ -253,10 +294,11 @@ mod tests {
 
     #[test]
     fn source_defaults_to_peer() {
-        let ev = input("a.b").into_event(10, ChannelCheck::Needed).unwrap();
+        let ev = input("a.b").into_event(10, ChannelCheck::Needed, Stamp::now()).unwrap();
         assert_eq!(&*ev.source, "127.0.0.1:1");
-        let ev =
-            PublishInput { source: "billing".into(), ..input("a.b") }.into_event(10, ChannelCheck::Needed).unwrap();
+        let ev = PublishInput { source: "billing".into(), ..input("a.b") }
+            .into_event(10, ChannelCheck::Needed, Stamp::now())
+            .unwrap();
         assert_eq!(&*ev.source, "billing");
     }
 
@@ -264,23 +306,26 @@ mod tests {
     fn limits_are_enforced() {
         let big = PublishInput { payload: Bytes::from(vec![0; 11]), ..input("a") };
         assert!(matches!(
-            big.into_event(10, ChannelCheck::Needed),
+            big.into_event(10, ChannelCheck::Needed, Stamp::now()),
             Err(Error::PayloadTooLarge { size: 11, limit: 10 })
         ));
         let mut meta = HashMap::new();
         meta.insert(String::new(), "v".into());
         let bad = PublishInput { metadata: meta, ..input("a") };
-        assert!(matches!(bad.into_event(10, ChannelCheck::Needed), Err(Error::Metadata(MetadataError::BadKey { .. }))));
+        assert!(matches!(
+            bad.into_event(10, ChannelCheck::Needed, Stamp::now()),
+            Err(Error::Metadata(MetadataError::BadKey { .. }))
+        ));
         let many: HashMap<_, _> = (0..65).map(|i| (format!("k{i}"), String::new())).collect();
         let bad = PublishInput { metadata: many, ..input("a") };
         assert!(matches!(
-            bad.into_event(10, ChannelCheck::Needed),
+            bad.into_event(10, ChannelCheck::Needed, Stamp::now()),
             Err(Error::Metadata(MetadataError::TooManyEntries { count: 65 }))
         ));
         let long: HashMap<_, _> = [("k".to_owned(), "v".repeat(4097))].into();
         let bad = PublishInput { metadata: long, ..input("a") };
         assert!(matches!(
-            bad.into_event(10, ChannelCheck::Needed),
+            bad.into_event(10, ChannelCheck::Needed, Stamp::now()),
             Err(Error::Metadata(MetadataError::ValueTooLong { .. }))
         ));
     }
@@ -302,6 +347,18 @@ mod tests {
         assert_eq!(parsed.hyphenated().to_string(), &*a, "lower-case, hyphenated");
         assert_eq!(parsed.get_version_num(), 7);
         assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122);
+    }
+
+    #[test]
+    fn ids_are_the_text_uuid_writes() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..1000 {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let (stamp, random) = (seed >> 16, seed.rotate_left(29));
+            let id = id_from(stamp, random);
+            let parsed = uuid::Uuid::parse_str(&id).unwrap();
+            assert_eq!(parsed.hyphenated().to_string(), &*id);
+        }
     }
 
     #[test]

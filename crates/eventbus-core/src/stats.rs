@@ -78,6 +78,11 @@ impl Default for BusCounters {
     }
 }
 
+/// `at` in microseconds since the Unix epoch (0 before it).
+pub(crate) fn unix_micros(at: SystemTime) -> i64 {
+    at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+}
+
 /// Counters of one channel on this instance.
 #[derive(Debug, Default)]
 pub(crate) struct ChannelCounters {
@@ -93,10 +98,10 @@ pub(crate) struct ChannelCounters {
 }
 
 impl ChannelCounters {
-    pub(crate) fn mark_published(&self, at: SystemTime) {
+    /// Counts a publish made at `at_us` ([`unix_micros`]).
+    pub(crate) fn mark_published(&self, at_us: i64) {
         self.published.fetch_add(1, Ordering::Relaxed);
-        let us = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
-        self.last_published_us.fetch_max(us, Ordering::Relaxed);
+        self.last_published_us.fetch_max(at_us, Ordering::Relaxed);
         if let Some(label) = &self.label {
             label.published.fetch_add(1, Ordering::Relaxed);
         }
@@ -418,7 +423,7 @@ mod tests {
         let table = ChannelTable::new(10, None);
         for i in 0..10 {
             let entry = table.get_or_insert(&format!("c{i}")).unwrap();
-            entry.counters.mark_published(UNIX_EPOCH + Duration::from_secs(100 + i));
+            entry.counters.mark_published(unix_micros(UNIX_EPOCH + Duration::from_secs(100 + i)));
         }
         assert!(table.get_or_insert("c10").is_none(), "full: the caller must evict first");
         assert!(table.get_or_insert("c3").is_some(), "known channels are still found");
@@ -430,7 +435,7 @@ mod tests {
         assert_eq!(table.len(), 9);
         // Every channel busy (a `>` subscriber): the oldest go all the same.
         let entry = table.get_or_insert("n").unwrap();
-        entry.counters.mark_published(UNIX_EPOCH + Duration::from_secs(1000));
+        entry.counters.mark_published(unix_micros(UNIX_EPOCH + Duration::from_secs(1000)));
         assert_eq!(table.evict(|_| false), 1);
         assert!(!table.all().iter().any(|e| &*e.name == "c0"), "the least recently published");
         assert_eq!((table.len(), table.evicted()), (9, 2));
@@ -446,12 +451,12 @@ mod tests {
                 table.get_or_insert(&name)
             });
             let entry = entry.unwrap();
-            entry.counters.mark_published(UNIX_EPOCH + Duration::from_secs(1 + i));
+            entry.counters.mark_published(unix_micros(UNIX_EPOCH + Duration::from_secs(1 + i)));
             entry.counters.add_delivered(2);
         }
         table.evict(|_| true);
         let entry = table.get_or_insert("c0").unwrap();
-        entry.counters.mark_published(UNIX_EPOCH + Duration::from_secs(100));
+        entry.counters.mark_published(unix_micros(UNIX_EPOCH + Duration::from_secs(100)));
         let labels = table.label_stats();
         assert_eq!(labels.len(), 4, "3 channels and _other");
         let c0 = labels.iter().find(|l| l.label == "c0").unwrap();

@@ -591,7 +591,7 @@ mod tests {
     /// An event of exactly `size` bytes by [`Event::approx_size`] (at least 66).
     fn sized(n: u8, size: usize) -> Arc<Event> {
         let input = crate::PublishInput { channel: "a".into(), payload: vec![n].into(), ..Default::default() };
-        let mut event = input.into_event(10, crate::event::ChannelCheck::Needed).unwrap();
+        let mut event = input.into_event(10, crate::event::ChannelCheck::Needed, crate::event::Stamp::now()).unwrap();
         event.payload = vec![n; size - (event.approx_size() - 1)].into();
         event.residency.size = event.approx_size();
         assert_eq!(event.residency.size, size);

@@ -9,10 +9,11 @@
 //! once; the bytes are the same as prost's (a test holds them to it), so clients see
 //! no difference.
 //!
-//! The publishing methods that carry many events, `PublishStream` and `PublishBatch`,
-//! are served the same way: requests decoded from one contiguous `Bytes` each (prost's
-//! cheapest `Buf`; payloads slices of the received buffer), answers written straight
-//! from the bus's [`Published`] (no `PublishResponse` with a copy of the event id).
+//! The publishing methods, `Publish`, `PublishStream` and `PublishBatch`, are served
+//! the same way: requests decoded by hand from one contiguous `Bytes` each
+//! ([`crate::decode`]; payloads slices of the received buffer), answers written
+//! straight from the bus's [`Published`] (no `PublishResponse` with a copy of the event
+//! id), and no pass through the generated server's per-call machinery.
 //!
 //! [`EncodedStreams`] serves both in front of the generated `EventBusServer`; every
 //! other method passes through.
@@ -442,7 +443,7 @@ impl<M> Default for BytesDecoder<M> {
     }
 }
 
-impl<M: Message + Default> Decoder for BytesDecoder<M> {
+impl<M: DecodeRequest> Decoder for BytesDecoder<M> {
     type Item = M;
     type Error = Status;
 
@@ -451,8 +452,25 @@ impl<M: Message + Default> Decoder for BytesDecoder<M> {
     }
 }
 
+/// A request decoded by hand ([`crate::decode`]).
+pub(crate) trait DecodeRequest: Sized {
+    fn decode(message: bytes::Bytes) -> Result<Self, prost::DecodeError>;
+}
+
+impl DecodeRequest for pb::PublishRequest {
+    fn decode(message: bytes::Bytes) -> Result<Self, prost::DecodeError> {
+        crate::decode::publish_request(message)
+    }
+}
+
+impl DecodeRequest for pb::PublishBatchRequest {
+    fn decode(message: bytes::Bytes) -> Result<Self, prost::DecodeError> {
+        crate::decode::publish_batch(message)
+    }
+}
+
 /// One request from its bytes, with tonic's status for bytes that are not one.
-fn decode_request<M: Message + Default>(message: bytes::Bytes) -> Result<M, Status> {
+fn decode_request<M: DecodeRequest>(message: bytes::Bytes) -> Result<M, Status> {
     M::decode(message).map_err(|e| Status::internal(e.to_string()))
 }
 
@@ -468,7 +486,7 @@ impl<M, E> Default for DirectCodec<M, E> {
 
 impl<M, E> Codec for DirectCodec<M, E>
 where
-    M: Message + Default + Send + 'static,
+    M: DecodeRequest + Send + 'static,
     E: Encoder<Error = Status> + Default + Send + 'static,
     E::Item: Send + 'static,
 {
@@ -486,6 +504,22 @@ where
     }
 }
 
+/// Writes a unary `Publish`'s answer.
+#[derive(Default)]
+pub(crate) struct PublishedEncoder;
+
+impl Encoder for PublishedEncoder {
+    type Item = Published;
+    type Error = Status;
+
+    fn encode(&mut self, published: Published, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        encode_published(&published, buf);
+        Ok(())
+    }
+}
+
+/// `Publish`'s codec.
+type PublishCodec = DirectCodec<pb::PublishRequest, PublishedEncoder>;
 /// `PublishStream`'s codec.
 type PublishStreamCodec = DirectCodec<pb::PublishRequest, AnswerEncoder>;
 /// `PublishBatch`'s codec.
@@ -495,6 +529,8 @@ type PublishBatchCodec = DirectCodec<pb::PublishBatchRequest, BatchEncoder>;
 
 /// The `Subscribe` path.
 const SUBSCRIBE_PATH: &str = "/eventbus.v1.EventBus/Subscribe";
+/// The `Publish` path.
+const PUBLISH_PATH: &str = "/eventbus.v1.EventBus/Publish";
 /// The `PublishStream` path.
 const PUBLISH_STREAM_PATH: &str = "/eventbus.v1.EventBus/PublishStream";
 /// The `PublishBatch` path.
@@ -544,6 +580,11 @@ where
                 let mut grpc = Grpc::new(SubscribeCodec).apply_max_message_size_config(limit, None);
                 Either::Right(Box::pin(async move { Ok(grpc.server_streaming(handler, req).await) }))
             }
+            PUBLISH_PATH => {
+                let handler = UnaryPublishHandler(self.service.clone());
+                let mut grpc = Grpc::new(PublishCodec::default()).apply_max_message_size_config(limit, None);
+                Either::Right(Box::pin(async move { Ok(grpc.unary(handler, req).await) }))
+            }
             PUBLISH_STREAM_PATH => {
                 let handler = PublishHandler(self.service.clone());
                 let mut grpc = Grpc::new(PublishStreamCodec::default()).apply_max_message_size_config(limit, None);
@@ -568,6 +609,18 @@ impl StreamingService<pb::PublishRequest> for PublishHandler {
 
     fn call(&mut self, req: Request<Streaming<pb::PublishRequest>>) -> Self::Future {
         std::future::ready(self.0.answer_publishes(req).map(Response::new))
+    }
+}
+
+struct UnaryPublishHandler(EventBusService);
+
+impl UnaryService<pb::PublishRequest> for UnaryPublishHandler {
+    type Response = Published;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Published>, Status>> + Send>>;
+
+    fn call(&mut self, req: Request<pb::PublishRequest>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move { service.answer_publish(req).await.map(Response::new) })
     }
 }
 

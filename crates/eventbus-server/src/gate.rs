@@ -9,8 +9,7 @@
 //! - on the gRPC port, a gRPC (or gRPC-Web) content type: anything else is a browser's
 //!   "simple" cross-site request, refused with 415 before any service reads it.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::future::Ready;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -18,6 +17,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, Method, StatusCode, Version, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures::future::Either;
 
 use crate::http::ApiError;
 
@@ -119,15 +119,17 @@ enum Verdict {
 
 fn verdict<B>(req: &axum::http::Request<B>, hosts: &AllowedHosts) -> Verdict {
     let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
-    let essence = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
-    // application/grpc, application/grpc+proto, application/grpc-web(-text)(+proto).
-    let grpc = essence == "application/grpc" || essence.starts_with("application/grpc+");
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    // application/grpc, application/grpc+proto, application/grpc-web(-text)(+proto),
+    // in any case (compared in place: this runs on every call).
+    let starts_with = |prefix: &str| essence.get(..prefix.len()).is_some_and(|head| head.eq_ignore_ascii_case(prefix));
+    let grpc = essence.eq_ignore_ascii_case("application/grpc") || starts_with("application/grpc+");
     // Native gRPC is HTTP/2, which a browser speaks only over TLS, where a rebound name
     // fails the certificate check: only HTTP/1 requests can come from a rebound page.
     if grpc && req.version() == Version::HTTP_2 {
         return Verdict::Pass;
     }
-    let web = essence.starts_with("application/grpc-web");
+    let web = starts_with("application/grpc-web");
     let preflight = req.method() == Method::OPTIONS;
     if !(grpc || web || preflight) {
         let shown = if content_type.is_empty() { "none".to_owned() } else { eventbus_core::quoted(content_type) };
@@ -147,8 +149,6 @@ fn verdict<B>(req: &axum::http::Request<B>, hosts: &AllowedHosts) -> Verdict {
     }
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 impl<S, ReqBody> tower_service::Service<axum::http::Request<ReqBody>> for GrpcGate<S>
 where
     S: tower_service::Service<axum::http::Request<ReqBody>, Response = axum::http::Response<tonic::body::Body>>,
@@ -157,7 +157,7 @@ where
 {
     type Response = axum::http::Response<tonic::body::Body>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+    type Future = Either<S::Future, Ready<Result<Self::Response, S::Error>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -165,15 +165,57 @@ where
 
     fn call(&mut self, req: axum::http::Request<ReqBody>) -> Self::Future {
         match verdict(&req, &self.hosts) {
-            Verdict::Pass => Box::pin(self.inner.call(req)),
+            Verdict::Pass => Either::Left(self.inner.call(req)),
             Verdict::Refuse(status, message) => {
                 let mut response = axum::http::Response::new(tonic::body::Body::new(message));
                 *response.status_mut() = status;
                 response
                     .headers_mut()
                     .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-                Box::pin(std::future::ready(Ok(response)))
+                Either::Right(std::future::ready(Ok(response)))
             }
+        }
+    }
+}
+
+/// CORS on the gRPC port for the requests that carry an `Origin` (browsers' gRPC-Web):
+/// the others, every native gRPC call, skip it, and with it the `Vary` header it would
+/// add to each answer.
+#[derive(Debug, Clone)]
+pub(crate) struct BrowserCorsLayer(pub(crate) tower_http::cors::CorsLayer);
+
+impl<S> tower_layer::Layer<S> for BrowserCorsLayer {
+    type Service = BrowserCors<S>;
+
+    fn layer(&self, inner: S) -> BrowserCors<S> {
+        BrowserCors(self.0.layer(inner))
+    }
+}
+
+/// See [`BrowserCorsLayer`].
+#[derive(Debug, Clone)]
+pub(crate) struct BrowserCors<S>(tower_http::cors::Cors<S>);
+
+impl<S, ReqBody, ResBody> tower_service::Service<axum::http::Request<ReqBody>> for BrowserCors<S>
+where
+    S: tower_service::Service<axum::http::Request<ReqBody>, Response = axum::http::Response<ResBody>>,
+    ResBody: Default,
+{
+    type Response = axum::http::Response<ResBody>;
+    type Error = S::Error;
+    type Future =
+        Either<<tower_http::cors::Cors<S> as tower_service::Service<axum::http::Request<ReqBody>>>::Future, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Cors is ready when the service it wraps is.
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: axum::http::Request<ReqBody>) -> Self::Future {
+        if req.headers().contains_key(header::ORIGIN) {
+            Either::Left(self.0.call(req))
+        } else {
+            Either::Right(self.0.get_mut().call(req))
         }
     }
 }

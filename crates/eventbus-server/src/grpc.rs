@@ -52,6 +52,11 @@ pub(crate) fn peer<T>(req: &Request<T>) -> String {
     req.extensions().get::<PeerInfo>().map(|p| p.addr_text().to_owned()).unwrap_or_default()
 }
 
+/// [`peer`], shared with the connection's other calls (no copy).
+pub(crate) fn shared_peer<T>(req: &Request<T>) -> Arc<str> {
+    req.extensions().get::<PeerInfo>().map_or_else(|| Arc::from(""), |p| Arc::clone(&p.addr_text))
+}
+
 /// Who sent the request, as [`Authenticate`] found.
 pub(crate) fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
     req.extensions().get::<Caller>().cloned().ok_or_else(|| Status::unauthenticated("no credentials were checked"))
@@ -86,6 +91,28 @@ pub(crate) struct EventBusService {
 }
 
 impl EventBusService {
+    /// Publishes a unary `Publish`: its duration recorded, a refusal counted.
+    pub(crate) async fn answer_publish(&self, req: Request<pb::PublishRequest>) -> Result<Published, Status> {
+        let peer = shared_peer(&req);
+        let caller = caller(&req)?;
+        let req = req.into_inner();
+        let metrics = self.metrics.as_deref();
+        let published = match self.access.check_publish(&caller, [req.channel.as_str()]) {
+            Ok(()) => self.bus.publish(convert::publish_input(req, peer, caller.name())).await.map_err(status),
+            Err(refused) => Err(refused.into()),
+        };
+        match published {
+            Ok(published) => {
+                observe(metrics, &published);
+                Ok(published)
+            }
+            Err(refused) => {
+                count_refused(metrics, &refused);
+                Err(refused)
+            }
+        }
+    }
+
     pub(crate) fn new(
         bus: Bus,
         access: Access,
@@ -98,22 +125,6 @@ impl EventBusService {
 }
 
 /// Publishes one request, recording its duration.
-async fn publish_one(
-    bus: &Bus,
-    metrics: Option<&Metrics>,
-    req: pb::PublishRequest,
-    peer: String,
-    caller: &Caller,
-) -> Result<pb::PublishResponse, Status> {
-    let published = bus.publish(convert::publish_input(req, peer.into(), caller.name())).await.map_err(status)?;
-    Ok(respond(metrics, published))
-}
-
-/// The answer to a publish, its duration recorded.
-fn respond(metrics: Option<&Metrics>, published: Published) -> pb::PublishResponse {
-    observe(metrics, &published);
-    convert::publish_response(published)
-}
 
 /// Records a publish's duration.
 pub(crate) fn observe(metrics: Option<&Metrics>, published: &Published) {
@@ -124,16 +135,10 @@ pub(crate) fn observe(metrics: Option<&Metrics>, published: &Published) {
 
 #[tonic::async_trait]
 impl pb::event_bus_server::EventBus for EventBusService {
+    /// Served by [`crate::delivery::EncodedStreams`], which writes the answer without
+    /// this conversion to the generated type; this form is for direct callers.
     async fn publish(&self, req: Request<pb::PublishRequest>) -> Result<Response<pb::PublishResponse>, Status> {
-        let peer = peer(&req);
-        let caller = caller(&req)?;
-        let req = req.into_inner();
-        let metrics = self.metrics.as_deref();
-        let published = match self.access.check_publish(&caller, [req.channel.as_str()]) {
-            Ok(()) => publish_one(&self.bus, metrics, req, peer, &caller).await,
-            Err(refused) => Err(refused.into()),
-        };
-        published.map(Response::new).inspect_err(|refused| count_refused(metrics, refused))
+        self.answer_publish(req).await.map(|published| Response::new(convert::publish_response(published)))
     }
 
     type PublishStreamStream = RpcStream<pb::PublishResponse>;

@@ -40,6 +40,7 @@ pub mod telemetry;
 mod access;
 pub mod consume;
 mod convert;
+mod decode;
 mod delivery;
 mod gate;
 mod grpc;

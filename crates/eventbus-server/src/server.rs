@@ -23,7 +23,7 @@ use crate::access::{Access, ConsumerLimits};
 use crate::config::{FsyncSetting, Mode, Settings};
 use crate::convert;
 use crate::delivery::EncodedStreams;
-use crate::gate::{AllowedHosts, GrpcGateLayer};
+use crate::gate::{AllowedHosts, BrowserCorsLayer, GrpcGateLayer};
 use crate::grpc::{AdminService, Authenticate, EventBusService};
 use crate::http::{self, HttpState, Readiness};
 use crate::http_server;
@@ -379,7 +379,7 @@ impl Server {
             .initial_connection_window_size(settings.server.grpc_connection_window_bytes)
             .layer(TrackRequestsLayer)
             .layer(GrpcGateLayer { hosts: allowed_hosts.clone() })
-            .layer(grpc_web_cors(&settings.server.http.allowed_origins))
+            .layer(BrowserCorsLayer(grpc_web_cors(&settings.server.http.allowed_origins)))
             .layer(tonic_web::GrpcWebLayer::new())
             .add_service(health_service)
             .add_optional_service(reflection_v1)

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::durable::{CaptureRequest, Captured, DurableBackend, DurableError};
 use crate::error::Error;
-use crate::event::{ChannelCheck, Event, PublishInput, new_id};
+use crate::event::{ChannelCheck, Event, PublishInput, Stamp, new_id};
 use crate::history::{ChannelHistory, HistoryRules, MemoryHistory, Position};
 use crate::name::Pattern;
 use crate::router::{GroupTargets, Router, Targets};
@@ -39,8 +39,26 @@ use subscribe::info;
 
 /// The channel the publishes of one call went to last, with its entry (counters and
 /// cached targets), for the next publish of the call on the same channel.
+/// Also the last publish time it converted: the events of one call share theirs.
 #[derive(Debug, Default)]
-pub(crate) struct RecentChannel(Option<Arc<ChannelEntry>>);
+pub(crate) struct RecentChannel {
+    entry: Option<Arc<ChannelEntry>>,
+    stamp: Option<(SystemTime, i64)>,
+}
+
+impl RecentChannel {
+    /// `at` in microseconds since the Unix epoch, converted once per distinct time.
+    fn unix_micros(&mut self, at: SystemTime) -> i64 {
+        match self.stamp {
+            Some((seen, us)) if seen == at => us,
+            _ => {
+                let us = crate::stats::unix_micros(at);
+                self.stamp = Some((at, us));
+                us
+            }
+        }
+    }
+}
 
 /// Outcome of an accepted publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -397,11 +415,11 @@ impl Inner {
     /// The entry of channel `name`: `recent`'s when it is that channel's (a run of
     /// publishes on one channel looks it up once), else looked up and kept in `recent`.
     fn entry<'a>(&self, name: &str, recent: &'a mut RecentChannel) -> &'a Arc<ChannelEntry> {
-        let entry = match recent.0.take() {
+        let entry = match recent.entry.take() {
             Some(entry) if *entry.name == *name => entry,
             _ => self.channel(name),
         };
-        recent.0.insert(entry)
+        recent.entry.insert(entry)
     }
 
     /// Offers the event to every matching subscription (one member per group). Queues
@@ -410,9 +428,10 @@ impl Inner {
     /// the event its position first, and offers it before the channel's next event
     /// gets one: subscribers see a channel's positions in order.
     async fn dispatch_local(&self, mut event: Arc<Event>, count_publish: bool, recent: &mut RecentChannel) -> Fanout {
+        let at_us = if count_publish { recent.unix_micros(event.timestamp) } else { 0 };
         let entry = self.entry(&event.channel, recent);
         if count_publish {
-            entry.counters.mark_published(event.timestamp);
+            entry.counters.mark_published(at_us);
             self.counters.published.fetch_add(1, Ordering::Relaxed);
         }
         let counters = Some(Arc::clone(&entry.counters));

@@ -33,8 +33,7 @@ impl Bus {
         recent: &mut RecentChannel,
     ) -> Result<Published, Error> {
         let start = Instant::now();
-        let (event, keys) = self.prepare(input, max_payload_bytes, ChannelCheck::Needed)?;
-        let event = Arc::new(event);
+        let (event, keys) = self.prepare(input, max_payload_bytes, ChannelCheck::Needed, Stamp::now())?;
         let Some(durable) = self.inner.durable.get() else {
             return self.deliver(event, start, recent).await;
         };
@@ -77,10 +76,11 @@ impl Bus {
         };
         let mut prepared = Vec::with_capacity(inputs.len());
         let mut refused = None;
+        let stamp = Stamp::now();
         for input in inputs {
             let check = channel_check(prepared.last().map(|(e, _)| e), &input);
-            match self.prepare(input, self.inner.config.max_payload_bytes, check) {
-                Ok((event, keys)) => prepared.push((Arc::new(event), keys)),
+            match self.prepare(input, self.inner.config.max_payload_bytes, check, stamp) {
+                Ok(prepared_one) => prepared.push(prepared_one),
                 Err(err) => {
                     refused = Some(err);
                     break;
@@ -125,9 +125,10 @@ impl Bus {
         let start = Instant::now();
         let max_payload_bytes = self.inner.config.max_payload_bytes;
         let mut prepared: Vec<Result<Arc<Event>, Error>> = Vec::with_capacity(inputs.len());
+        let stamp = Stamp::now();
         for input in inputs {
             let check = channel_check(prepared.last().and_then(|p| p.as_ref().ok()), &input);
-            let event = self.prepare(input, max_payload_bytes, check).map(|(event, _)| Arc::new(event));
+            let event = self.prepare(input, max_payload_bytes, check, stamp).map(|(event, _)| event);
             let refused = event.is_err();
             prepared.push(event);
             if refused && stop_at_refusal {
@@ -151,7 +152,7 @@ impl Bus {
 
     /// Counts an event the transport sent, and answers its publisher.
     fn sent(&self, event: &Event, fanout: Fanout, start: Instant) -> Published {
-        self.inner.channel(&event.channel).counters.mark_published(event.timestamp);
+        self.inner.channel(&event.channel).counters.mark_published(crate::stats::unix_micros(event.timestamp));
         self.inner.counters.published.fetch_add(1, Ordering::Relaxed);
         Published {
             event_id: event.id.clone(),
@@ -184,9 +185,10 @@ impl Bus {
         let start = Instant::now();
         let max_payload_bytes = self.inner.config.max_payload_bytes;
         let mut prepared: Vec<Result<(Arc<Event>, PublishKeys), Error>> = Vec::with_capacity(inputs.len());
+        let stamp = Stamp::now();
         for input in inputs {
             let check = channel_check(prepared.last().and_then(|p| p.as_ref().ok()).map(|(e, _)| e), &input);
-            prepared.push(self.prepare(input, max_payload_bytes, check).map(|(event, keys)| (Arc::new(event), keys)));
+            prepared.push(self.prepare(input, max_payload_bytes, check, stamp));
         }
         let captured = {
             let requests: Vec<CaptureRequest<'_>> =
@@ -270,13 +272,15 @@ impl Bus {
         })
     }
 
-    /// Checks a publish and builds its event.
+    /// Checks a publish and builds its event, stamped with `stamp` (one clock reading for
+    /// the events of one call).
     fn prepare(
         &self,
         mut input: PublishInput,
         max_payload_bytes: usize,
         channel: ChannelCheck,
-    ) -> Result<(Event, PublishKeys), Error> {
+        stamp: Stamp,
+    ) -> Result<(Arc<Event>, PublishKeys), Error> {
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
         }
@@ -296,7 +300,7 @@ impl Bus {
             ordering: std::mem::take(&mut input.ordering_key),
             idempotency: scoped_key(&input.idempotency_scope, std::mem::take(&mut input.idempotency_key)),
         };
-        let event = input.into_event(max_payload_bytes, channel)?;
+        let event = Arc::new(input.into_event(max_payload_bytes, channel, stamp)?);
         if let Some(status) = &self.inner.transport_status {
             let status = *status.borrow();
             if !status.connected {
