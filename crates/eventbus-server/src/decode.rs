@@ -36,7 +36,7 @@ pub(crate) fn publish_request(message: Bytes) -> Result<pb::PublishRequest, Deco
 
 fn read_request(message: &Bytes) -> Result<pb::PublishRequest, Malformed> {
     let mut req = pb::PublishRequest::default();
-    let mut reader = Reader { message: &message, at: 0, length_start: 0 };
+    let mut reader = Reader { message, at: 0, length_start: 0 };
     while reader.at < message.len() {
         let (tag, wire_type) = reader.key()?;
         match tag {
@@ -82,7 +82,7 @@ pub(crate) fn publish_batch(message: Bytes) -> Result<pb::PublishBatchRequest, D
 
 fn read_batch(message: &Bytes) -> Result<pb::PublishBatchRequest, Malformed> {
     let mut events = Vec::new();
-    let mut reader = Reader { message: &message, at: 0, length_start: 0 };
+    let mut reader = Reader { message, at: 0, length_start: 0 };
     while reader.at < message.len() {
         let (tag, wire_type) = reader.key()?;
         match tag {

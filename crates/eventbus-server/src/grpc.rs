@@ -124,8 +124,6 @@ impl EventBusService {
     }
 }
 
-/// Publishes one request, recording its duration.
-
 /// Records a publish's duration.
 pub(crate) fn observe(metrics: Option<&Metrics>, published: &Published) {
     if let Some(metrics) = metrics {
