@@ -28,7 +28,6 @@ use redis::aio::ConnectionLike;
 
 use crate::envelope::{self, Envelope};
 
-
 /// The script that publishes events and keeps those of channels with a history, in
 /// order: `history/publish.lua` (its arguments: see there, and [`bounds`]) after
 /// `history/retain.lua`, the functions that keep events in their channels' histories

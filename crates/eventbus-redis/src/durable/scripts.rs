@@ -87,3 +87,6 @@ impl Scripts {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
