@@ -177,7 +177,7 @@ impl RedisHistory {
     ) -> redis::Cmd {
         let mut cmd = match send {
             Sending::Hash => redis::cmd("EVALSHA").arg(self.script.get_hash()).clone(),
-            Sending::Text => redis::cmd("EVAL").arg(&self.text).clone(),
+            Sending::Text => redis::cmd("EVAL").arg(self.text).clone(),
         };
         let mut events = events.peekable();
         // The shard's tag: every event of the script is of the first one's shard.
@@ -195,7 +195,7 @@ impl RedisHistory {
 
     /// `SCRIPT LOAD` of the publishing script, to precede [`Sending::Hash`] commands.
     pub(crate) fn load(&self) -> redis::Cmd {
-        redis::cmd("SCRIPT").arg("LOAD").arg(&self.text).clone()
+        redis::cmd("SCRIPT").arg("LOAD").arg(self.text).clone()
     }
 
     /// Publishes `events` (each on its pub/sub channel) and keeps those of channels
