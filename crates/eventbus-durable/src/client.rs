@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::engine::Durable;
-use crate::state::{CState, Consumer, EState, Effects, dead_letter, dispatch, fail, finish, release_client};
+use crate::state::{Consumer, ConsumerState, Effects, EntryState, dead_letter, dispatch, fail, finish, release_client};
 use crate::store::StoreOp;
 
 /// A client attached to a consumer: its deliveries and its handle.
@@ -31,7 +31,7 @@ pub struct ClientHandle {
 }
 
 impl ClientHandle {
-    fn with_state(&self, f: impl FnOnce(&Arc<Consumer>, &mut CState, &mut Effects)) {
+    fn with_state(&self, f: impl FnOnce(&Arc<Consumer>, &mut ConsumerState, &mut Effects)) {
         let mut fx = Effects::default();
         {
             let mut st = self.consumer.state.lock();
@@ -52,7 +52,7 @@ impl ClientHandle {
         self.with_state(|c, st, fx| {
             for id in event_ids {
                 if let Some(seq) = st.by_id.get(id.as_str()).copied() {
-                    if let Some(EState::InFlight { client, since, .. }) = st.entries.get(&seq).map(|e| &e.state) {
+                    if let Some(EntryState::InFlight { client, since, .. }) = st.entries.get(&seq).map(|e| &e.state) {
                         fx.acks.push(since.elapsed());
                         let client = *client;
                         release_client(st, client);
@@ -68,7 +68,7 @@ impl ClientHandle {
         let id = self.id;
         self.with_state(|c, st, fx| {
             let Some(seq) = st.by_id.get(event_id).copied() else { return };
-            if matches!(st.entries.get(&seq).map(|e| &e.state), Some(EState::InFlight { client, .. }) if *client == id)
+            if matches!(st.entries.get(&seq).map(|e| &e.state), Some(EntryState::InFlight { client, .. }) if *client == id)
             {
                 release_client(st, id);
                 let reason = if reason.is_empty() { "nacked" } else { reason };
@@ -86,7 +86,7 @@ impl ClientHandle {
             for event_id in event_ids {
                 let Some(seq) = st.by_id.get(event_id.as_str()).copied() else { continue };
                 if let Some(entry) = st.entries.get_mut(&seq)
-                    && let EState::InFlight { client, deadline: d, .. } = &mut entry.state
+                    && let EntryState::InFlight { client, deadline: d, .. } = &mut entry.state
                     && *client == id
                 {
                     *d = deadline;
@@ -101,7 +101,7 @@ impl ClientHandle {
         let id = self.id;
         self.with_state(|c, st, fx| {
             let Some(seq) = st.by_id.get(event_id).copied() else { return };
-            if matches!(st.entries.get(&seq).map(|e| &e.state), Some(EState::InFlight { client, .. }) if *client == id)
+            if matches!(st.entries.get(&seq).map(|e| &e.state), Some(EntryState::InFlight { client, .. }) if *client == id)
             {
                 release_client(st, id);
                 let reason = if reason.is_empty() { REASON_TERM } else { reason };
@@ -123,11 +123,11 @@ impl ClientHandle {
             for event_id in event_ids {
                 let Some(seq) = st.by_id.get(event_id.as_str()).copied() else { continue };
                 let Some(entry) = st.entries.get_mut(&seq) else { continue };
-                if !matches!(entry.state, EState::InFlight { client, .. } if client == id) {
+                if !matches!(entry.state, EntryState::InFlight { client, .. } if client == id) {
                     continue;
                 }
                 entry.record.attempts = entry.record.attempts.saturating_sub(1);
-                entry.state = EState::Ready;
+                entry.state = EntryState::Ready;
                 fx.ops.push(StoreOp::Update { consumer: Arc::clone(&c.name), seq, entry: entry.record.clone() });
                 st.ready.insert(seq);
                 release_client(st, id);
@@ -152,7 +152,7 @@ impl Drop for ClientHandle {
             let held: Vec<u64> = st
                 .entries
                 .iter()
-                .filter(|(_, e)| matches!(e.state, EState::InFlight { client, .. } if client == id))
+                .filter(|(_, e)| matches!(e.state, EntryState::InFlight { client, .. } if client == id))
                 .map(|(seq, _)| *seq)
                 .collect();
             for seq in held {

@@ -25,7 +25,7 @@ use crate::client::{Attached, ClientHandle};
 use crate::dedup::Dedup;
 use crate::outbox::{self, Committed};
 use crate::scheduler::{Timers, run_scheduler};
-use crate::state::{Client, Consumer, EState, Effects, Registry, add_entry, dispatch, fail, info, pending_entry};
+use crate::state::{Client, Consumer, Effects, EntryState, Registry, add_entry, dispatch, fail, info, pending_entry};
 use crate::store::{EntryRecord, Loaded, LogPage, RedriveSelection, Store, StoreOp};
 use crate::writer::{
     Completion, SYNC_QUEUE, WRITER_QUEUE, WriteQueue, WriteRequest, sync_loop, writer_loop, writer_stopped,
@@ -277,7 +277,9 @@ impl Durable {
                 let held: Vec<u64> = st
                     .entries
                     .iter()
-                    .filter(|(_, e)| matches!(e.state, EState::InFlight { client, .. } if clients.contains(&client)))
+                    .filter(
+                        |(_, e)| matches!(e.state, EntryState::InFlight { client, .. } if clients.contains(&client)),
+                    )
                     .map(|(seq, _)| *seq)
                     .collect();
                 for seq in held {

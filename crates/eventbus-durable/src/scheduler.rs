@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::engine::{Durable, Inner};
-use crate::state::{Consumer, EState, Effects, dispatch, fail, release_client};
+use crate::state::{Consumer, Effects, EntryState, dispatch, fail, release_client};
 
 /// Every pending timer: (due, tie-breaker) → (consumer, event seq).
 pub(crate) type Timers = BTreeMap<(Instant, u64), (Weak<Consumer>, u64)>;
@@ -71,13 +71,13 @@ impl Durable {
             let mut st = consumer.state.lock();
             let Some(entry) = st.entries.get(&seq) else { return };
             match entry.state {
-                EState::InFlight { client, deadline, .. } if deadline <= now => {
+                EntryState::InFlight { client, deadline, .. } if deadline <= now => {
                     release_client(&mut st, client);
                     fail(consumer, &mut st, seq, REASON_DEADLINE.into(), None, &mut fx);
                 }
-                EState::Waiting(due) if due <= now => {
+                EntryState::Waiting(due) if due <= now => {
                     if let Some(e) = st.entries.get_mut(&seq) {
-                        e.state = EState::Ready;
+                        e.state = EntryState::Ready;
                     }
                     st.ready.insert(seq);
                     consumer.redelivered.fetch_add(1, Ordering::Relaxed);

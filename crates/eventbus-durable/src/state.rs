@@ -21,17 +21,17 @@ use tokio::time::Instant;
 
 use crate::store::{EntryRecord, StoreOp};
 
+/// Where one unfinished event of a consumer is in its delivery.
 #[derive(Debug)]
-pub(crate) enum EState {
+pub(crate) enum EntryState {
     /// Behind an older event with the same ordering key.
     Parked,
+    /// Eligible: in `ready`, handed to the next client with room.
     Ready,
+    /// Delayed (a failed attempt's backoff, or a nack's delay) until this instant.
     Waiting(Instant),
-    InFlight {
-        client: u64,
-        deadline: Instant,
-        since: Instant,
-    },
+    /// Delivered to `client`, to be acked by `deadline`.
+    InFlight { client: u64, deadline: Instant, since: Instant },
 }
 
 #[derive(Debug)]
@@ -39,7 +39,7 @@ pub(crate) struct Entry {
     pub(crate) event: Arc<Event>,
     pub(crate) key: Option<Arc<str>>,
     pub(crate) record: EntryRecord,
-    pub(crate) state: EState,
+    pub(crate) state: EntryState,
 }
 
 #[derive(Debug)]
@@ -63,8 +63,10 @@ impl Client {
     }
 }
 
+/// A consumer's working state: its unfinished events and attached clients, behind
+/// [`Consumer::state`].
 #[derive(Debug, Default)]
-pub(crate) struct CState {
+pub(crate) struct ConsumerState {
     pub(crate) entries: HashMap<u64, Entry>,
     pub(crate) by_id: HashMap<Arc<str>, u64>,
     pub(crate) ready: BTreeSet<u64>,
@@ -81,7 +83,7 @@ pub(crate) struct Consumer {
     pub(crate) name: Arc<str>,
     pub(crate) config: ConsumerConfig,
     pub(crate) filters: Vec<Pattern>,
-    pub(crate) state: Mutex<CState>,
+    pub(crate) state: Mutex<ConsumerState>,
     pub(crate) acked: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
     pub(crate) redelivered: AtomicU64,
@@ -113,7 +115,7 @@ pub(crate) struct Effects {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn add_entry(
     consumer: &Arc<Consumer>,
-    st: &mut CState,
+    st: &mut ConsumerState,
     seq: u64,
     event: Arc<Event>,
     key: Option<Arc<str>>,
@@ -130,14 +132,14 @@ pub(crate) fn add_entry(
         None => true,
     };
     let state = match (first_of_key, due) {
-        (false, _) => EState::Parked,
+        (false, _) => EntryState::Parked,
         (true, Some(at)) => {
             fx.timers.push((at, Arc::clone(consumer), seq));
-            EState::Waiting(at)
+            EntryState::Waiting(at)
         }
         (true, None) => {
             st.ready.insert(seq);
-            EState::Ready
+            EntryState::Ready
         }
     };
     st.by_id.insert(Arc::clone(&event.id), seq);
@@ -146,7 +148,7 @@ pub(crate) fn add_entry(
     }
 }
 
-pub(crate) fn release_client(st: &mut CState, client: u64) {
+pub(crate) fn release_client(st: &mut ConsumerState, client: u64) {
     if let Some(c) = st.clients.iter_mut().find(|c| c.id == client) {
         c.in_flight = c.in_flight.saturating_sub(1);
     }
@@ -154,7 +156,7 @@ pub(crate) fn release_client(st: &mut CState, client: u64) {
 
 /// Hands ready events to clients with room, round-robin, in batches. An exclusive
 /// consumer hands them only to its oldest attached client.
-pub(crate) fn dispatch(consumer: &Arc<Consumer>, st: &mut CState, fx: &mut Effects) {
+pub(crate) fn dispatch(consumer: &Arc<Consumer>, st: &mut ConsumerState, fx: &mut Effects) {
     if st.deleted || st.paused {
         return;
     }
@@ -176,7 +178,7 @@ pub(crate) fn dispatch(consumer: &Arc<Consumer>, st: &mut CState, fx: &mut Effec
             entry.record.first_delivered_ms.get_or_insert(epoch_ms(wall));
             entry.record.due_ms = None;
             let deadline = now + deadline_in;
-            entry.state = EState::InFlight { client: client_id, deadline, since: now };
+            entry.state = EntryState::InFlight { client: client_id, deadline, since: now };
             fx.timers.push((deadline, Arc::clone(consumer), seq));
             fx.ops.push(StoreOp::Update { consumer: Arc::clone(&consumer.name), seq, entry: entry.record.clone() });
             batch.push(Delivery {
@@ -195,7 +197,7 @@ pub(crate) fn dispatch(consumer: &Arc<Consumer>, st: &mut CState, fx: &mut Effec
 /// One failed attempt: redeliver after the delay, or dead-letter past max_attempts.
 pub(crate) fn fail(
     consumer: &Arc<Consumer>,
-    st: &mut CState,
+    st: &mut ConsumerState,
     seq: u64,
     reason: String,
     delay: Option<Duration>,
@@ -210,13 +212,13 @@ pub(crate) fn fail(
     }
     let delay = delay.unwrap_or_else(|| consumer.config.backoff.delay(entry.record.attempts));
     let due = Instant::now() + delay;
-    entry.state = EState::Waiting(due);
+    entry.state = EntryState::Waiting(due);
     entry.record.due_ms = Some(epoch_ms(SystemTime::now() + delay));
     fx.ops.push(StoreOp::Update { consumer: Arc::clone(&consumer.name), seq, entry: entry.record.clone() });
     fx.timers.push((due, Arc::clone(consumer), seq));
 }
 
-pub(crate) fn dead_letter(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, fx: &mut Effects) {
+pub(crate) fn dead_letter(consumer: &Arc<Consumer>, st: &mut ConsumerState, seq: u64, fx: &mut Effects) {
     let Some(entry) = st.entries.get(&seq) else { return };
     fx.dead_letters.push(PublishedDeadLetter {
         channel: consumer.config.dead_letter_channel_for(&entry.event.channel),
@@ -230,7 +232,7 @@ pub(crate) fn dead_letter(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, f
 }
 
 /// Removes a finished event, logs it, and lets the next event of its key go.
-pub(crate) fn finish(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, status: LogStatus, fx: &mut Effects) {
+pub(crate) fn finish(consumer: &Arc<Consumer>, st: &mut ConsumerState, seq: u64, status: LogStatus, fx: &mut Effects) {
     let Some(entry) = st.entries.remove(&seq) else { return };
     consumer.held.fetch_sub(1, Ordering::Relaxed);
     st.by_id.remove(&*entry.event.id);
@@ -245,9 +247,9 @@ pub(crate) fn finish(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, status
             }
             Some(next) => {
                 if let Some(e) = st.entries.get_mut(&next)
-                    && matches!(e.state, EState::Parked)
+                    && matches!(e.state, EntryState::Parked)
                 {
-                    e.state = EState::Ready;
+                    e.state = EntryState::Ready;
                     st.ready.insert(next);
                 }
             }
@@ -273,7 +275,7 @@ pub(crate) fn finish(consumer: &Arc<Consumer>, st: &mut CState, seq: u64, status
 /// The consumer's state; `redrivable` comes from the store.
 pub(crate) fn info(consumer: &Consumer, redrivable: u64) -> ConsumerInfo {
     let st = consumer.state.lock();
-    let in_flight = st.entries.values().filter(|e| matches!(e.state, EState::InFlight { .. })).count() as u64;
+    let in_flight = st.entries.values().filter(|e| matches!(e.state, EntryState::InFlight { .. })).count() as u64;
     ConsumerInfo {
         config: consumer.config.clone(),
         pending: st.entries.len() as u64 - in_flight,
@@ -293,10 +295,10 @@ pub(crate) fn info(consumer: &Consumer, redrivable: u64) -> ConsumerInfo {
 pub(crate) fn pending_entry(entry: &Entry, now: Instant, wall: SystemTime) -> PendingEntry {
     let at = |instant: Instant| epoch_ms(wall + instant.saturating_duration_since(now));
     let (state, next_delivery_ms) = match entry.state {
-        EState::Parked => (PendingState::BlockedByOrderingKey, None),
-        EState::Ready => (PendingState::Ready, None),
-        EState::Waiting(due) => (PendingState::Delayed, Some(at(due))),
-        EState::InFlight { deadline, .. } => (PendingState::InFlight, Some(at(deadline))),
+        EntryState::Parked => (PendingState::BlockedByOrderingKey, None),
+        EntryState::Ready => (PendingState::Ready, None),
+        EntryState::Waiting(due) => (PendingState::Delayed, Some(at(due))),
+        EntryState::InFlight { deadline, .. } => (PendingState::InFlight, Some(at(deadline))),
     };
     PendingEntry {
         event: Arc::clone(&entry.event),

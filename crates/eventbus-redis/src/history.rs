@@ -28,97 +28,13 @@ use redis::aio::ConnectionLike;
 
 use crate::envelope::{self, Envelope};
 
-/// The Lua functions that keep events in their channels' histories.
-/// `history(channel, stream, meta, index, epoch, kind)` opens a channel's history for
-/// the script's run (kept in `kept`, by channel): it reads its hash once, and a new
-/// history (first publish, or Redis lost the keys) is named `epoch`, the id of the
-/// event that makes it, and added to the set `index`, where recoveries by time find
-/// the channels of a pattern. `retain(h, msg, event_ms, size, max_bytes, ttl_ms,
-/// now_ms)` gives the event the channel's next offset, appends `msg` (the envelope,
-/// `kind` `b` binary or `j` JSON) with its position to the stream, and returns the
-/// envelope with the position, to PUBLISH. `settle()`, called once at the end of the
-/// script, writes each channel's hash and trims its stream to its bounds: to `size`
-/// entries, or fewer when `max_bytes` holds fewer of the newest envelope's size (the
-/// byte bound reckons every entry at the newest one's size), and by age (`MINID`) with
-/// a ttl. So a script carrying many events of a channel (a batch of publishes) pays
-/// one `XADD` an event, and the hash and the trim once.
-pub(crate) const RETAIN: &str = r#"
-local char, floor = string.char, math.floor
-local function varint(n)
-  if n < 128 then return char(n) end
-  if n < 16384 then return char(n % 128 + 128, floor(n / 128)) end
-  if n < 2097152 then return char(n % 128 + 128, floor(n / 128) % 128 + 128, floor(n / 16384)) end
-  local out = ''
-  while n >= 128 do
-    out = out .. char(n % 128 + 128)
-    n = floor(n / 128)
-  end
-  return out .. char(n)
-end
-local kept, kept_order = {}, {}
-local function history(channel, stream, meta, index, epoch, kind)
-  local h = {stream = stream, meta = meta, epoch = epoch, offset = 0, last_ms = 0, json = kind == 'j'}
-  local was = redis.call('HMGET', meta, 'epoch', 'offset', 'last_ms')
-  if was[1] then
-    h.epoch, h.offset, h.last_ms = was[1], tonumber(was[2]), tonumber(was[3])
-  else
-    redis.call('DEL', stream)
-    redis.call('SADD', index, channel)
-  end
-  if not h.json then h.tag = '\10' .. varint(#h.epoch) .. h.epoch .. '\16' end
-  kept[channel] = h
-  kept_order[#kept_order + 1] = h
-  return h
-end
-local function retain(h, msg, event_ms, size, max_bytes, ttl, now)
-  local offset = h.offset + 1
-  h.offset = offset
-  if h.json then
-    msg = string.sub(msg, 1, -2) .. ',"position":{"epoch":"' .. h.epoch .. '","offset":' .. string.format('%d', offset) .. '}}'
-  else
-    local n = varint(offset)
-    msg = msg .. '\66' .. varint(#h.tag + #n) .. h.tag .. n
-  end
-  local ms = event_ms
-  if ms < h.last_ms then ms = h.last_ms end
-  h.last_ms, h.size, h.max_bytes, h.len, h.ttl, h.now = ms, size, max_bytes, #msg, ttl, now
-  redis.call('XADD', h.stream, string.format('%d-%d', ms, offset), 'e', msg)
-  return msg
-end
-local function settle()
-  for _, h in ipairs(kept_order) do
-    redis.call('HSET', h.meta, 'epoch', h.epoch, 'offset', string.format('%d', h.offset), 'last_ms', string.format('%d', h.last_ms))
-    redis.call('XTRIM', h.stream, 'MAXLEN', math.max(1, math.min(h.size, floor(h.max_bytes / h.len))))
-    if h.ttl > 0 then redis.call('XTRIM', h.stream, 'MINID', string.format('%d', math.min(h.now - h.ttl, h.last_ms))) end
-  end
-end
-"#;
+/// The script that publishes events and keeps those of channels with a history, in
+/// order: `history/publish.lua` (its arguments: see there, and [`bounds`]) after
+/// `history/retain.lua`, the functions that keep events in their channels' histories
+/// (which the durable engine's publish script uses too).
+const SCRIPT: &str = concat!(include_str!("history/retain.lua"), include_str!("history/publish.lua"));
 
-/// Publishes events and keeps those of channels with a history, in order, in one
-/// script. KEYS: the set of channels with a history (on a cluster, the shard's: it
-/// routes the script to the slot of every key it touches). ARGV: publish command
-/// (`PUBLISH`, or `SPUBLISH` on a cluster), history stream key prefix, history hash
-/// key prefix (each with the shard's hash tag on a cluster), envelope kind, now ms,
-/// then per event: pub/sub channel, envelope without position, event id, event
-/// channel, size, max bytes, ttl ms (0: none) and event ms (the order of [`bounds`];
-/// size 0: the channel keeps no history, the envelope is published as it is). Returns
-/// each event's receivers.
-const PUBLISH: &str = r#"
-local publish, hstream, hmeta, kind, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
-local out = {}
-for j = 6, #ARGV, 8 do
-  local msg, channel, size = ARGV[j + 1], ARGV[j + 3], tonumber(ARGV[j + 4])
-  if size > 0 then
-    local h = kept[channel] or history(channel, hstream .. channel, hmeta .. channel, KEYS[1], ARGV[j + 2], kind)
-    msg = retain(h, msg, tonumber(ARGV[j + 7]), size, tonumber(ARGV[j + 5]), tonumber(ARGV[j + 6]), now)
-  end
-  out[#out + 1] = redis.call(publish, ARGV[j], msg)
-end
-settle()
-return out
-"#;
-
-/// The `kind` argument of [`RETAIN`] for an envelope.
+/// The `kind` argument of the history's Lua (`history/retain.lua`) for an envelope.
 pub(crate) fn kind(envelope: Envelope) -> &'static str {
     match envelope {
         Envelope::Binary => "b",
@@ -126,7 +42,7 @@ pub(crate) fn kind(envelope: Envelope) -> &'static str {
     }
 }
 
-/// The per-event arguments of [`RETAIN`] after the envelope: `size max_bytes ttl_ms
+/// The per-event arguments of the history's Lua after the envelope: `size max_bytes ttl_ms
 /// event_ms`, all 0 for a channel without history.
 pub(crate) fn bounds(limits: Option<&HistoryLimits>, event: &Event) -> [u64; 4] {
     match limits {
@@ -160,7 +76,7 @@ pub(crate) struct RedisHistory {
     rules: HistoryRules,
     script: redis::Script,
     /// The script's text, for `EVAL` and `SCRIPT LOAD`.
-    text: String,
+    text: &'static str,
     /// On a Redis Cluster: how a channel's shard is found, and each shard's hash tag.
     shards: Option<Shards>,
 }
@@ -196,8 +112,7 @@ struct Meta {
 
 impl RedisHistory {
     pub(crate) fn new(prefix: &str, rules: HistoryRules, shards: Option<Shards>) -> Self {
-        let text = format!("{RETAIN}\n{PUBLISH}");
-        Self { prefix: prefix.to_owned(), rules, script: redis::Script::new(&text), text, shards }
+        Self { prefix: prefix.to_owned(), rules, script: redis::Script::new(SCRIPT), text: SCRIPT, shards }
     }
 
     /// What `channel` keeps, if anything.
@@ -262,7 +177,7 @@ impl RedisHistory {
     ) -> redis::Cmd {
         let mut cmd = match send {
             Sending::Hash => redis::cmd("EVALSHA").arg(self.script.get_hash()).clone(),
-            Sending::Text => redis::cmd("EVAL").arg(&self.text).clone(),
+            Sending::Text => redis::cmd("EVAL").arg(self.text).clone(),
         };
         let mut events = events.peekable();
         // The shard's tag: every event of the script is of the first one's shard.
@@ -280,7 +195,7 @@ impl RedisHistory {
 
     /// `SCRIPT LOAD` of the publishing script, to precede [`Sending::Hash`] commands.
     pub(crate) fn load(&self) -> redis::Cmd {
-        redis::cmd("SCRIPT").arg("LOAD").arg(&self.text).clone()
+        redis::cmd("SCRIPT").arg("LOAD").arg(self.text).clone()
     }
 
     /// Publishes `events` (each on its pub/sub channel) and keeps those of channels

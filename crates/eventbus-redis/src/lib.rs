@@ -27,6 +27,8 @@ mod envelope;
 mod glob;
 mod groups;
 mod history;
+#[cfg(test)]
+mod test_redis;
 pub mod transport;
 
 pub use cluster::ClusterTransport;

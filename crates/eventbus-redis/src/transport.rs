@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use eventbus_core::history::{HistoryInfo, HistoryRules, Recovery, Start, Take};
+use eventbus_core::history::HistoryRules;
 use eventbus_core::name::validate_channel;
-use eventbus_core::transport::{HistoryFuture, PublishAllFuture, PublishFuture, WatchedFuture};
+use eventbus_core::transport::{PublishAllFuture, PublishFuture};
 use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Supervisor, Transport, TransportError, TransportStatus};
 use futures::StreamExt;
 use parking_lot::RwLock;
@@ -39,6 +39,73 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// stalling them.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The [`Transport`] methods both Redis transports (single Redis and Cluster) serve
+/// alike: subscriptions wanted (`demand`), status, consumer groups across the fleet
+/// (`groups`) and channel histories (`history`, read through the transport's
+/// `reader()` connection). Expanded inside each `impl Transport`, over those fields.
+macro_rules! shared_transport_methods {
+    () => {
+        fn watch(&self, filter: &::eventbus_core::Pattern) {
+            self.demand.watch(filter);
+        }
+
+        fn unwatch(&self, filter: &::eventbus_core::Pattern) {
+            self.demand.unwatch(filter);
+        }
+
+        fn watched(&self) -> ::eventbus_core::transport::WatchedFuture<'_> {
+            self.demand.watched(&self.status)
+        }
+
+        fn status(&self) -> ::tokio::sync::watch::Receiver<::eventbus_core::TransportStatus> {
+            self.status.subscribe()
+        }
+
+        fn group_members(&self, group: &str, members: usize) {
+            self.groups.set_members(group, members);
+        }
+
+        fn delivers_to_group(&self, group: &str, event: &::eventbus_core::Event) -> bool {
+            self.groups.delivers(group, event)
+        }
+
+        fn read_history<'a>(
+            &'a self,
+            channel: &'a str,
+            start: &'a ::eventbus_core::history::Start,
+            take: ::eventbus_core::history::Take,
+        ) -> ::eventbus_core::transport::HistoryFuture<'a, Option<::eventbus_core::history::Recovery>> {
+            Box::pin(self.history.read(self.reader(), channel, start, take))
+        }
+
+        fn history_channels<'a>(
+            &'a self,
+            filter: &'a ::eventbus_core::Pattern,
+        ) -> ::eventbus_core::transport::HistoryFuture<'a, Vec<String>> {
+            Box::pin(self.history.channels(self.reader(), filter))
+        }
+
+        fn history_info<'a>(
+            &'a self,
+            channel: &'a str,
+        ) -> ::eventbus_core::transport::HistoryFuture<'a, Option<::eventbus_core::history::HistoryInfo>> {
+            Box::pin(self.history.info(self.reader(), channel))
+        }
+    };
+}
+pub(crate) use shared_transport_methods;
+
+/// The PEM of `eventbus.redis.tls_ca_file`.
+pub(crate) fn read_tls_ca(path: &std::path::Path) -> Result<Vec<u8>, redis::RedisError> {
+    std::fs::read(path).map_err(|e| {
+        redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "cannot read tls_ca_file",
+            format!("{}: {e}", path.display()),
+        ))
+    })
+}
 
 /// Where Redis is (`eventbus.redis` configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,13 +159,7 @@ impl RedisOptions {
         if let Some(url) = &self.url {
             return match &self.tls_ca_file {
                 Some(path) => {
-                    let pem = std::fs::read(path).map_err(|e| {
-                        redis::RedisError::from((
-                            redis::ErrorKind::InvalidClientConfig,
-                            "cannot read tls_ca_file",
-                            format!("{}: {e}", path.display()),
-                        ))
-                    })?;
+                    let pem = read_tls_ca(path)?;
                     let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(pem) };
                     Client::build_with_tls(url.as_str(), certs)
                 }
@@ -473,46 +534,7 @@ impl Transport for RedisTransport {
         })
     }
 
-    fn watch(&self, filter: &Pattern) {
-        self.demand.watch(filter);
-    }
-
-    fn unwatch(&self, filter: &Pattern) {
-        self.demand.unwatch(filter);
-    }
-
-    fn watched(&self) -> WatchedFuture<'_> {
-        self.demand.watched(&self.status)
-    }
-
-    fn status(&self) -> watch::Receiver<TransportStatus> {
-        self.status.subscribe()
-    }
-
-    fn group_members(&self, group: &str, members: usize) {
-        self.groups.set_members(group, members);
-    }
-
-    fn delivers_to_group(&self, group: &str, event: &Event) -> bool {
-        self.groups.delivers(group, event)
-    }
-
-    fn read_history<'a>(
-        &'a self,
-        channel: &'a str,
-        start: &'a Start,
-        take: Take,
-    ) -> HistoryFuture<'a, Option<Recovery>> {
-        Box::pin(self.history.read(self.reader(), channel, start, take))
-    }
-
-    fn history_channels<'a>(&'a self, filter: &'a Pattern) -> HistoryFuture<'a, Vec<String>> {
-        Box::pin(self.history.channels(self.reader(), filter))
-    }
-
-    fn history_info<'a>(&'a self, channel: &'a str) -> HistoryFuture<'a, Option<HistoryInfo>> {
-        Box::pin(self.history.info(self.reader(), channel))
-    }
+    crate::transport::shared_transport_methods!();
 }
 
 #[cfg(test)]

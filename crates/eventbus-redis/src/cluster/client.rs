@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use super::routes::NodeAccess;
 use super::slots::node_url;
 use super::{COMMAND_TIMEOUT, CONNECT_TIMEOUT};
-use crate::transport::RedisOptions;
+use crate::transport::{RedisOptions, read_tls_ca};
 
 /// The client for a cluster's seed nodes, with the credentials and TLS of
 /// `eventbus.redis`; pushes (subscribed messages) go to `pushes`, if any.
@@ -49,13 +49,7 @@ pub(super) fn client(
     }
     let mut ca_pem = None;
     if let Some(path) = &settings.tls_ca_file {
-        let pem = std::fs::read(path).map_err(|e| {
-            redis::RedisError::from((
-                redis::ErrorKind::InvalidClientConfig,
-                "cannot read tls_ca_file",
-                format!("{}: {e}", path.display()),
-            ))
-        })?;
+        let pem = read_tls_ca(path)?;
         builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert: Some(pem.clone()) });
         ca_pem = Some(pem);
     }

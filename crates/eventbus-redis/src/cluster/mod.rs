@@ -35,9 +35,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventbus_core::history::{HistoryInfo, Recovery, Start, Take};
-use eventbus_core::transport::{HistoryFuture, PublishAllFuture, PublishFuture, WatchedFuture};
-use eventbus_core::{Event, Fanout, LocalFanout, Pattern, Supervisor, Transport, TransportError, TransportStatus};
+use eventbus_core::transport::{PublishAllFuture, PublishFuture};
+use eventbus_core::{Event, Fanout, LocalFanout, Supervisor, Transport, TransportError, TransportStatus};
 use parking_lot::RwLock;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -242,44 +241,5 @@ impl Transport for ClusterTransport {
         })
     }
 
-    fn watch(&self, filter: &Pattern) {
-        self.demand.watch(filter);
-    }
-
-    fn unwatch(&self, filter: &Pattern) {
-        self.demand.unwatch(filter);
-    }
-
-    fn watched(&self) -> WatchedFuture<'_> {
-        self.demand.watched(&self.status)
-    }
-
-    fn status(&self) -> watch::Receiver<TransportStatus> {
-        self.status.subscribe()
-    }
-
-    fn group_members(&self, group: &str, members: usize) {
-        self.groups.set_members(group, members);
-    }
-
-    fn delivers_to_group(&self, group: &str, event: &Event) -> bool {
-        self.groups.delivers(group, event)
-    }
-
-    fn read_history<'a>(
-        &'a self,
-        channel: &'a str,
-        start: &'a Start,
-        take: Take,
-    ) -> HistoryFuture<'a, Option<Recovery>> {
-        Box::pin(self.history.read(self.reader(), channel, start, take))
-    }
-
-    fn history_channels<'a>(&'a self, filter: &'a Pattern) -> HistoryFuture<'a, Vec<String>> {
-        Box::pin(self.history.channels(self.reader(), filter))
-    }
-
-    fn history_info<'a>(&'a self, channel: &'a str) -> HistoryFuture<'a, Option<HistoryInfo>> {
-        Box::pin(self.history.info(self.reader(), channel))
-    }
+    crate::transport::shared_transport_methods!();
 }

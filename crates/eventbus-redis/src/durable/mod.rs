@@ -55,7 +55,7 @@
 //! (group-committed capture), `follow` (the consumer set, kept in step with Redis),
 //! `runtime` (one consumer on this instance, its client handles), `actor` (delivery,
 //! acks and failures; its `janitor` and dead-letter `outbox`), `conn` (where commands
-//! go), `reply` (reading Redis replies), `scripts` (the Lua scripts).
+//! go), `reply` (reading Redis replies), `scripts` (the Lua scripts, files in `lua/`).
 
 mod actor;
 mod capture;

@@ -1,7 +1,5 @@
-//! Functions shared by the scripts that deliver, fail, log and redrive events.
-
-/// Functions shared by the scripts built `with_prelude` (see `Scripts::new`).
-pub(super) const PRELUDE: &str = r#"
+-- Functions shared by the scripts that deliver, fail, log and redrive events: it stands
+-- before ack, fail, requeue, tick, pending and redrive (see `Scripts::new`).
 local function varint(s, pos)
   local n, scale = 0, 1
   while true do
@@ -220,7 +218,7 @@ local function fail_one(b, g, sid, reason, delay, term, first, now, cfg, maxlen,
     redis.call('HINCRBY', b .. ':n', 'dead_lettered', 1)
     keep_dead(b, id, f.e, f.k, attempts, channel, now, maxlen)
     release_key(b, f.k, id)
-    -- Kept in the outbox until its publication is answered (see TICK).
+    -- Kept in the outbox until its publication is answered (see tick.lua).
     redis.call('HSET', b .. ':o', id, cmsgpack.pack({f.e, attempts, x, now}))
     out.dead[#out.dead + 1] = {f.e, tostring(attempts), x, id}
     return
@@ -255,4 +253,3 @@ local function next_due(b)
   if first[2] then return first[2] end
   return ''
 end
-"#;
