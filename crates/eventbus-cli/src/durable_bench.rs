@@ -188,7 +188,7 @@ async fn publish_calls(client: Client, req: pb::PublishRequest, share: u64) -> a
     let mut latency = latency_histogram();
     for _ in 0..share {
         let t = Instant::now();
-        client.publish(req.clone()).await?;
+        client.publish_request(req.clone()).await?;
         latency.saturating_record(t.elapsed().as_nanos() as u64);
     }
     Ok(latency)
