@@ -217,8 +217,8 @@ impl Subscription {
         Events { subscription: self }
     }
 
-    /// The broker's id of the current subscription (for `Admin.Unsubscribe`; new on each
-    /// reconnection).
+    /// The broker's id of the current subscription (for `Admin.Unsubscribe`): known once
+    /// subscribed, new once a reconnection's start has been read.
     pub fn subscription_id(&self) -> &str {
         &self.id
     }
@@ -531,11 +531,12 @@ pub(crate) async fn open(client: Client, options: SubscribeOptions) -> Result<Su
     let seed = seeds(&options.request);
     ahead.started(&started, seed);
     let (tx, updates) = mpsc::channel(BUFFER);
+    let id = started.subscription_id.clone();
     // Room for this first item is certain: the channel is new.
     let _ = tx.try_send(Ok(Update::Started { started, seed }));
     let stop = CancellationToken::new();
     tokio::spawn(pump(client, options, ahead, stream, tx, stop.clone()));
-    Ok(Subscription { updates, resume, unread: VecDeque::new(), id: String::new(), gaps: 0, _stop: stop.drop_guard() })
+    Ok(Subscription { updates, resume, unread: VecDeque::new(), id, gaps: 0, _stop: stop.drop_guard() })
 }
 
 /// Forwards events until the subscription ends, subscribing again after each loss

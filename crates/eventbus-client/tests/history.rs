@@ -32,7 +32,7 @@ fn publisher(client: Client, first: u64, batch: u64) -> JoinHandle<()> {
         let mut next = first;
         while next < TOTAL {
             let end = TOTAL.min(next + batch);
-            let events = (next..end).map(|seq| event(channel_of(seq), seq.to_string())).collect();
+            let events = (next..end).map(|seq| event(channel_of(seq), seq.to_string()));
             for answer in client.publish_batch(events).await.unwrap() {
                 answer.unwrap();
             }

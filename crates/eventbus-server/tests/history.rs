@@ -107,7 +107,7 @@ async fn publish_numbered(
     ch: &str,
     n: u64,
 ) {
-    client.publish_request(event(ch, n.to_string())).await.unwrap();
+    client.publish(event(ch, n.to_string())).await.unwrap();
 }
 
 /// Publishes 1, 2, 3… on `channel` until told to stop; returns the last number.
@@ -121,7 +121,7 @@ fn publish_until(
         let mut n = 0;
         while !stop.load(Ordering::Relaxed) {
             n += 1;
-            if client.publish_request(event(channel, n.to_string())).await.is_err() {
+            if client.publish(event(channel, n.to_string())).await.is_err() {
                 n -= 1;
                 continue;
             }
@@ -255,7 +255,7 @@ async fn flood(server: &TestServer) {
     .await;
     let payload = vec![b'x'; 1000];
     for _ in 0..500 {
-        client.publish_request(event("hist.flood", payload.clone())).await.unwrap();
+        client.publish(event("hist.flood", payload.clone())).await.unwrap();
     }
     let mut admin = server.admin().await;
     let page = admin
