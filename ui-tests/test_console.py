@@ -243,6 +243,18 @@ def shot(driver: WebDriver, page: str) -> None:
     driver.save_screenshot(str(SHOTS / f"{page}.png"))
 
 
+def full_shot(driver: WebDriver, page: str) -> None:
+    """A screenshot of the whole page, not only the window's height."""
+    width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
+    inner = driver.execute_script("return window.innerHeight")
+    full = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(width, height - inner + full)
+    try:
+        shot(driver, page)
+    finally:
+        driver.set_window_size(width, height)
+
+
 def pills(tr: WebElement) -> Dict[str, str]:
     """The status pills of a consumer row: warning key (or "ok") -> text."""
     cell = tr.find_element(By.CSS_SELECTOR, '[data-field="status"]')
@@ -562,7 +574,7 @@ def test_overview_and_consumer_list_show_backlogs_and_dead_letters(broker: Broke
         assert "events per second" in text(browser, "rate-chart-caption")
         assert "events per second" in chart.get_attribute("aria-label")
         no_error_banner(browser)
-        shot(browser, "overview-backlog")
+        full_shot(browser, "overview-backlog")
 
         by_id(browser, "nav-consumers").click()
         wait(browser, "the consumers page", lambda d: visible(d, "page-consumers"))

@@ -253,7 +253,7 @@
         el('td', {}, el('a', { href: '#/consumers/' + encodeURIComponent(c.name), text: c.name })),
         num(c.pending, 'pending'), num(c.in_flight, 'in_flight'), ageCell(c), num(c.clients, 'clients'),
         warnNum(c.redrivable, 'redrivable'), statusCell(c)),
-    'No durable consumers.', ageTick());
+    'No durable consumers.', shownAges(consumers));
     fill($('overview-subscriptions'), subs.subscriptions, (s) =>
       el('tr', { 'data-test': 'overview-subscription-row' },
         td(s.name || s.id), td(s.channels.join(' ')), td(s.group || '–'), td(s.owner || '–'),
@@ -322,8 +322,8 @@
   /** The age of a consumer's backlog (its oldest unfinished event) now; null without one. */
   const backlogAge = (c) => (typeof c.oldest_at === 'number' ? Math.max(0, Date.now() - c.oldest_at) : null);
 
-  /** Tables showing ages are drawn again every 10 s even when nothing else changed. */
-  const ageTick = () => Math.floor(Date.now() / 10000);
+  /** The ages a consumer table shows: it is drawn again when one of them reads otherwise. */
+  const shownAges = (consumers) => consumers.map((c) => fmtAge(backlogAge(c) ?? NaN));
 
   /** What an operator should look at on a consumer, worst first; none when all is well. */
   function consumerWarnings(c) {
@@ -379,7 +379,7 @@
         td(c.channels.join(' '), { class: 'mono' }), num(c.pending, 'pending'), num(c.in_flight, 'in_flight'), ageCell(c),
         num(c.acked, 'acked'), num(c.dead_lettered, 'dead_lettered'), warnNum(c.redrivable, 'redrivable'), num(c.clients, 'clients'),
         statusCell(c)),
-    'No durable consumers you may read.', ageTick());
+    'No durable consumers you may read.', shownAges(consumers));
   }
 
   function showConsumer(c) {

@@ -26,6 +26,7 @@
     const left = 72, right = W - 12, top = 10, bottom = H - 26;
     const ceiling = niceCeil(Math.max(1, ...points));
     const yTicks = [0, ceiling / 2, ceiling];
+    const fmtTick = (v) => (Number.isInteger(v) ? v.toLocaleString('en') : String(Number(v.toPrecision(3))));
     const span = (maxPoints * pollMs) / 1000;
     const xTicks = [span, (span * 3) / 4, span / 2, span / 4, 0];
     const xLabel = (secondsAgo) => (secondsAgo === 0 ? 'now' : secondsAgo % 60 === 0 ? `−${secondsAgo / 60} min` : `−${Math.round(secondsAgo)} s`);
@@ -33,10 +34,10 @@
     const y = (v) => bottom - (v / ceiling) * (bottom - top);
     canvas.dataset.points = String(points.length);
     canvas.dataset.yUnit = 'events/s';
-    canvas.dataset.yTicks = yTicks.map(fmtRate).join(',');
+    canvas.dataset.yTicks = yTicks.map(fmtTick).join(',');
     canvas.dataset.xTicks = xTicks.map(xLabel).join(',');
     const latest = points.length ? points[points.length - 1] : null;
-    canvas.setAttribute('aria-label', `Publish rate in events per second over the last 2 minutes; latest ${fmtRate(latest)} events/s, scale 0 to ${fmtRate(ceiling)} events/s`);
+    canvas.setAttribute('aria-label', `Publish rate in events per second over the last 2 minutes; latest ${fmtRate(latest)} events/s, scale 0 to ${fmtTick(ceiling)} events/s`);
 
     ctx.font = '11px system-ui, sans-serif';
     ctx.lineWidth = 1;
@@ -50,7 +51,7 @@
       ctx.moveTo(left, yy);
       ctx.lineTo(right, yy);
       ctx.stroke();
-      ctx.fillText(`${fmtRate(v)} /s`, left - 8, yy);
+      ctx.fillText(`${fmtTick(v)} /s`, left - 8, yy);
     }
     ctx.textAlign = 'center';
     ctx.textBaseline = 'top';
