@@ -9,9 +9,16 @@
 //!   connection they make.
 //! - [`Client`] (`client`): publish (concurrent calls share one stream: `publisher`), pipelined [`publish_stream`](Client::publish_stream),
 //!   subscribe, the raw [`consume`](Client::consume) stream and the admin calls.
+//! - [`Publish`] and [`Message`] (`message`): an event to publish, built without the wire
+//!   type — `client.publish("orders.created", payload).content_type(..).await`;
+//!   [`ConsumerBuilder`] (`consumer`): a durable consumer's definition. The raw
+//!   [`pb`] forms are accepted wherever these are
+//!   ([`publish_request`](Client::publish_request), `create_consumer(pb::ConsumerConfig)`).
 //! - [`Subscription`] (`subscribe`): a subscribe stream that reconnects with backoff,
 //!   recovers what it missed on channels that keep a history, and reports each
-//!   [`Gap`](SubscriptionItem::Gap) history could not fill (core pub/sub is at most once).
+//!   [`Gap`](SubscriptionItem::Gap) history could not fill (core pub/sub is at most once);
+//!   read one [`Event`] at a time ([`next_event`](Subscription::next_event),
+//!   [`events`](Subscription::events)) or by items, batches as the broker sent them.
 //! - [`Worker`] (`worker`): the push worker for durable consumers — concurrency,
 //!   retries, dead letters, batched acks, deadline extension, reconnection, drain,
 //!   hooks, stats and `socle_push_worker_*` metrics.
