@@ -302,12 +302,18 @@
   /** A backlog older than this is shown as a warning. */
   const OLD_BACKLOG_MS = 60000;
 
+  /** Consumers whose backlog age is asked for on each poll (one request each), the
+   * largest backlogs first. */
+  const MAX_AGES = 50;
+
   /** Adds `oldest_at` to each consumer holding events: when its oldest unfinished
    * event was published (the first of its pending list, oldest first); null when it
-   * holds none or the list cannot be read. Sorted by name. */
+   * holds none, is past MAX_AGES or the list cannot be read. Sorted by name. */
   async function withBacklogAge(consumers) {
+    const held = (c) => c.pending + c.in_flight;
+    const asked = new Set(consumers.filter(held).sort((a, b) => held(b) - held(a)).slice(0, MAX_AGES));
     const oldest = await Promise.all(consumers.map(async (c) => {
-      if (!c.pending && !c.in_flight) return null;
+      if (!asked.has(c)) return null;
       try {
         const page = await api(consumerPath(c.name) + '/pending?limit=1');
         const at = page.entries.length ? Date.parse(page.entries[0].event.timestamp) : NaN;
