@@ -243,6 +243,25 @@ def shot(driver: WebDriver, page: str) -> None:
     driver.save_screenshot(str(SHOTS / f"{page}.png"))
 
 
+def full_shot(driver: WebDriver, page: str) -> None:
+    """A screenshot of the whole page, not only the window's height."""
+    width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
+    inner = driver.execute_script("return window.innerHeight")
+    full = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(width, height - inner + full)
+    try:
+        shot(driver, page)
+    finally:
+        driver.set_window_size(width, height)
+
+
+def pills(tr: WebElement) -> Dict[str, str]:
+    """The status pills of a consumer row: warning key (or "ok") -> text."""
+    cell = tr.find_element(By.CSS_SELECTOR, '[data-field="status"]')
+    return {(p.get_attribute("data-warning") or p.get_attribute("data-state") or ""): p.text.strip()
+            for p in cell.find_elements(By.CSS_SELECTOR, ".pill")}
+
+
 def no_error_banner(driver: WebDriver) -> None:
     banner = by_id(driver, "banner")
     if banner.is_displayed():
@@ -339,6 +358,34 @@ def test_console_loads_and_shows_the_broker(broker: Broker, browser: WebDriver) 
         watcher.close()
 
 
+def test_close_a_subscription_from_the_subscriptions_page(broker: Broker, browser: WebDriver) -> None:
+    watcher = SseSubscription(broker, "audit.%3E")
+    try:
+        browser.get(broker.http + "/ui/#/subscriptions")
+        tr = wait(browser, "the watcher's subscription", lambda d: row(d, "subscription-row"))
+        sub_id = tr.get_attribute("data-id")
+        button = tr.find_element(By.CSS_SELECTOR, '[data-test="subscription-close"]')
+        # Cancel changes nothing.
+        button.click()
+        wait(browser, "the confirmation dialog", lambda d: visible(d, "modal"))
+        assert "ui-test-watcher" in text(browser, "modal-text") and "audit.>" in text(browser, "modal-text")
+        by_id(browser, "modal-cancel").click()
+        wait(browser, "the dialog to close", lambda d: not visible(d, "modal"))
+        assert [s["id"] for s in broker.api("GET", "/admin/eventbus/subscriptions")["subscriptions"]] == [sub_id]
+
+        confirm(browser, button, sub_id)
+        wait(browser, "the answer", lambda d: visible(d, "banner") and "closed" in text(d, "banner-text"))
+        wait(browser, "the row to go", lambda d: row(d, "subscription-row") is None
+             and "No active subscriptions" in text(d, "subscriptions-rows"))
+        assert broker.api("GET", "/admin/eventbus/subscriptions")["subscriptions"] == []
+        # The subscriber's stream was ended by the broker, not left hanging.
+        rest = watcher.response.read().decode()
+        assert "event: end" in rest, rest
+        no_error_banner(browser)
+    finally:
+        watcher.close()
+
+
 def test_live_tail_shows_published_events(broker: Broker, browser: WebDriver) -> None:
     browser.get(broker.http + "/ui/#/tail")
     wait(browser, "the tail page", lambda d: visible(d, "page-tail"))
@@ -355,6 +402,13 @@ def test_live_tail_shows_published_events(broker: Broker, browser: WebDriver) ->
     assert [r.get_attribute("data-event-id") for r in rows] == [second, first], "newest first"
     assert '"carrier":"post"' in field(rows[0], "payload")
     assert rows[1].get_attribute("data-channel") == "orders.created"
+    # The id's last 8 characters (the random part of a UUIDv7), the whole id on hover.
+    shown = rows[0].find_element(By.CSS_SELECTOR, '[data-field="id"]')
+    assert shown.text.strip() == "…" + second[-8:] and shown.get_attribute("title") == second
+    # The source is the publisher's host, not its connection's ephemeral port.
+    source = rows[0].find_element(By.CSS_SELECTOR, '[data-field="source"]')
+    assert source.text.strip() == "127.0.0.1", source.text
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", source.get_attribute("title") or ""), source.get_attribute("title")
     assert text(browser, "tail-count") == "2"
     no_error_banner(browser)
     shot(browser, "tail")
@@ -374,14 +428,19 @@ def test_pause_and_resume_a_consumer(broker: Broker, browser: WebDriver) -> None
     wait(browser, "the consumers page", lambda d: visible(d, "page-consumers"))
     tr = wait(browser, "the consumer's row", lambda d: row(d, "consumer-row", name="billing-invoices"))
     wait(browser, "3 pending", lambda d: field(row(d, "consumer-row", name="billing-invoices"), "pending") == "3")
-    assert field(tr, "paused") == "running"
-    assert row(browser, "consumer-row", name="shipping-labels")
+    tr = row(browser, "consumer-row", name="billing-invoices")
+    # 3 pending and nobody attached: a warning, not a green "running".
+    assert pills(tr) == {"no-client": "3 pending, no client attached"}, pills(tr)
+    assert re.fullmatch(r"\d+ s", field(tr, "oldest")), field(tr, "oldest")
+    idle = row(browser, "consumer-row", name="shipping-labels")
+    assert idle and pills(idle) == {"ok": "running"} and field(idle, "oldest") == "–"
     shot(browser, "consumers")
 
     tr.find_element(By.CSS_SELECTOR, '[data-test="consumer-link"]').click()
     wait(browser, "the consumer page", lambda d: visible(d, "page-consumer") and visible(d, "consumer-pause"))
     assert text(browser, "consumer-name") == "billing-invoices"
     wait(browser, "its pending events", lambda d: len(d.find_elements(By.CSS_SELECTOR, '[data-test="pending-row"]')) == 3)
+    assert "no client attached" in text(browser, "consumer-warnings")
 
     # Cancel changes nothing.
     by_id(browser, "consumer-pause").click()
@@ -396,6 +455,11 @@ def test_pause_and_resume_a_consumer(broker: Broker, browser: WebDriver) -> None
     assert broker.consumer("billing-invoices")["paused"] is True
     assert not visible(browser, "consumer-pause")
     shot(browser, "consumer")
+    by_id(browser, "consumer-back").click()
+    wait(browser, "paused in the list", lambda d: "paused" in pills(row(d, "consumer-row", name="billing-invoices")))
+    row(browser, "consumer-row", name="billing-invoices").find_element(
+        By.CSS_SELECTOR, '[data-test="consumer-link"]').click()
+    wait(browser, "the consumer page", lambda d: visible(d, "consumer-resume"))
 
     confirm(browser, by_id(browser, "consumer-resume"), "Resume consumer")
     wait(browser, "running", lambda d: text(d, "consumer-state") == "running" and visible(d, "consumer-pause"))
@@ -442,6 +506,91 @@ def test_redrive_a_dead_letter(broker: Broker, browser: WebDriver) -> None:
         assert broker.consumer("billing-push")["redriven"] == 1
         no_error_banner(browser)
     finally:
+        endpoint.shutdown()
+        endpoint.server_close()
+
+
+class PoisonOrBusy(http.server.BaseHTTPRequestHandler):
+    """A push endpoint that refuses a "poison" event for good (404: dead-lettered at
+    once) and answers the others 503 with Retry-After: 600 (they stay pending)."""
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.send_response(404 if b"poison" in body else 503)
+        self.send_header("retry-after", "600")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_overview_and_consumer_list_show_backlogs_and_dead_letters(broker: Broker, browser: WebDriver) -> None:
+    endpoint = http.server.ThreadingHTTPServer(("127.0.0.1", 0), PoisonOrBusy)
+    threading.Thread(target=endpoint.serve_forever, daemon=True).start()
+    publisher = Publisher(broker, "clicks.page")
+    try:
+        url = f"http://127.0.0.1:{endpoint.server_address[1]}/"
+        # A pull consumer nobody works, a push consumer with a backlog and a dead letter,
+        # and one with nothing to do.
+        broker.api("POST", "/admin/eventbus/consumers", {"name": "billing-invoices", "channels": ["orders.>"]})
+        broker.api("POST", "/admin/eventbus/consumers", {"name": "payments-webhook", "channels": ["payments.>"],
+                                                          "push": {"url": url}})
+        broker.api("POST", "/admin/eventbus/consumers", {"name": "shipping-labels", "channels": ["shipping.>"]})
+        for n in range(4):
+            broker.publish("orders.created", {"order": n})
+        broker.publish("payments.settled", {"invoice": "poison"})
+        for n in range(2):
+            broker.publish("payments.settled", {"invoice": n})
+        eventually("the push consumer's dead letter and backlog", lambda: (lambda c: c["redrivable"] == 1 and c["pending"] == 2)(
+            broker.consumer("payments-webhook")))
+        publisher.start()  # live traffic nobody subscribes to: published, not delivered
+
+        browser.get(broker.http + "/ui/#/overview")
+        wait(browser, "the overview", lambda d: visible(d, "page-overview"))
+        wait(browser, "the durable backlog", lambda d: text(d, "stat-backlog") == "6")
+        detail = text(browser, "stat-backlog-detail")
+        assert "3 consumers" in detail and "1 with no client attached" in detail and "1 dead letter" in detail, detail
+        assert by_id(browser, "stat-backlog").get_attribute("data-state") == "warn"
+        billing = wait(browser, "the unattended consumer", lambda d: row(d, "overview-consumer-row", name="billing-invoices"))
+        assert pills(billing) == {"no-client": "4 pending, no client attached"}, pills(billing)
+        webhook = row(browser, "overview-consumer-row", name="payments-webhook")
+        assert webhook and pills(webhook) == {"dead-letters": "1 dead letter"}, pills(webhook)
+        assert field(webhook, "redrivable") == "1" and re.fullmatch(r"\d+ s", field(webhook, "oldest"))
+        assert pills(row(browser, "overview-consumer-row", name="shipping-labels")) == {"ok": "running"}
+
+        # Published and delivered differ; the page says why.
+        wait(browser, "published > delivered", lambda d: (number(text(d, "stat-published")) or 0) > (number(text(d, "stat-delivered")) or 0) + 7)
+        explained = text(browser, "delivery-explained")
+        assert "delivered to nobody" in explained and "not a loss" in explained, explained
+        assert "copies to live subscriptions" in by_id(browser, "page-overview").text
+        # The rate chart's axes: events per second against time.
+        chart = by_id(browser, "rate-chart")
+        wait(browser, "4 points on the chart", lambda d: int(by_id(d, "rate-chart").get_attribute("data-points") or 0) >= 4)
+        assert chart.get_attribute("data-y-unit") == "events/s"
+        assert chart.get_attribute("data-x-ticks") == "−2 min,−90 s,−1 min,−30 s,now"
+        y_ticks = chart.get_attribute("data-y-ticks").split(",")
+        assert y_ticks[0] == "0" and number(y_ticks[-1]) >= number(text(browser, "rate-published")), y_ticks
+        assert "events per second" in text(browser, "rate-chart-caption")
+        assert "events per second" in chart.get_attribute("aria-label")
+        no_error_banner(browser)
+        full_shot(browser, "overview-backlog")
+
+        by_id(browser, "nav-consumers").click()
+        wait(browser, "the consumers page", lambda d: visible(d, "page-consumers"))
+        webhook = wait(browser, "the push consumer", lambda d: row(d, "consumer-row", name="payments-webhook"))
+        assert pills(webhook) == {"dead-letters": "1 dead letter"}, pills(webhook)
+        redrivable = webhook.find_element(By.CSS_SELECTOR, '[data-field="redrivable"]')
+        assert redrivable.text == "1" and redrivable.get_attribute("data-state") == "warn"
+        assert field(webhook, "pending") == "2" and re.fullmatch(r"\d+ s", field(webhook, "oldest"))
+        billing = row(browser, "consumer-row", name="billing-invoices")
+        assert pills(billing) == {"no-client": "4 pending, no client attached"}, pills(billing)
+        assert pills(row(browser, "consumer-row", name="shipping-labels")) == {"ok": "running"}
+        no_error_banner(browser)
+        shot(browser, "consumers-backlog")
+    finally:
+        publisher.halt.set()
+        publisher.join(timeout=TIMEOUT)
         endpoint.shutdown()
         endpoint.server_close()
 

@@ -188,7 +188,7 @@ async fn publish_calls(client: Client, req: pb::PublishRequest, share: u64) -> a
     let mut latency = latency_histogram();
     for _ in 0..share {
         let t = Instant::now();
-        client.publish(req.clone()).await?;
+        client.publish_request(req.clone()).await?;
         latency.saturating_record(t.elapsed().as_nanos() as u64);
     }
     Ok(latency)
@@ -201,7 +201,7 @@ async fn publish_batches(client: Client, req: pb::PublishRequest, share: u64) ->
     let mut left = share;
     while left > 0 {
         let n = left.min(STREAM_WINDOW as u64);
-        let events = (0..n).map(|_| req.clone()).collect();
+        let events: Vec<_> = (0..n).map(|_| req.clone()).collect();
         let t = Instant::now();
         for answer in client.publish_batch(events).await? {
             answer.context("an event of a batch was refused")?;

@@ -42,7 +42,7 @@ pub(crate) async fn run(client: &Client, json: bool, args: PublishArgs) -> anyho
         Some(text) => text.as_bytes().to_vec(),
     };
     let req = pb::PublishRequest { payload: payload.into(), ..template };
-    let resp = client.publish(req).await?;
+    let resp = client.publish_request(req).await?;
     print_published(json, &args.channel, &resp);
     Ok(())
 }

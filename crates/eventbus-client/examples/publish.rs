@@ -3,7 +3,7 @@
 //! `cargo run -p eventbus-client --example publish` (broker at `EVENTBUS_SERVER`,
 //! default `http://127.0.0.1:50051`; token from `EVENTBUS_TOKEN` if set).
 
-use eventbus_client::{Client, ClientOptions, pb};
+use eventbus_client::{Client, ClientOptions, Message};
 
 fn options() -> ClientOptions {
     let server = std::env::var("EVENTBUS_SERVER").unwrap_or_else(|_| eventbus_client::options::DEFAULT_SERVER.into());
@@ -18,14 +18,8 @@ fn options() -> ClientOptions {
 async fn main() -> Result<(), eventbus_client::Error> {
     let client = Client::connect(options()).await?;
     for i in 0..3 {
-        let answer = client
-            .publish(pb::PublishRequest {
-                channel: "orders.created".into(),
-                payload: format!("{{\"order\":{i}}}").into_bytes().into(),
-                content_type: "application/json".into(),
-                ..Default::default()
-            })
-            .await?;
+        let answer =
+            client.publish("orders.created", format!("{{\"order\":{i}}}")).content_type("application/json").await?;
         println!("published {} ({} subscriptions)", answer.event_id, answer.delivered_count);
     }
 
@@ -33,12 +27,7 @@ async fn main() -> Result<(), eventbus_client::Error> {
     let (sender, mut answers) = client.publish_stream(256).await?;
     let sending = tokio::spawn(async move {
         for i in 0..1000 {
-            let request = pb::PublishRequest {
-                channel: "orders.created".into(),
-                payload: i.to_string().into_bytes().into(),
-                ..Default::default()
-            };
-            sender.send(request).await?;
+            sender.send(Message::new("orders.created", i.to_string())).await?;
         }
         Ok::<_, eventbus_client::Error>(())
     });

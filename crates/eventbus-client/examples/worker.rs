@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use eventbus_client::{Client, ClientOptions, Delivery, Outcome, Worker, WorkerMetrics, pb};
+use eventbus_client::{Client, ClientOptions, ConsumerBuilder, Delivery, Outcome, Worker, WorkerMetrics};
 use tokio_util::sync::CancellationToken;
 
 async fn bill(d: Delivery) -> Outcome {
@@ -26,11 +26,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = Client::connect(ClientOptions::new(server)).await?;
     let registry = prometheus::Registry::new();
     let worker = Worker::new(client, "billing")
-        .create_if_missing(pb::ConsumerConfig {
-            name: "billing".into(),
-            channels: vec!["orders.>".into()],
-            ..Default::default()
-        })
+        .create_if_missing(ConsumerBuilder::new("billing", ["orders.>"]))
         .concurrency(16)
         .queue_capacity(256)
         .shutdown_timeout(Duration::from_secs(10))

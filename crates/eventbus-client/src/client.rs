@@ -2,10 +2,12 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use eventbus_proto::pb::{self, admin_client::AdminClient, event_bus_client::EventBusClient};
 
 use crate::Error;
 use crate::consume::ConsumeStream;
+use crate::message::{Message, Publish};
 use crate::options::{AuthChannel, ClientOptions, Connector, MAX_MESSAGE};
 use crate::publish::{self, AckMode, PublishAnswers, PublishSender};
 use crate::publisher::SharedPublisher;
@@ -16,16 +18,10 @@ use crate::subscribe::{self, SubscribeOptions, Subscription};
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), eventbus_client::Error> {
-/// use eventbus_client::{Client, ClientOptions, pb};
+/// use eventbus_client::{Client, ClientOptions};
 ///
 /// let client = Client::connect(ClientOptions::new("http://127.0.0.1:50051").token("ebt_0123")).await?;
-/// let answer = client
-///     .publish(pb::PublishRequest {
-///         channel: "orders.created".into(),
-///         payload: b"{\"id\":42}".to_vec().into(),
-///         ..Default::default()
-///     })
-///     .await?;
+/// let answer = client.publish("orders.created", r#"{"id":42}"#).content_type("application/json").await?;
 /// println!("published {}", answer.event_id);
 /// # Ok(()) }
 /// ```
@@ -74,8 +70,38 @@ impl Client {
         self.inner.bus.clone()
     }
 
-    /// Publishes one event; answers once the broker has offered it to every matching
-    /// subscription and stored it for every matching durable consumer.
+    /// Publishes one event on an exact channel; answers once the broker has offered it
+    /// to every matching subscription and stored it for every matching durable
+    /// consumer. The payload is anything that converts into [`Bytes`] (`&'static str`,
+    /// `String`, `Vec<u8>`, `Bytes`...). The answer is a [`Publish`] builder: set
+    /// metadata, content type, ordering or idempotency key on it, then `.await` it.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: eventbus_client::Client) -> Result<(), eventbus_client::Error> {
+    /// client.publish("orders.created", "first").await?;
+    /// let answer = client
+    ///     .publish("orders.created", r#"{"id":42}"#)
+    ///     .content_type("application/json")
+    ///     .ordering_key("customer-7")
+    ///     .metadata("trace-id", "4bf92f35")
+    ///     .await?;
+    /// println!("published {} to {} subscribers", answer.event_id, answer.delivered_count);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// How it is sent is [`publish_request`](Self::publish_request)'s.
+    pub fn publish(&self, channel: impl Into<String>, payload: impl Into<Bytes>) -> Publish<'_> {
+        Publish::new(self, Message::new(channel, payload))
+    }
+
+    /// Publishes a [`Message`] built beforehand; same as [`publish`](Self::publish).
+    pub async fn publish_message(&self, message: Message) -> Result<pb::PublishResponse, Error> {
+        self.publish_request(message.into()).await
+    }
+
+    /// Publishes one event given as the wire request; answers once the broker has
+    /// offered it to every matching subscription and stored it for every matching
+    /// durable consumer.
     ///
     /// Concurrent calls share one `PublishStream` per client (clones included): each
     /// call is sent as soon as the stream can take it, together with the calls that
@@ -88,7 +114,7 @@ impl Client {
     /// `tokio::time::timeout`: an event not yet sent when the caller gives up is never
     /// sent. [`ClientOptions::unary_publish`] makes one `Publish` call per event instead,
     /// as [`publish_unary`](Self::publish_unary) does.
-    pub async fn publish(&self, request: pb::PublishRequest) -> Result<pb::PublishResponse, Error> {
+    pub async fn publish_request(&self, request: pb::PublishRequest) -> Result<pb::PublishResponse, Error> {
         match &self.inner.publisher {
             Some(publisher) => publisher.publish(request).await,
             None => self.publish_unary(request).await,
@@ -111,15 +137,9 @@ impl Client {
     ///
     /// ```no_run
     /// # async fn demo(client: eventbus_client::Client) -> Result<(), eventbus_client::Error> {
-    /// use eventbus_client::pb;
+    /// use eventbus_client::Message;
     ///
-    /// let events = (0..3)
-    ///     .map(|i| pb::PublishRequest {
-    ///         channel: "orders.created".into(),
-    ///         payload: format!("{{\"id\":{i}}}").into_bytes().into(),
-    ///         ..Default::default()
-    ///     })
-    ///     .collect();
+    /// let events = (0..3).map(|i| Message::new("orders.created", format!("{{\"id\":{i}}}")));
     /// for (i, answer) in client.publish_batch(events).await?.into_iter().enumerate() {
     ///     match answer {
     ///         Ok(published) => println!("event {i}: {}", published.event_id),
@@ -128,10 +148,13 @@ impl Client {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn publish_batch(
+    ///
+    /// The events are [`Message`]s or raw [`pb::PublishRequest`]s.
+    pub async fn publish_batch<E: Into<pb::PublishRequest>>(
         &self,
-        events: Vec<pb::PublishRequest>,
+        events: impl IntoIterator<Item = E>,
     ) -> Result<Vec<Result<pb::PublishResponse, Error>>, Error> {
+        let events: Vec<pb::PublishRequest> = events.into_iter().map(Into::into).collect();
         let sent = events.len();
         let response = self.bus().publish_batch(pb::PublishBatchRequest { events }).await?.into_inner();
         publish::batch_results(sent, response)
@@ -151,12 +174,11 @@ impl Client {
     ///
     /// ```no_run
     /// # async fn demo(client: eventbus_client::Client) -> Result<(), eventbus_client::Error> {
-    /// use eventbus_client::{AckMode, PublishAnswer, pb};
+    /// use eventbus_client::{AckMode, Message, PublishAnswer};
     ///
     /// let (sender, mut answers) = client.publish_stream_with(1024, AckMode::None).await?;
     /// for i in 0..1000 {
-    ///     let payload = format!("{{\"id\":{i}}}").into_bytes().into();
-    ///     sender.send(pb::PublishRequest { channel: "orders.created".into(), payload, ..Default::default() }).await?;
+    ///     sender.send(Message::new("orders.created", format!("{{\"id\":{i}}}"))).await?;
     /// }
     /// sender.close();
     /// while let Some(answer) = answers.next_answer().await? {
@@ -224,9 +246,21 @@ impl Client {
     }
 
     /// Creates a durable consumer (idempotent for an identical definition,
-    /// [`Error::AlreadyExists`] for another one).
-    pub async fn create_consumer(&self, config: pb::ConsumerConfig) -> Result<pb::ConsumerInfo, Error> {
-        let request = pb::CreateConsumerRequest { config: Some(config) };
+    /// [`Error::AlreadyExists`] for another one), defined by a [`ConsumerBuilder`](crate::ConsumerBuilder) or a
+    /// raw [`pb::ConsumerConfig`].
+    ///
+    /// ```no_run
+    /// # async fn demo(client: eventbus_client::Client) -> Result<(), eventbus_client::Error> {
+    /// use std::time::Duration;
+    /// use eventbus_client::ConsumerBuilder;
+    ///
+    /// let billing = ConsumerBuilder::new("billing", ["orders.>"]).ack_deadline(Duration::from_secs(60)).max_attempts(10);
+    /// let info = client.create_consumer(billing).await?;
+    /// println!("{} pending", info.pending);
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_consumer(&self, config: impl Into<pb::ConsumerConfig>) -> Result<pb::ConsumerInfo, Error> {
+        let request = pb::CreateConsumerRequest { config: Some(config.into()) };
         Ok(self.admin().create_consumer(request).await?.into_inner())
     }
 

@@ -20,8 +20,12 @@ pub struct PublishSender {
 impl PublishSender {
     /// Queues one publish; waits only when the window is full. Fails with
     /// [`Error::Unavailable`] once the stream has ended (the reason is on the answers).
-    pub async fn send(&self, request: pb::PublishRequest) -> Result<(), Error> {
-        self.tx.send(request).await.map_err(|_| Error::from(tonic::Status::unavailable("the publish stream ended")))
+    /// The event is a [`Message`](crate::Message) or a raw [`pb::PublishRequest`].
+    pub async fn send(&self, request: impl Into<pb::PublishRequest>) -> Result<(), Error> {
+        self.tx
+            .send(request.into())
+            .await
+            .map_err(|_| Error::from(tonic::Status::unavailable("the publish stream ended")))
     }
 
     /// Drops this sender: with no clone left, the request side of the stream closes.

@@ -11,9 +11,9 @@
 //!
 //! [`Gap`]: SubscriptionItem::Gap
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use eventbus_proto::pb::{self, subscribe_response::Kind};
 use futures::Stream;
@@ -105,6 +105,34 @@ impl SubscribeOptions {
     }
 }
 
+/// One channel or pattern: `client.subscribe("orders.*")`.
+impl From<&str> for SubscribeOptions {
+    fn from(channel: &str) -> Self {
+        Self::new([channel])
+    }
+}
+
+/// One channel or pattern.
+impl From<String> for SubscribeOptions {
+    fn from(channel: String) -> Self {
+        Self::new([channel])
+    }
+}
+
+/// Channels and/or patterns: `client.subscribe(["orders.*", "payments.>"])`.
+impl<S: Into<String>, const N: usize> From<[S; N]> for SubscribeOptions {
+    fn from(channels: [S; N]) -> Self {
+        Self::new(channels)
+    }
+}
+
+/// Channels and/or patterns.
+impl<S: Into<String>> From<Vec<S>> for SubscribeOptions {
+    fn from(channels: Vec<S>) -> Self {
+        Self::new(channels)
+    }
+}
+
 impl From<pb::SubscribeRequest> for SubscribeOptions {
     fn from(request: pb::SubscribeRequest) -> Self {
         Self { request, reconnect: true, backoff: Backoff::default() }
@@ -137,23 +165,107 @@ pub enum SubscriptionItem {
     },
 }
 
-/// A live subscription: a [`Stream`] of items, also readable with [`next`](Self::next).
+/// A live subscription, read one event at a time ([`next_event`](Self::next_event), or
+/// [`events`](Self::events) for a [`Stream`] of events), or as items: a [`Stream`] of
+/// [`SubscriptionItem`]s (batches of events as the broker sent them, starts and gaps),
+/// also readable with [`next`](Self::next).
 /// It ends (`None`) when the subscription is closed by `Admin.Unsubscribe`, and yields
 /// one error then ends when the broker refuses it (rights, arguments) or, with
 /// `reconnect(false)`, on the first loss. Dropping it unsubscribes.
+///
+/// ```no_run
+/// # async fn demo(client: eventbus_client::Client) -> Result<(), eventbus_client::Error> {
+/// let mut orders = client.subscribe("orders.*").await?;
+/// while let Some(event) = orders.next_event().await {
+///     let event = event?;
+///     println!("{}: {}", event.channel, String::from_utf8_lossy(&event.payload));
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Subscription {
     updates: mpsc::Receiver<Result<Update, Error>>,
     /// Where the reader is: what it has been given, not what the task has read ahead.
     resume: Resume,
+    /// Events received and not yet given by [`next_event`](Self::next_event).
+    unread: VecDeque<pb::Event>,
+    /// The broker's id of the current subscription.
+    id: String,
+    /// Gaps seen so far.
+    gaps: u64,
     _stop: DropGuard,
 }
 
 impl Subscription {
-    /// The next item; `None` when the subscription has ended.
+    /// The next item; `None` when the subscription has ended. Events not yet read by
+    /// [`next_event`](Self::next_event) come first, as one batch.
     pub async fn next(&mut self) -> Option<Result<SubscriptionItem, Error>> {
-        let update = self.updates.recv().await?;
-        Some(update.map(|u| self.resume.take(u)))
+        std::future::poll_fn(|cx| self.poll_item(cx)).await
+    }
+
+    /// The next event; `None` when the subscription has ended. Starts are not shown; a
+    /// [`Gap`](SubscriptionItem::Gap) (events lost while the subscription was down) is
+    /// logged as a warning and counted by [`gaps`](Self::gaps): read items with
+    /// [`next`](Self::next) to handle them yourself.
+    pub async fn next_event(&mut self) -> Option<Result<pb::Event, Error>> {
+        std::future::poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    /// This subscription as a [`Stream`] of events, one at a time (see
+    /// [`next_event`](Self::next_event)).
+    pub fn events(self) -> Events {
+        Events { subscription: self }
+    }
+
+    /// The broker's id of the current subscription (for `Admin.Unsubscribe`): known once
+    /// subscribed, new once a reconnection's start has been read.
+    pub fn subscription_id(&self) -> &str {
+        &self.id
+    }
+
+    /// How many times events were lost while the subscription was down (each reported
+    /// as a [`Gap`](SubscriptionItem::Gap)).
+    pub fn gaps(&self) -> u64 {
+        self.gaps
+    }
+
+    fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<SubscriptionItem, Error>>> {
+        if !self.unread.is_empty() {
+            let events: Vec<pb::Event> = self.unread.drain(..).collect();
+            self.resume.received(&events);
+            return Poll::Ready(Some(Ok(SubscriptionItem::Events(events))));
+        }
+        self.updates.poll_recv(cx).map(|update| update.map(|u| u.map(|u| self.item(u))))
+    }
+
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<pb::Event, Error>>> {
+        loop {
+            if let Some(event) = self.unread.pop_front() {
+                self.resume.received(std::slice::from_ref(&event));
+                return Poll::Ready(Some(Ok(event)));
+            }
+            match ready!(self.updates.poll_recv(cx)) {
+                None => return Poll::Ready(None),
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                Some(Ok(Update::Events(events))) => self.unread.extend(events),
+                Some(Ok(update)) => {
+                    if let SubscriptionItem::Gap { reason } = self.item(update) {
+                        tracing::warn!(%reason, "subscription lost: events published meanwhile were not delivered");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Notes what the task sent and turns it into what the reader gets.
+    fn item(&mut self, update: Update) -> SubscriptionItem {
+        let item = self.resume.take(update);
+        match &item {
+            SubscriptionItem::Started { subscription_id, .. } => self.id.clone_from(subscription_id),
+            SubscriptionItem::Gap { .. } => self.gaps += 1,
+            SubscriptionItem::Events(_) => {}
+        }
+        item
     }
 
     /// Per channel, the position of the last event received (for a channel that keeps
@@ -176,8 +288,49 @@ impl Stream for Subscription {
     type Item = Result<SubscriptionItem, Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        this.updates.poll_recv(cx).map(|update| update.map(|u| u.map(|u| this.resume.take(u))))
+        self.poll_item(cx)
+    }
+}
+
+/// A [`Subscription`] read one event at a time: a [`Stream`] of events, also readable
+/// with [`next`](Self::next) ([`Subscription::events`]). Gaps are logged and counted,
+/// as with [`Subscription::next_event`]. Dropping it unsubscribes.
+///
+/// ```no_run
+/// # async fn demo(client: eventbus_client::Client) -> Result<(), eventbus_client::Error> {
+/// use futures::{StreamExt, TryStreamExt};
+///
+/// let first_ten: Vec<eventbus_client::Event> = client.subscribe("orders.>").await?.events().take(10).try_collect().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Events {
+    subscription: Subscription,
+}
+
+impl Events {
+    /// The next event; `None` when the subscription has ended.
+    pub async fn next(&mut self) -> Option<Result<pb::Event, Error>> {
+        self.subscription.next_event().await
+    }
+
+    /// The subscription, to read it by items or ask where it is
+    /// ([`Subscription::since`], [`Subscription::gaps`]...).
+    pub fn subscription(&self) -> &Subscription {
+        &self.subscription
+    }
+
+    /// Back to the subscription (events received and not yet read come first from it).
+    pub fn into_inner(self) -> Subscription {
+        self.subscription
+    }
+}
+
+impl Stream for Events {
+    type Item = Result<pb::Event, Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.subscription.poll_event(cx)
     }
 }
 
@@ -378,11 +531,12 @@ pub(crate) async fn open(client: Client, options: SubscribeOptions) -> Result<Su
     let seed = seeds(&options.request);
     ahead.started(&started, seed);
     let (tx, updates) = mpsc::channel(BUFFER);
+    let id = started.subscription_id.clone();
     // Room for this first item is certain: the channel is new.
     let _ = tx.try_send(Ok(Update::Started { started, seed }));
     let stop = CancellationToken::new();
     tokio::spawn(pump(client, options, ahead, stream, tx, stop.clone()));
-    Ok(Subscription { updates, resume, _stop: stop.drop_guard() })
+    Ok(Subscription { updates, resume, unread: VecDeque::new(), id, gaps: 0, _stop: stop.drop_guard() })
 }
 
 /// Forwards events until the subscription ends, subscribing again after each loss

@@ -50,7 +50,7 @@ async fn publish_stream_answers_every_publish_in_order() {
 async fn errors_are_typed() {
     let broker = Broker::start().await;
     let client = broker.client().await;
-    assert!(matches!(client.publish(event("bad..name", "x")).await, Err(Error::InvalidArgument(_))));
+    assert!(matches!(client.publish_request(event("bad..name", "x")).await, Err(Error::InvalidArgument(_))));
     assert!(matches!(client.consumer("nobody").await, Err(Error::NotFound(_))));
     assert!(matches!(client.unsubscribe("nope").await, Err(Error::NotFound(_))));
     let refused = client.subscribe(SubscribeOptions::new(["a.b"]).queue_capacity(u32::MAX)).await.unwrap_err();
@@ -69,7 +69,7 @@ async fn admin_calls_see_subscriptions_and_unsubscribe_ends_the_stream() {
     let Some(Ok(SubscriptionItem::Started { subscription_id, .. })) = sub.next().await else { panic!("started first") };
     let listed = client.subscriptions().await.unwrap();
     assert_eq!((listed.len(), listed[0].id.as_str(), listed[0].name.as_str()), (1, subscription_id.as_str(), "reader"));
-    client.publish(event("news.today", "hello")).await.unwrap();
+    client.publish_request(event("news.today", "hello")).await.unwrap();
     assert_eq!(client.stats().await.unwrap().total_published, 1);
     assert_eq!(client.channels().await.unwrap()[0].channel, "news.today");
     client.unsubscribe(&subscription_id).await.unwrap();
@@ -144,7 +144,7 @@ async fn a_subscriber_reports_the_gap_of_a_daemon_restart_and_subscribes_again()
     let Some(Ok(SubscriptionItem::Started { subscription_id: first, recovered: false })) = sub.next().await else {
         panic!("started first, nothing to recover")
     };
-    client.publish(event("news.today", "before")).await.unwrap();
+    client.publish_request(event("news.today", "before")).await.unwrap();
     assert!(matches!(next_item(&mut sub).await, SubscriptionItem::Events(e) if &e[0].payload[..] == b"before"));
 
     let addr = broker.addr;
@@ -165,7 +165,7 @@ async fn a_subscriber_reports_the_gap_of_a_daemon_restart_and_subscribes_again()
     })
     .await;
     assert_ne!(again, first, "a new subscription on the new broker");
-    client.publish(event("news.today", "after")).await.unwrap();
+    client.publish_request(event("news.today", "after")).await.unwrap();
     assert!(matches!(next_item(&mut sub).await, SubscriptionItem::Events(e) if &e[0].payload[..] == b"after"));
 }
 
@@ -178,13 +178,13 @@ async fn the_token_authenticates_every_call() {
 
     let client = Client::connect(ClientOptions::new(broker.url()).token(TOKEN)).await.unwrap();
     let mut sub = client.subscribe(SubscribeOptions::new(["orders.*"])).await.unwrap();
-    client.publish(event("orders.created", "1")).await.unwrap();
+    client.publish_request(event("orders.created", "1")).await.unwrap();
     assert!(matches!(next_item(&mut sub).await, SubscriptionItem::Events(_)));
-    assert!(matches!(client.publish(event("payments.made", "1")).await, Err(Error::PermissionDenied(_))));
+    assert!(matches!(client.publish_request(event("payments.made", "1")).await, Err(Error::PermissionDenied(_))));
     assert!(matches!(client.stats().await, Err(Error::PermissionDenied(_))), "not an admin");
 
     let anonymous = broker.client().await;
-    assert!(matches!(anonymous.publish(event("orders.created", "1")).await, Err(Error::Unauthenticated(_))));
+    assert!(matches!(anonymous.publish_request(event("orders.created", "1")).await, Err(Error::Unauthenticated(_))));
     let wrong = Client::connect(ClientOptions::new(broker.url()).token("ebt_wrong")).await.unwrap();
     let err = wrong.subscribe(SubscribeOptions::new(["orders.*"])).await.unwrap_err();
     assert!(matches!(err, Error::Unauthenticated(_)), "{err}");

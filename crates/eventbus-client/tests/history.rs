@@ -32,7 +32,7 @@ fn publisher(client: Client, first: u64, batch: u64) -> JoinHandle<()> {
         let mut next = first;
         while next < TOTAL {
             let end = TOTAL.min(next + batch);
-            let events = (next..end).map(|seq| event(channel_of(seq), seq.to_string())).collect();
+            let events = (next..end).map(|seq| event(channel_of(seq), seq.to_string()));
             for answer in client.publish_batch(events).await.unwrap() {
                 answer.unwrap();
             }
@@ -118,7 +118,7 @@ async fn a_subscriber_that_asked_for_the_past_resumes_after_what_it_received_not
     let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
     let since = pb::SubscribeSince { timestamp: Some(hour_ago.into()), ..Default::default() };
     let mut sub = client.subscribe(lost_in_bursts(SubscribeOptions::new(["hist.>"]).since(since))).await.unwrap();
-    client.publish(event(channel_of(0), "0")).await.unwrap();
+    client.publish_request(event(channel_of(0), "0")).await.unwrap();
     let mut got = Received::default();
     got.read(&mut sub, 1).await;
     let publishing = publisher(broker.client().await, 1, 50);
@@ -178,7 +178,7 @@ async fn a_restarted_in_memory_broker_lost_its_history_so_the_subscriber_reports
     let broker = Broker::start_with(settings).await;
     // Published before or after the subscriber is back: live or recovered, it arrives.
     let publisher = broker.client().await;
-    publisher.publish(event("hist.a", "after 1")).await.unwrap();
+    publisher.publish_request(event("hist.a", "after 1")).await.unwrap();
     let (gap, recovered) = within(async {
         let mut gap = None;
         loop {
@@ -193,7 +193,7 @@ async fn a_restarted_in_memory_broker_lost_its_history_so_the_subscriber_reports
     assert!(gap.is_some_and(|reason| !reason.is_empty()), "the history was lost with the broker: a gap");
     assert!(!recovered);
 
-    publisher.publish(event("hist.a", "after 2")).await.unwrap();
+    publisher.publish_request(event("hist.a", "after 2")).await.unwrap();
     let mut after = Vec::new();
     while after.len() < 2 {
         let item = within(sub.next()).await.expect("subscription open").unwrap();

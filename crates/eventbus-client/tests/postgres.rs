@@ -299,7 +299,7 @@ async fn a_relay_killed_mid_batch_and_restarted_loses_and_duplicates_nothing() {
         request.content_type = "text/plain".into();
         request.metadata.insert("k".into(), "v".into());
         request.idempotency_key = format!("outbox:{source}:eventbus_outbox:{id}");
-        client.publish(request).await.unwrap();
+        client.publish_request(request).await.unwrap();
     }
     let (counts, stop_worker, worker) = spawn_counting_worker(&client);
 

@@ -1,4 +1,4 @@
-//! The web console (docs/web.md): three static files compiled into the binary and served
+//! The web console (docs/web.md): four static files compiled into the binary and served
 //! at `/ui/` on the HTTP port. The page calls the same routes as any other client (the
 //! admin REST routes and `/v1/`), with the operator's credential; serving it needs none.
 //!
@@ -13,13 +13,14 @@ use axum::routing::get;
 
 const INDEX_HTML: &str = include_str!("ui/index.html");
 const APP_JS: &str = include_str!("ui/app.js");
+const CHART_JS: &str = include_str!("ui/chart.js");
 const APP_CSS: &str = include_str!("ui/app.css");
 
 /// The console's Content-Security-Policy: its own files only (images may be `data:`
 /// URLs), never inside a frame.
 pub(crate) const CSP: &str = "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
 
-/// `GET /ui` (a 308 to `/ui/`), `GET /ui/`, `/ui/app.js`, `/ui/app.css`.
+/// `GET /ui` (a 308 to `/ui/`), `GET /ui/`, `/ui/app.js`, `/ui/chart.js`, `/ui/app.css`.
 pub(crate) fn routes() -> Router<crate::http::HttpState> {
     assets()
 }
@@ -30,6 +31,7 @@ fn assets<S: Clone + Send + Sync + 'static>() -> Router<S> {
         .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
         .route("/ui/", get(|| async { asset(INDEX_HTML, "text/html; charset=utf-8") }))
         .route("/ui/app.js", get(|| async { asset(APP_JS, "text/javascript; charset=utf-8") }))
+        .route("/ui/chart.js", get(|| async { asset(CHART_JS, "text/javascript; charset=utf-8") }))
         .route("/ui/app.css", get(|| async { asset(APP_CSS, "text/css; charset=utf-8") }))
 }
 
@@ -67,6 +69,7 @@ mod tests {
         for (path, content_type, body) in [
             ("/ui/", "text/html; charset=utf-8", INDEX_HTML),
             ("/ui/app.js", "text/javascript; charset=utf-8", APP_JS),
+            ("/ui/chart.js", "text/javascript; charset=utf-8", CHART_JS),
             ("/ui/app.css", "text/css; charset=utf-8", APP_CSS),
         ] {
             let response = get(path).await;
@@ -93,9 +96,9 @@ mod tests {
     fn the_page_needs_nothing_the_policy_forbids() {
         assert!(!INDEX_HTML.contains("<script>") && !INDEX_HTML.contains("<style"));
         assert!(!INDEX_HTML.contains(" style=") && !INDEX_HTML.contains(" onclick="));
-        for file in [INDEX_HTML, APP_JS, APP_CSS] {
+        for file in [INDEX_HTML, APP_JS, CHART_JS, APP_CSS] {
             assert!(!file.contains("http://") && !file.contains("https://"), "no absolute URL");
         }
-        assert!(INDEX_HTML.len() + APP_JS.len() + APP_CSS.len() < 60 << 10);
+        assert!(INDEX_HTML.len() + APP_JS.len() + CHART_JS.len() + APP_CSS.len() < 60 << 10);
     }
 }

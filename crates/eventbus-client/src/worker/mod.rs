@@ -292,8 +292,8 @@ impl Worker {
     }
 
     /// Creates the consumer with this definition on attach when it does not exist.
-    pub fn create_if_missing(mut self, config: pb::ConsumerConfig) -> Self {
-        self.settings.create_if_missing = Some(config);
+    pub fn create_if_missing(mut self, config: impl Into<pb::ConsumerConfig>) -> Self {
+        self.settings.create_if_missing = Some(config.into());
         self
     }
 

@@ -111,7 +111,7 @@ pub fn event(channel: &str, payload: impl Into<bytes::Bytes>) -> pb::PublishRequ
 pub async fn publish_n(client: &Client, channel: &str, n: usize) -> Vec<String> {
     let mut ids = Vec::with_capacity(n);
     for i in 0..n {
-        ids.push(client.publish(event(channel, i.to_string())).await.unwrap().event_id);
+        ids.push(client.publish_request(event(channel, i.to_string())).await.unwrap().event_id);
     }
     ids
 }

@@ -52,7 +52,7 @@ async fn a_thousand_concurrent_calls_each_get_the_answer_to_their_own_event() {
                 request = event(&format!("m.{}", (i - 1) % 7), (i - 1).to_string());
                 request.idempotency_key = format!("key-{}", i - 1);
             }
-            (i, client.publish(request).await.unwrap())
+            (i, client.publish_request(request).await.unwrap())
         })
     });
     let answers: Vec<(usize, pb::PublishResponse)> =
@@ -81,7 +81,7 @@ async fn a_refused_event_fails_its_own_call_and_the_others_are_published() {
     let calls = (0..N).map(|i| {
         let channel = if i == N / 2 { "r..bad".to_owned() } else { format!("r.{i}") };
         let client = client.clone();
-        tokio::spawn(async move { client.publish(event(&channel, i.to_string())).await })
+        tokio::spawn(async move { client.publish_request(event(&channel, i.to_string())).await })
     });
     let answers: Vec<_> = within(join_all(calls)).await.into_iter().map(Result::unwrap).collect();
     for (i, answer) in answers.iter().enumerate() {
@@ -115,7 +115,7 @@ async fn each_caller_s_events_keep_their_order() {
             let client = client.clone();
             tokio::spawn(async move {
                 for i in 0..EACH {
-                    client.publish(event(&format!("o.{c}"), i.to_string())).await.unwrap();
+                    client.publish_request(event(&format!("o.{c}"), i.to_string())).await.unwrap();
                 }
             })
         })
@@ -124,7 +124,7 @@ async fn each_caller_s_events_keep_their_order() {
     // queued in the order they were made.
     let pipelined = client.clone();
     tasks.push(tokio::spawn(async move {
-        let calls = (0..EACH).map(|i| pipelined.publish(event("o.pipelined", i.to_string())));
+        let calls = (0..EACH).map(|i| pipelined.publish_request(event("o.pipelined", i.to_string())));
         for answer in join_all(calls).await {
             answer.unwrap();
         }
@@ -158,7 +158,7 @@ async fn a_call_s_deadline_holds_and_the_other_calls_keep_their_answers() {
     });
     let client = Client::connect(ClientOptions::new(format!("http://{addr}"))).await.unwrap();
     let start = tokio::time::Instant::now();
-    let late = tokio::time::timeout(Duration::from_millis(200), client.publish(event("d.x", "x"))).await;
+    let late = tokio::time::timeout(Duration::from_millis(200), client.publish_request(event("d.x", "x"))).await;
     assert!(late.is_err(), "no answer from a silent broker: {late:?}");
     assert!(start.elapsed() < Duration::from_secs(2), "the deadline held: {:?}", start.elapsed());
     held.abort();
@@ -170,7 +170,7 @@ async fn a_call_s_deadline_holds_and_the_other_calls_keep_their_answers() {
     let calls = (0..400).map(|i| {
         let client = client.clone();
         tokio::spawn(async move {
-            let call = client.publish(event("d.x", i.to_string()));
+            let call = client.publish_request(event("d.x", i.to_string()));
             if i % 2 == 0 { tokio::time::timeout(Duration::ZERO, call).await.ok() } else { Some(call.await) }
         })
     });
@@ -179,7 +179,7 @@ async fn a_call_s_deadline_holds_and_the_other_calls_keep_their_answers() {
         answers.into_iter().enumerate().filter_map(|(i, a)| a.map(|a| (i, a.unwrap().event_id))).collect();
     assert!(kept.len() >= 200, "every caller that waited was answered");
     // A marker published last: every event before it was received first.
-    let marker = client.publish(event("d.end", "end")).await.unwrap().event_id;
+    let marker = client.publish_request(event("d.end", "end")).await.unwrap().event_id;
     let mut payloads = HashMap::new();
     within(async {
         loop {
@@ -223,7 +223,7 @@ async fn a_broker_restart_mid_flight_answers_no_false_ok_and_loses_no_keyed_even
                     if keyed {
                         request.idempotency_key = format!("{t}-{i}");
                     }
-                    match client.publish(request).await {
+                    match client.publish_request(request).await {
                         Ok(answer) => ok.push((format!("{t}-{i}"), answer.event_id)),
                         Err(err) => {
                             assert!(!keyed, "a keyed call failed: {err}");
@@ -276,8 +276,8 @@ async fn unary_publish_stays_an_option() {
     let broker = Broker::start().await;
     let client = Client::connect(ClientOptions::new(broker.url()).unary_publish(true)).await.unwrap();
     let mut sub = client.subscribe(SubscribeOptions::new(["u.>"])).await.unwrap();
-    let first = client.publish(event("u.x", "1")).await.unwrap();
-    assert!(matches!(client.publish(event("u..x", "2")).await, Err(Error::InvalidArgument(_))));
+    let first = client.publish_request(event("u.x", "1")).await.unwrap();
+    assert!(matches!(client.publish_request(event("u..x", "2")).await, Err(Error::InvalidArgument(_))));
     let third = client.publish_unary(event("u.x", "3")).await.unwrap();
     let ids: Vec<String> = received(&mut sub, 2).await.into_iter().map(|e| e.id).collect();
     assert_eq!(ids, [first.event_id, third.event_id]);

@@ -92,6 +92,30 @@
   const fmtNum = (n) => (typeof n === 'number' ? numberFormat.format(n) : '–');
   const fmtRate = (r) => (r === null ? '–' : r < 10 ? r.toFixed(1) : numberFormat.format(Math.round(r)));
 
+  /** A duration for people: 45 s, 12 min, 3.5 h, 2 d. */
+  function fmtAge(ms) {
+    if (typeof ms !== 'number' || Number.isNaN(ms)) return '–';
+    const s = Math.max(0, ms) / 1000;
+    if (s < 60) return `${Math.floor(s)} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min`;
+    if (s < 48 * 3600) return `${(s / 3600).toFixed(1)} h`;
+    return `${Math.floor(s / 86400)} d`;
+  }
+
+  /** An event id for a table: its last 8 characters (random in an eventbusd id, so
+   * they tell the events of one millisecond apart), the whole id in the tooltip. */
+  const shortId = (id) => (typeof id === 'string' && id.length > 12 ? '…' + id.slice(-8) : String(id || '–'));
+
+  /** A source without the ephemeral port of the publisher's connection:
+   * 127.0.0.1:53122 → 127.0.0.1, [::1]:53122 → ::1; anything else as given. */
+  function sourceHost(source) {
+    if (!source) return '–';
+    const v4 = /^(\d{1,3}(?:\.\d{1,3}){3}):\d{1,5}$/.exec(source);
+    if (v4) return v4[1];
+    const v6 = /^\[([0-9A-Fa-f:.]+)\]:\d{1,5}$/.exec(source);
+    return v6 ? v6[1] : source;
+  }
+
   function fmtTime(iso) {
     if (!iso) return '–';
     const d = new Date(iso);
@@ -188,10 +212,11 @@
   }
 
   async function refreshOverview(gen) {
-    const [stats, ready, subs] = await Promise.all([
+    const [stats, ready, subs, consumers] = await Promise.all([
       api('/admin/eventbus/stats'),
       readiness(),
       api('/admin/eventbus/subscriptions'),
+      api('/admin/eventbus/consumers').then((r) => withBacklogAge(r.consumers)),
     ]);
     if (gen !== state.gen) return;
     const now = performance.now() / 1000;
@@ -216,7 +241,19 @@
     $('health').textContent = ok ? (ready.degraded ? 'degraded' : 'ready') : 'not ready';
     $('health').dataset.state = ok ? (ready.degraded ? 'warn' : 'ok') : 'bad';
     $('health-reason').textContent = ready.reason || ready.degraded || '';
+    $('delivery-explained').textContent = `${fmtNum(stats.total_published)} published, ${fmtNum(stats.total_delivered)} delivered: ` +
+      'Delivered counts the copies queued to live subscriptions, one per matching subscription (or group) per event. ' +
+      'An event published while no subscription matches it is delivered to nobody, and one with three subscribers three times, ' +
+      'so the two need not match: that is not a loss. Losses are counted under Failed and Dropped. ' +
+      'Durable consumers keep their own copies until acked (below).';
+    showBacklog(consumers);
     drawChart(overview.rates);
+    fill($('overview-consumers'), consumers, (c) =>
+      el('tr', { 'data-test': 'overview-consumer-row', 'data-name': c.name },
+        el('td', {}, el('a', { href: '#/consumers/' + encodeURIComponent(c.name), text: c.name })),
+        num(c.pending, 'pending'), num(c.in_flight, 'in_flight'), ageCell(c), num(c.clients, 'clients'),
+        warnNum(c.redrivable, 'redrivable'), statusCell(c)),
+    'No durable consumers.', shownAges(consumers));
     fill($('overview-subscriptions'), subs.subscriptions, (s) =>
       el('tr', { 'data-test': 'overview-subscription-row' },
         td(s.name || s.id), td(s.channels.join(' ')), td(s.group || '–'), td(s.owner || '–'),
@@ -224,42 +261,7 @@
     'No active subscriptions.');
   }
 
-  function drawChart(points) {
-    const canvas = $('rate-chart');
-    const ctx = canvas.getContext('2d');
-    const { width: w, height: h } = canvas;
-    canvas.dataset.points = String(points.length);
-    ctx.clearRect(0, 0, w, h);
-    const style = getComputedStyle(canvas);
-    ctx.strokeStyle = style.borderColor;
-    ctx.beginPath();
-    ctx.moveTo(0, h - 0.5);
-    ctx.lineTo(w, h - 0.5);
-    ctx.stroke();
-    const max = Math.max(1, ...points);
-    ctx.fillStyle = style.color;
-    ctx.font = '22px system-ui, sans-serif';
-    ctx.fillText(`${fmtRate(max)}/s`, 8, 26);
-    if (points.length < 2) return;
-    const step = w / (CHART_POINTS - 1);
-    ctx.strokeStyle = style.color;
-    ctx.lineWidth = 3;
-    ctx.beginPath();
-    points.forEach((v, i) => {
-      const x = w - (points.length - 1 - i) * step;
-      const y = h - 4 - (v / max) * (h - 40);
-      if (i) ctx.lineTo(x, y);
-      else ctx.moveTo(x, y);
-    });
-    ctx.stroke();
-    ctx.lineTo(w, h);
-    ctx.lineTo(w - (points.length - 1) * step, h);
-    ctx.closePath();
-    ctx.globalAlpha = 0.12;
-    ctx.fillStyle = style.color;
-    ctx.fill();
-    ctx.globalAlpha = 1;
-  }
+  const drawChart = (points) => window.eventbusRateChart($('rate-chart'), points, { pollMs: POLL_MS, maxPoints: CHART_POINTS, fmtRate });
 
   async function refreshChannels(gen) {
     const { channels } = await api('/admin/eventbus/channels');
@@ -280,29 +282,118 @@
       el('tr', { 'data-test': 'subscription-row', 'data-id': s.id },
         td(s.name || s.id, { title: s.id }), td(s.channels.join(' '), { class: 'mono' }), td(s.group || '–'),
         td(s.owner || '–'), td(s.peer || '–'), el('td', { class: 'num', text: `${fmtNum(s.pending)} / ${fmtNum(s.capacity)}` }),
-        num(s.delivered, 'delivered'), num(s.dropped, 'dropped'), td(s.overflow), td(fmtTime(s.created_at))),
+        num(s.delivered, 'delivered'), num(s.dropped, 'dropped'), td(s.overflow), td(fmtTime(s.created_at)),
+        el('td', {}, el('button', { type: 'button', class: 'small ghost', 'data-test': 'subscription-close', 'data-id': s.id, text: 'Close',
+          onclick: (ev) => closeSubscription(ev.currentTarget, s) }))),
     'No active subscriptions.');
   }
 
-  const statePill = (paused) => el('span', { class: 'pill', 'data-state': paused ? 'warn' : 'ok', text: paused ? 'paused' : 'running' });
+  function closeSubscription(button, s) {
+    const label = s.name ? `“${s.name}” (${s.id})` : s.id;
+    const text = `Close subscription ${label} on ${s.channels.join(' ')}${s.peer ? ' from ' + s.peer : ''}? ` +
+      'Its stream ends; events queued for it and not yet sent are dropped. A client that reconnects by itself may subscribe again.';
+    return confirmed(button, 'Close subscription', text, 'Close', async () => {
+      await api('/admin/eventbus/subscriptions/' + encodeURIComponent(s.id), { method: 'DELETE' });
+      showBanner(`Subscription ${label} closed.`, { kind: 'info' });
+      await refreshNow();
+    });
+  }
+
+  /** A backlog older than this is shown as a warning. */
+  const OLD_BACKLOG_MS = 60000;
+
+  /** Consumers whose backlog age is asked for on each poll (one request each), the
+   * largest backlogs first. */
+  const MAX_AGES = 50;
+
+  /** Adds `oldest_at` to each consumer holding events: when its oldest unfinished
+   * event was published (the first of its pending list, oldest first); null when it
+   * holds none, is past MAX_AGES or the list cannot be read. Sorted by name. */
+  async function withBacklogAge(consumers) {
+    const held = (c) => c.pending + c.in_flight;
+    const asked = new Set(consumers.filter(held).sort((a, b) => held(b) - held(a)).slice(0, MAX_AGES));
+    const oldest = await Promise.all(consumers.map(async (c) => {
+      if (!asked.has(c)) return null;
+      try {
+        const page = await api(consumerPath(c.name) + '/pending?limit=1');
+        const at = page.entries.length ? Date.parse(page.entries[0].event.timestamp) : NaN;
+        return Number.isNaN(at) ? null : at;
+      } catch {
+        return null;
+      }
+    }));
+    return consumers.map((c, i) => ({ ...c, oldest_at: oldest[i] })).sort((a, b) => a.name.localeCompare(b.name));
+  }
+
+  /** The age of a consumer's backlog (its oldest unfinished event) now; null without one. */
+  const backlogAge = (c) => (typeof c.oldest_at === 'number' ? Math.max(0, Date.now() - c.oldest_at) : null);
+
+  /** The ages a consumer table shows: it is drawn again when one of them reads otherwise. */
+  const shownAges = (consumers) => consumers.map((c) => fmtAge(backlogAge(c) ?? NaN));
+
+  /** What an operator should look at on a consumer, worst first; none when all is well. */
+  function consumerWarnings(c) {
+    const warnings = [];
+    const held = c.pending + c.in_flight;
+    if (c.paused) warnings.push({ key: 'paused', text: 'paused' });
+    if (!c.push && !c.clients && held) warnings.push({ key: 'no-client', text: `${fmtNum(held)} pending, no client attached` });
+    if (c.redrivable) warnings.push({ key: 'dead-letters', text: `${fmtNum(c.redrivable)} dead letter${c.redrivable === 1 ? '' : 's'}` });
+    const age = backlogAge(c);
+    if (age !== null && age >= OLD_BACKLOG_MS) warnings.push({ key: 'old-backlog', text: `backlog ${fmtAge(age)} old` });
+    if (c.dropped) warnings.push({ key: 'dropped', text: `${fmtNum(c.dropped)} not captured (max pending)` });
+    return warnings;
+  }
+
+  const pill = (text, kind, key) => el('span', { class: 'pill', 'data-state': kind, 'data-warning': key, text });
+
+  /** The status: one green "running" pill, or a warning pill per problem. */
+  function statusPills(c) {
+    const warnings = consumerWarnings(c);
+    return warnings.length ? warnings.map((w) => pill(w.text, 'warn', w.key)) : [pill('running', 'ok')];
+  }
+
+  const statusCell = (c) => el('td', { 'data-field': 'status', class: 'pills-cell' }, el('span', { class: 'pills' }, ...statusPills(c)));
+  function ageCell(c) {
+    const age = backlogAge(c);
+    return el('td', { class: 'num', 'data-field': 'oldest', 'data-state': age !== null && age >= OLD_BACKLOG_MS ? 'warn' : null,
+      title: age === null ? null : `oldest unfinished event published ${fmtTime(new Date(c.oldest_at).toISOString())}`,
+      text: age === null ? '–' : fmtAge(age) });
+  }
+  const warnNum = (n, field) => el('td', { class: 'num', 'data-field': field, 'data-state': n ? 'warn' : null, text: fmtNum(n) });
+
+  /** The overview's durable backlog: events held by every consumer, and who lacks a client. */
+  function showBacklog(consumers) {
+    const held = consumers.reduce((sum, c) => sum + c.pending + c.in_flight, 0);
+    const unattended = consumers.filter((c) => !c.push && !c.clients && c.pending + c.in_flight);
+    const dead = consumers.reduce((sum, c) => sum + c.redrivable, 0);
+    const oldest = Math.max(-1, ...consumers.map((c) => backlogAge(c) ?? -1));
+    $('stat-backlog').textContent = fmtNum(held);
+    $('stat-backlog').dataset.state = unattended.length || dead ? 'warn' : '';
+    const parts = [`${fmtNum(consumers.length)} consumer${consumers.length === 1 ? '' : 's'}`];
+    if (oldest >= 0) parts.push(`oldest ${fmtAge(oldest)}`);
+    if (unattended.length) parts.push(`${unattended.length} with no client attached`);
+    if (dead) parts.push(`${fmtNum(dead)} dead letter${dead === 1 ? '' : 's'}`);
+    $('stat-backlog-detail').textContent = parts.join(' · ');
+  }
 
   async function refreshConsumers(gen) {
-    const { consumers } = await api('/admin/eventbus/consumers');
+    const consumers = await api('/admin/eventbus/consumers').then((r) => withBacklogAge(r.consumers));
     if (gen !== state.gen) return;
-    consumers.sort((a, b) => a.name.localeCompare(b.name));
     fill($('consumers-rows'), consumers, (c) =>
       el('tr', { 'data-test': 'consumer-row', 'data-name': c.name },
         el('td', {}, el('a', { href: '#/consumers/' + encodeURIComponent(c.name), 'data-test': 'consumer-link', text: c.name })),
-        td(c.channels.join(' '), { class: 'mono' }), num(c.pending, 'pending'), num(c.in_flight, 'in_flight'),
-        num(c.acked, 'acked'), num(c.dead_lettered, 'dead_lettered'), num(c.redrivable, 'redrivable'), num(c.clients, 'clients'),
-        el('td', { 'data-field': 'paused' }, statePill(c.paused))),
-    'No durable consumers you may read.');
+        td(c.channels.join(' '), { class: 'mono' }), num(c.pending, 'pending'), num(c.in_flight, 'in_flight'), ageCell(c),
+        num(c.acked, 'acked'), num(c.dead_lettered, 'dead_lettered'), warnNum(c.redrivable, 'redrivable'), num(c.clients, 'clients'),
+        statusCell(c)),
+    'No durable consumers you may read.', shownAges(consumers));
   }
 
   function showConsumer(c) {
     $('consumer-name').textContent = c.name;
     $('consumer-state').textContent = c.paused ? 'paused' : 'running';
     $('consumer-state').dataset.state = c.paused ? 'warn' : 'ok';
+    const warnings = consumerWarnings(c).filter((w) => w.key !== 'paused');
+    $('consumer-warnings').replaceChildren(...warnings.map((w) => pill(w.text, 'warn', w.key)));
     for (const field of ['pending', 'in_flight', 'acked', 'dead_lettered', 'redrivable', 'redriven']) {
       $('consumer-' + field.replace('_', '-')).textContent = fmtNum(c[field]);
     }
@@ -538,7 +629,8 @@
     const shown = payload.length > 300 ? payload.slice(0, 300) + '…' : payload;
     const row = el('tr', { 'data-test': 'tail-row', 'data-event-id': ev.id, 'data-channel': ev.channel },
       td(new Date(ev.timestamp).toLocaleTimeString(undefined, { hour12: false }), { title: ev.timestamp }),
-      td(ev.channel, { class: 'mono' }), td(ev.id, { class: 'mono small' }), td(ev.source || '–'),
+      td(ev.channel, { class: 'mono' }), td(shortId(ev.id), { class: 'mono small', title: ev.id, 'data-field': 'id' }),
+      td(sourceHost(ev.source), { title: ev.source || '', 'data-field': 'source' }),
       td(shown, { class: 'mono wrap', 'data-field': 'payload', title: `${ev.content_type || ''}\n${payload.slice(0, 2000)}` }));
     const rows = $('tail-rows');
     if (tail.seen.size === 0) rows.replaceChildren();
