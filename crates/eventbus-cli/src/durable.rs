@@ -260,7 +260,14 @@ pub(crate) async fn consume(client: &Client, json: bool, a: ConsumeArgs) -> anyh
         match message {
             ConsumeMessage::Attached(c) => {
                 let pending = c.pending + c.in_flight;
-                eprintln!("attached to {} ({pending} unfinished events)", a.name);
+                let plural = if pending == 1 { "" } else { "s" };
+                eprintln!("attached to {} ({pending} unfinished event{plural})", a.name);
+                if a.ack == AckMode::Manual {
+                    eprintln!(
+                        "type `ack|nack|term|release EVENT_ID [reason]` per event; Ctrl-C leaves (an event left \
+                         unacked is delivered again, its attempt counted: release it first to avoid that)"
+                    );
+                }
             }
             ConsumeMessage::Deliveries(deliveries) => {
                 let mut acks = Vec::new();
