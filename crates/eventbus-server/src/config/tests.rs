@@ -550,3 +550,11 @@ fn the_data_dir_flag_wins_over_file_and_environment() {
     let overrides = Overrides { data_dir: Some("from-flag/".into()), ..Default::default() };
     assert_eq!(load(&env, overrides).unwrap().durable.data_dir, "from-flag/");
 }
+
+#[test]
+fn the_default_dead_letter_channel_as_shown_reads_back_as_the_default() {
+    let yaml = "durable:\n  data_dir: ''\n  consumers:\n    - name: a\n      channels: ['x']\n      dead_letter_channel: 'dlq.<channel>'\n    - name: b\n      channels: ['x']\n      dead_letter_channel: 'dead.b'\n";
+    let s = load_file(yaml, &[]).unwrap();
+    let configs: Vec<_> = s.durable.consumers.iter().map(|c| c.to_config().dead_letter_channel).collect();
+    assert_eq!(configs, [None, Some("dead.b".to_owned())]);
+}
