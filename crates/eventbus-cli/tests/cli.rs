@@ -380,7 +380,11 @@ async fn durable_consumer_commands_end_to_end() {
     let out = run(eventbus(&broker, &["consumer", "create", "inbox", "-c", "orders.>", "--max-attempts", "3"])).await;
     assert!(out.ok, "{}", out.stderr);
     assert!(out.stdout.contains("max_attempts") && out.stdout.contains('3'), "{}", out.stdout);
-    assert!(out.stdout.contains(r#"dead_letter_channel  "dlq.<channel>""#), "the default, as REST shows it: {}", out.stdout);
+    assert!(
+        out.stdout.contains(r#"dead_letter_channel  "dlq.<channel>""#),
+        "the default, as REST shows it: {}",
+        out.stdout
+    );
     for i in 0..3 {
         let out = run(eventbus(&broker, &["publish", "orders.created", &format!("o{i}")])).await;
         assert!(out.ok && out.stdout.contains("; stored for 1 durable consumer"), "{}", out.stdout);

@@ -38,7 +38,7 @@ use crate::tls::{Protocols, Tls, TlsError};
 pub enum ServerError {
     /// The message carries the OS error and, when the address is taken, the setting
     /// that chooses another.
-    #[error("cannot listen on {addr} ({what}): {error}{}", bind_hint(*what, error))]
+    #[error("cannot listen on {addr} ({what}): {error}{}", bind_hint(what, error))]
     Bind { what: &'static str, addr: SocketAddr, error: std::io::Error },
     /// Another process holds the embedded store's directory (`durable.data_dir`).
     #[error(
@@ -501,11 +501,12 @@ async fn start_durable(
         FsyncSetting::Always => Fsync::Always,
         FsyncSetting::Batch => Fsync::Batch,
     };
-    let store = eventbus_durable::open_store(std::path::Path::new(&d.data_dir), fsync, settings.retention())
-        .map_err(|err| match err {
+    let store = eventbus_durable::open_store(std::path::Path::new(&d.data_dir), fsync, settings.retention()).map_err(
+        |err| match err {
             eventbus_durable::StoreError::Locked { .. } => ServerError::DataDirLocked { dir: d.data_dir.clone() },
             err => ServerError::Store(err),
-        })?;
+        },
+    )?;
     let options = durable_options(settings, metrics, supervisor);
     let durable = Durable::start(store, options)?;
     bus.enable_durable(durable.clone());
