@@ -80,7 +80,7 @@ def blocks(page):
             while j >= 0 and not lines[j].strip():
                 j -= 1
             if j >= 0:
-                m = re.match(r"<!-- check: (\w+)(?: (\S+))?", lines[j].strip())
+                m = re.match(r"<!-- check: (\w+)(?: (.*?))?\s*-->", lines[j].strip())
                 if m:
                     marker, argument = m.group(1), m.group(2) or ""
             code = []
@@ -190,10 +190,11 @@ def main():
                     wait_for_port(argument, proc, where)
                     continue
                 if marker == "skip":
+                    print(f"-- {where}: skipped {argument}")
                     if daemon is None and "eventbusd" in code:
                         daemon, grpc, http = start_daemon(bin_dir, scratch)
                         env["EVENTBUS_SERVER"] = f"http://{grpc}"
-                    print(f"-- {where}: skipped (the check's daemon: gRPC {grpc}, HTTP {http})")
+                        print(f"   the check's daemon instead: gRPC {grpc}, HTTP {http}")
                     continue
                 code = code.replace("cargo install ", f"cargo install --debug --root {install_root} ")
                 if http:
