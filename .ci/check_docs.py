@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Runs the shell examples of the guide's first pages, in order, as a reader would.
+"""Runs the shell examples of the guide, page after page, as a reader would.
 
-docs/getting-started.md, docs/durable.md, docs/push.md, then the walk-through of
-docs/security.md: every ```sh block runs with bash
-(`set -euo pipefail`) and must succeed, one after the other, against one eventbusd.
+Every page of docs/ (in PAGES' order; those in UNCHECKED say why not) has each of its
+```sh blocks run with bash (`set -euo pipefail`), and each must succeed, one after the
+other, against one eventbusd. A page with a ```sh block that is in neither list fails
+the check: a new page is checked from the start. A block that cannot run on a fresh
+machine (it needs Docker, Kubernetes, Redis, grpcurl, an endpoint of the reader's, or
+it runs until interrupted) carries a `skip` marker saying so.
 The install block runs as written (`cargo install`), with `--debug --root <tmp>` added
 so that it reuses the workspace's debug build and installs into a scratch directory; the
 later blocks run the binaries it installed. A block preceded by a comment steers it:
 
-    <!-- check: skip (why) -->     not run: starting the daemon, which this does itself
-                                   (on free ports, in a scratch directory, where the
-                                   block stands)
+    <!-- check: skip (why) -->     not run (why: what it needs). The first skipped
+                                   block that starts eventbusd is where the check starts
+                                   its own (on free ports, in a scratch directory)
     <!-- check: background -->     run in the background: it must end by itself,
                                    successfully, before the check does
     <!-- check: save NAME -->      the block (any language) is a file the reader saves:
@@ -40,7 +43,25 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = ["docs/getting-started.md", "docs/durable.md", "docs/push.md", "docs/security.md"]
+PAGES = [
+    "docs/getting-started.md",
+    "docs/durable.md",
+    "docs/push.md",
+    "docs/security.md",
+    "docs/cli.md",
+    "docs/consumer-operations.md",
+    "docs/operations.md",
+    "docs/web.md",
+    "docs/clients.md",
+    "docs/deployment.md",
+    "docs/redis.md",
+    "docs/performance-summary.md",
+]
+# Pages with shell blocks that are not run, and why.
+UNCHECKED = {
+    "README.md": "the front page, whose blocks run in three terminals: docs/getting-started.md runs the same steps",
+    "docs/PERFORMANCE.md": "the measurements' own commands: minutes each, some against NATS and Redis",
+}
 BLOCK_TIMEOUT = 300  # the install block may compile
 DEADLINE = 30
 
@@ -59,7 +80,7 @@ def blocks(page):
             while j >= 0 and not lines[j].strip():
                 j -= 1
             if j >= 0:
-                m = re.match(r"<!-- check: (\w+)(?: (\S+))?", lines[j].strip())
+                m = re.match(r"<!-- check: (\w+)(?: (.*?))?\s*-->", lines[j].strip())
                 if m:
                     marker, argument = m.group(1), m.group(2) or ""
             code = []
@@ -128,8 +149,20 @@ def check_links():
     print("docs check: every link resolves")
 
 
+def check_pages_listed():
+    """Every page with a ```sh block is run (PAGES) or says why not (UNCHECKED)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    unlisted = [str(p.relative_to(ROOT)) for p in pages
+                if re.search(r"(?m)^```sh$", p.read_text())
+                and str(p.relative_to(ROOT)) not in PAGES + list(UNCHECKED)]
+    if unlisted:
+        sys.exit("pages with shell blocks the check neither runs nor excludes (PAGES, UNCHECKED in "
+                 ".ci/check_docs.py): " + ", ".join(unlisted))
+
+
 def main():
     check_links()
+    check_pages_listed()
     scratch = Path(tempfile.mkdtemp(prefix="eventbus-docs-"))
     install_root = scratch / "install"
     bin_dir = install_root / "bin"
@@ -157,10 +190,11 @@ def main():
                     wait_for_port(argument, proc, where)
                     continue
                 if marker == "skip":
+                    print(f"-- {where}: skipped {argument}")
                     if daemon is None and "eventbusd" in code:
                         daemon, grpc, http = start_daemon(bin_dir, scratch)
                         env["EVENTBUS_SERVER"] = f"http://{grpc}"
-                    print(f"-- {where}: skipped (the check's daemon: gRPC {grpc}, HTTP {http})")
+                        print(f"   the check's daemon instead: gRPC {grpc}, HTTP {http}")
                     continue
                 code = code.replace("cargo install ", f"cargo install --debug --root {install_root} ")
                 if http:

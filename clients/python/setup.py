@@ -2,8 +2,9 @@
 
 The proto lives at the repository's `proto/` (two levels up), the single source of truth
 for every language; nothing generated is committed. `pip install ./clients/python`
-builds in-tree (pip >= 21.3), so the relative path resolves; `EVENTBUS_PROTO_DIR`
-overrides it (e.g. when building from a copy of this directory).
+builds in-tree (pip >= 21.3), so the relative path resolves; an sdist carries a copy
+(`proto/` inside it), so a wheel builds from the sdist anywhere; `EVENTBUS_PROTO_DIR`
+overrides both (e.g. when building from a copy of this directory).
 
 The proto is compiled from a staging copy placed at `socle_eventbus/_pb/eventbus.proto`,
 so the generated modules import each other as `socle_eventbus._pb...` (protoc derives
@@ -20,14 +21,23 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).resolve().parent
 PROTO_REL = Path("eventbus") / "v1" / "eventbus.proto"
 
 
+def proto_root() -> Path:
+    """EVENTBUS_PROTO_DIR, else the copy an sdist carries, else the repository's proto/."""
+    if "EVENTBUS_PROTO_DIR" in os.environ:
+        return Path(os.environ["EVENTBUS_PROTO_DIR"])
+    if (HERE / "proto" / PROTO_REL).is_file():
+        return HERE / "proto"
+    return HERE.parent.parent / "proto"
+
+
 def proto_file() -> Path:
-    root = Path(os.environ.get("EVENTBUS_PROTO_DIR", HERE.parent.parent / "proto"))
-    path = root / PROTO_REL
+    path = proto_root() / PROTO_REL
     if not path.is_file():
         raise SystemExit(
             f"socle-eventbus: cannot find {path}; build from the repository checkout "
@@ -62,6 +72,17 @@ def generate(out_root: Path) -> None:
         (out / "__init__.py").write_text('"""Generated from proto/eventbus/v1/eventbus.proto at build time."""\n')
 
 
+class SdistWithProto(sdist):
+    """The sdist carries the proto (proto/eventbus/v1/eventbus.proto inside it): a wheel
+    then builds from the sdist alone, away from the repository."""
+
+    def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+        super().make_release_tree(base_dir, files)
+        target = Path(base_dir) / "proto" / PROTO_REL
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(proto_file(), target)
+
+
 class BuildPyWithProto(build_py):
     def run(self) -> None:
         super().run()
@@ -88,4 +109,4 @@ def runtime_requirements() -> list[str]:
     return [f"grpcio>={tools}", f"protobuf>={proto}", "prometheus_client>=0.17"]
 
 
-setup(cmdclass={"build_py": BuildPyWithProto}, install_requires=runtime_requirements())
+setup(cmdclass={"build_py": BuildPyWithProto, "sdist": SdistWithProto}, install_requires=runtime_requirements())

@@ -4,10 +4,13 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // `proto/` here is a link to the repository's proto/ (one source for every
+    // language); `cargo package` copies the files it links to, so a packaged crate
+    // carries the proto it builds from.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("proto");
     let proto = root.join("eventbus/v1/eventbus.proto");
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
-    // The proto lives outside this package, where cargo does not look for changes.
+    // Behind a link, where cargo does not look for changes by itself.
     println!("cargo:rerun-if-changed={}", proto.display());
 
     let mut config = tonic_prost_build::Config::new();

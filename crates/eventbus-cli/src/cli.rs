@@ -439,7 +439,8 @@ pub(crate) struct PublishArgs {
     /// Metadata entry, repeatable.
     #[arg(short = 'm', long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta)]
     pub(crate) metadata: Vec<(String, String)>,
-    /// MIME type of the payload.
+    /// MIME type of the payload. Default: application/json when the payload parses as
+    /// JSON, text/plain when it is other UTF-8 text, none for other bytes.
     #[arg(long)]
     pub(crate) content_type: Option<String>,
     /// Who is publishing (default: the broker records your address).

@@ -40,6 +40,12 @@ fn push_json(p: &pb::PushConfig) -> serde_json::Value {
     })
 }
 
+/// Where dead letters go, as every view shows it: the consumer's own channel, else the
+/// default, `dlq.` + each event's channel.
+fn dead_letter_channel(configured: &str) -> &str {
+    if configured.is_empty() { eventbus_core::durable::DEFAULT_DEAD_LETTER_SHOWN } else { configured }
+}
+
 fn info_json(i: &pb::ConsumerInfo) -> serde_json::Value {
     let c = i.config.clone().unwrap_or_default();
     let b = c.backoff.unwrap_or_default();
@@ -48,7 +54,8 @@ fn info_json(i: &pb::ConsumerInfo) -> serde_json::Value {
         "max_attempts": c.max_attempts, "max_in_flight": c.max_in_flight,
         "backoff": {"initial_ms": b.initial_ms, "multiplier": b.multiplier, "max_ms": b.max_ms,
                     "kind": backoff_kind_name(b.kind)},
-        "dead_letter_channel": c.dead_letter_channel, "exclusive": c.exclusive, "paused": i.paused,
+        "dead_letter_channel": dead_letter_channel(&c.dead_letter_channel), "exclusive": c.exclusive,
+        "paused": i.paused,
         "pending": i.pending, "in_flight": i.in_flight, "clients": i.clients,
         "acked": i.acked, "dead_lettered": i.dead_lettered, "redelivered": i.redelivered,
         "redrivable": i.redrivable, "redriven": i.redriven, "dropped": i.dropped,
@@ -253,7 +260,14 @@ pub(crate) async fn consume(client: &Client, json: bool, a: ConsumeArgs) -> anyh
         match message {
             ConsumeMessage::Attached(c) => {
                 let pending = c.pending + c.in_flight;
-                eprintln!("attached to {} ({pending} unfinished events)", a.name);
+                let plural = if pending == 1 { "" } else { "s" };
+                eprintln!("attached to {} ({pending} unfinished event{plural})", a.name);
+                if a.ack == AckMode::Manual {
+                    eprintln!(
+                        "type `ack|nack|term|release EVENT_ID [reason]` per event; Ctrl-C leaves (an event left \
+                         unacked is delivered again, its attempt counted: release it first to avoid that)"
+                    );
+                }
             }
             ConsumeMessage::Deliveries(deliveries) => {
                 let mut acks = Vec::new();

@@ -41,10 +41,34 @@ pub(crate) async fn run(client: &Client, json: bool, args: PublishArgs) -> anyho
         }
         Some(text) => text.as_bytes().to_vec(),
     };
-    let req = pb::PublishRequest { payload: payload.into(), ..template };
+    let req = with_payload(&template, payload);
     let resp = client.publish_request(req).await?;
     print_published(json, &args.channel, &resp);
     Ok(())
+}
+
+/// The request for one payload: the template's fields, and the payload's content type
+/// unless `--content-type` gave one.
+fn with_payload(template: &pb::PublishRequest, payload: Vec<u8>) -> pb::PublishRequest {
+    let content_type = match template.content_type.is_empty() {
+        true => infer_content_type(&payload).to_owned(),
+        false => template.content_type.clone(),
+    };
+    pb::PublishRequest { payload: payload.into(), content_type, ..template.clone() }
+}
+
+/// What a payload given without `--content-type` is: JSON when it parses as JSON, text
+/// when it is UTF-8, otherwise unsaid (the broker and its views treat it as bytes).
+fn infer_content_type(payload: &[u8]) -> &'static str {
+    if payload.is_empty() {
+        ""
+    } else if serde_json::from_slice::<&serde_json::value::RawValue>(payload).is_ok() {
+        "application/json"
+    } else if std::str::from_utf8(payload).is_ok() {
+        "text/plain"
+    } else {
+        ""
+    }
 }
 
 fn print_published(json: bool, channel: &str, resp: &pb::PublishResponse) {
@@ -106,7 +130,7 @@ fn send_lines(tx: PublishSender, template: pb::PublishRequest) -> tokio::task::J
     tokio::spawn(async move {
         let mut lines = BufReader::new(tokio::io::stdin()).lines();
         while let Some(line) = lines.next_line().await? {
-            let req = pb::PublishRequest { payload: line.into_bytes().into(), ..template.clone() };
+            let req = with_payload(&template, line.into_bytes());
             if tx.send(req).await.is_err() {
                 break; // the stream ended early (an error), reported by the caller
             }
@@ -184,7 +208,7 @@ async fn publish_line_batches(
         let line = lines.next_line().await.context("cannot read standard input")?;
         let end = line.is_none();
         if let Some(line) = line {
-            batch.push(pb::PublishRequest { payload: line.into_bytes().into(), ..template.clone() });
+            batch.push(with_payload(&template, line.into_bytes()));
         }
         if batch.len() >= size || (end && !batch.is_empty()) {
             let events = std::mem::replace(&mut batch, Vec::with_capacity(size));
@@ -238,5 +262,23 @@ impl LineTally {
                 report_refused(json, channel, line, &err);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_content_type_follows_the_payload_unless_given() {
+        assert_eq!(infer_content_type(br#"{"id": 1}"#), "application/json");
+        assert_eq!(infer_content_type(b"[1, 2]"), "application/json");
+        assert_eq!(infer_content_type(b"hello world"), "text/plain");
+        assert_eq!(infer_content_type("café {".as_bytes()), "text/plain");
+        assert_eq!(infer_content_type(&[0xff, 0xfe, 0x00]), "");
+        assert_eq!(infer_content_type(b""), "");
+        let given = pb::PublishRequest { content_type: "application/xml".into(), ..Default::default() };
+        assert_eq!(with_payload(&given, b"{}".to_vec()).content_type, "application/xml");
+        assert_eq!(with_payload(&pb::PublishRequest::default(), b"{}".to_vec()).content_type, "application/json");
     }
 }

@@ -84,8 +84,9 @@ pub(crate) async fn run(client: &Client, json: bool, args: SubscribeArgs) -> any
         overflow: args.overflow.map_or(pb::OverflowPolicy::Unspecified, Into::into) as i32,
         max_batch: args.max_batch,
         name: args.name.clone(),
-        since,
+        since: since.clone(),
     };
+    let req_since = since;
     // Lost (a broker restart, say), it is made again from where it was: channels with a
     // history give back what was missed, the rest is reported as a gap. With
     // --no-reconnect, a loss ends the command.
@@ -109,7 +110,8 @@ pub(crate) async fn run(client: &Client, json: bool, args: SubscribeArgs) -> any
                 note(&format!("subscribed {subscription_id} to {}", args.patterns.join(" ")));
                 if first {
                     if args.since.is_some() {
-                        note(since_note(recovered));
+                        let asked = req_since.as_ref().and_then(|since| since.timestamp.as_ref());
+                        note(&since_note(client, recovered, asked).await);
                     }
                 } else if recovered {
                     note("recovered: every event published while the subscription was lost was delivered");
@@ -139,14 +141,35 @@ pub(crate) async fn run(client: &Client, json: bool, args: SubscribeArgs) -> any
     }
 }
 
-/// Whether the start asked for with `--since` was recovered.
-fn since_note(recovered: bool) -> &'static str {
+/// Whether the start asked for with `--since` was recovered. When it was not and the
+/// broker (in_memory mode, whose history lives in the process) started after the time
+/// asked for, that is the whole story: its history begins at its start.
+async fn since_note(client: &Client, recovered: bool, asked: Option<&prost_types::Timestamp>) -> String {
     if recovered {
-        "--since: every event asked for was recovered; live events follow"
-    } else {
-        "--since: not everything asked for was recovered (history was trimmed or lost since, or begins later, \
-         or a channel keeps none); what is kept comes first, then live events"
+        return "--since: every event asked for was recovered; live events follow".into();
     }
+    if let Some(asked) = asked
+        && let Ok(stats) = client.stats().await
+        && stats.mode == "in_memory"
+        && let Some(started) = stats.started_at
+        && (started.seconds, started.nanos) > (asked.seconds, asked.nanos)
+    {
+        return history_begins_note(asked, &started);
+    }
+    "--since: history does not reach back to everything asked for (it was trimmed, or begins later, or a \
+     channel keeps none); what is kept comes first, then live events"
+        .into()
+}
+
+/// The broker started after the time asked for.
+fn history_begins_note(asked: &prost_types::Timestamp, started: &prost_types::Timestamp) -> String {
+    let seconds = |t: &prost_types::Timestamp| prost_types::Timestamp { seconds: t.seconds, nanos: 0 };
+    format!(
+        "--since: the broker started at {}, after the time asked for ({}): its history begins there, and \
+         what it kept since came first; live events follow",
+        seconds(started),
+        seconds(asked)
+    )
 }
 
 /// A loss that history did not make up for. In a group, reported at once; otherwise

@@ -138,8 +138,11 @@ impl ClientHandle {
                 fx.sends.push((client.tx.clone(), Vec::new()));
             }
         });
-        if released > 0 || drain {
+        // A client that leaves holding nothing unstarted (every clean exit) is not news.
+        if released > 0 {
             tracing::info!(consumer = %self.consumer.name, client = id, released, drain, "events released unstarted by a client");
+        } else if drain {
+            tracing::debug!(consumer = %self.consumer.name, client = id, "client draining, nothing unstarted to release");
         }
     }
 }

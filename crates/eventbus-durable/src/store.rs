@@ -37,6 +37,9 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
+    /// Another process (another eventbusd) has the store open.
+    #[error("the durable store at {path} is in use by another process")]
+    Locked { path: String },
     #[error("the durable store at {path} is refused: {reason}")]
     Refused { path: String, reason: String },
     #[error("durable store I/O failed")]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use eventbus_server::config::{Overrides, Settings};
+use eventbus_server::config::{LogFormat, Overrides, Settings};
 use eventbus_server::{Server, shutdown, telemetry};
 use tokio_util::sync::CancellationToken;
 
@@ -16,19 +16,35 @@ use tokio_util::sync::CancellationToken;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// What `--help` adds after the flags: where the defaults are and how to change them.
+const AFTER_HELP: &str = "\
+Defaults: gRPC on 0.0.0.0:50051, HTTP (REST, /v1, the console, /metrics) on 0.0.0.0:8080,
+durable consumers stored in ./data/ (relative to the working directory).
+
+Settings, lowest layer first: the built-in defaults (config/default.yaml), the file
+given with --config (else ./config/default.yaml when present), EVENTBUS__SECTION__KEY
+environment variables (EVENTBUS__SERVER__GRPC_ADDR=127.0.0.1:50051 sets
+server.grpc_addr), then these flags. RUST_LOG, when set, wins over log.level.
+
+Docs: docs/configuration.md (every setting), docs/getting-started.md, docs/operations.md.";
+
 /// Socle EventBus daemon: push fan-out of events over gRPC.
 #[derive(Debug, Parser)]
-#[command(name = "eventbusd", version, about)]
+#[command(name = "eventbusd", version, about, after_help = AFTER_HELP)]
 struct Args {
     /// YAML configuration file (default: ./config/default.yaml when present).
     #[arg(long, short = 'c', env = "EVENTBUS_CONFIG")]
     config: Option<PathBuf>,
-    /// gRPC listen address (server.grpc_addr).
-    #[arg(long)]
+    /// gRPC listen address (server.grpc_addr; default 0.0.0.0:50051).
+    #[arg(long, value_name = "ADDR")]
     grpc_addr: Option<String>,
-    /// HTTP listen address (server.http_addr).
-    #[arg(long)]
+    /// HTTP listen address (server.http_addr; default 0.0.0.0:8080).
+    #[arg(long, value_name = "ADDR")]
     http_addr: Option<String>,
+    /// Directory of the embedded durable store (durable.data_dir; default ./data/; ""
+    /// keeps it in memory). Two eventbusd on one host need one each.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<String>,
     /// Fan-out mode (eventbus.mode): in_memory or redis.
     #[arg(long)]
     mode: Option<String>,
@@ -53,6 +69,7 @@ fn main() -> ExitCode {
         mode: args.mode,
         log_level: args.log_level,
         log_format: args.log_format,
+        data_dir: args.data_dir,
     };
     let env: HashMap<String, String> = std::env::vars().collect();
     let settings = match Settings::load(&overrides, &env) {
@@ -85,14 +102,33 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let json_logs = settings.log.format == LogFormat::Json;
     match runtime.block_on(serve(settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            tracing::error!("{err:#}");
-            eprintln!("eventbusd: {err:#}");
+            let message = report(&err);
+            // Text logs share the terminal with stderr: the error is said once, there.
+            // JSON logs go to a collector, which gets it as a line of its own too.
+            if json_logs {
+                tracing::error!("{message}");
+            }
+            eprintln!("eventbusd: {message}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, each cause once: a message that already
+/// carries its cause's text does not repeat it.
+fn report(err: &anyhow::Error) -> String {
+    let mut message = err.to_string();
+    for cause in err.chain().skip(1) {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message = format!("{message}: {text}");
+        }
+    }
+    message
 }
 
 /// `--check-config`: the settings loaded already; the files they name next.

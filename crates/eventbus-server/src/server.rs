@@ -36,13 +36,16 @@ use crate::tls::{Protocols, Tls, TlsError};
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("cannot listen on {addr} ({what}): {source}")]
-    Bind {
-        what: &'static str,
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The message carries the OS error and, when the address is taken, the setting
+    /// that chooses another.
+    #[error("cannot listen on {addr} ({what}): {error}{}", bind_hint(what, error))]
+    Bind { what: &'static str, addr: SocketAddr, error: std::io::Error },
+    /// Another process holds the embedded store's directory (`durable.data_dir`).
+    #[error(
+        "another eventbusd holds the data directory {dir} (durable.data_dir): stop it, or give this one \
+         its own with --data-dir DIR (or EVENTBUS__DURABLE__DATA_DIR)"
+    )]
+    DataDirLocked { dir: String },
     #[error("cannot set up metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error("cannot set up gRPC reflection: {0}")]
@@ -106,10 +109,25 @@ pub struct Server {
 }
 
 async fn listen(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
-    let bind_error = |source| ServerError::Bind { what, addr, source };
+    let bind_error = |error| ServerError::Bind { what, addr, error };
     let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
     let local = listener.local_addr().map_err(bind_error)?;
     Ok((listener, local))
+}
+
+/// For a listener address that is taken: which flag and setting choose another.
+fn bind_hint(what: &str, error: &std::io::Error) -> String {
+    if error.kind() != std::io::ErrorKind::AddrInUse {
+        return String::new();
+    }
+    let (flag, key, variable) = match what {
+        "gRPC" => ("--grpc-addr", "server.grpc_addr", "EVENTBUS__SERVER__GRPC_ADDR"),
+        _ => ("--http-addr", "server.http_addr", "EVENTBUS__SERVER__HTTP_ADDR"),
+    };
+    format!(
+        "; another eventbusd (or another program) holds the port: stop it, or choose another address with \
+         {flag} ADDR ({key}, {variable})"
+    )
 }
 
 impl Server {
@@ -483,7 +501,12 @@ async fn start_durable(
         FsyncSetting::Always => Fsync::Always,
         FsyncSetting::Batch => Fsync::Batch,
     };
-    let store = eventbus_durable::open_store(std::path::Path::new(&d.data_dir), fsync, settings.retention())?;
+    let store = eventbus_durable::open_store(std::path::Path::new(&d.data_dir), fsync, settings.retention()).map_err(
+        |err| match err {
+            eventbus_durable::StoreError::Locked { .. } => ServerError::DataDirLocked { dir: d.data_dir.clone() },
+            err => ServerError::Store(err),
+        },
+    )?;
     let options = durable_options(settings, metrics, supervisor);
     let durable = Durable::start(store, options)?;
     bus.enable_durable(durable.clone());

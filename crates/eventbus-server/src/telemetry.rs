@@ -1,8 +1,14 @@
 //! Logging setup: `log.level` (or `RUST_LOG`, which wins) and `log.format`.
+//!
+//! A bare level in `log.level` (`info`, `debug`) applies to eventbusd's own crates;
+//! dependencies (the store library, hyper, h2, …) log WARN and above unless the level is
+//! stricter still. Filter directives (`info,fjall=debug`) and `RUST_LOG` are taken as
+//! written, so a dependency's lines are one directive away.
 
 use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::filter::ParseError;
 
 use crate::config::{LogFormat, LogSettings};
@@ -38,7 +44,7 @@ pub fn init(log: &LogSettings) -> Result<(), TelemetryError> {
         Ok(value) if !value.is_empty() => {
             EnvFilter::try_new(&value).map_err(|source| TelemetryError::RustLog { value, source })?
         }
-        _ => EnvFilter::try_new(&log.level)
+        _ => EnvFilter::try_new(directives(&log.level))
             .map_err(|source| TelemetryError::Level { value: log.level.clone(), source })?,
     };
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
@@ -47,4 +53,35 @@ pub fn init(log: &LogSettings) -> Result<(), TelemetryError> {
         LogFormat::Text => builder.with_ansi(std::io::stdout().is_terminal()).try_init(),
     };
     result.map_err(|source| TelemetryError::Install { source })
+}
+
+/// The crates whose INFO lines are eventbusd's own.
+const OWN_CRATES: &[&str] =
+    &["eventbusd", "eventbus_server", "eventbus_core", "eventbus_durable", "eventbus_redis", "eventbus_auth"];
+
+/// The filter directives for `log.level`: a bare level becomes that level for
+/// [`OWN_CRATES`] and at most WARN for everything else; directives stay as written.
+pub fn directives(level: &str) -> String {
+    let Ok(own) = level.trim().parse::<LevelFilter>() else {
+        return level.to_owned();
+    };
+    let others = own.min(LevelFilter::WARN);
+    let own_directives = OWN_CRATES.iter().map(|krate| format!(",{krate}={own}"));
+    format!("{others}{}", own_directives.collect::<String>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_level_keeps_dependencies_at_warn() {
+        let info = directives("info");
+        assert!(info.starts_with("warn,") && info.contains("eventbus_server=info"), "{info}");
+        assert!(info.contains("eventbusd=info") && info.contains("eventbus_durable=info"), "{info}");
+        assert!(directives("error").starts_with("error,"), "a stricter level applies to all");
+        assert!(directives("DEBUG").contains("eventbus_core=debug"));
+        assert_eq!(directives("info,fjall=debug"), "info,fjall=debug", "directives as written");
+        EnvFilter::try_new(directives("trace")).unwrap();
+    }
 }

@@ -357,3 +357,70 @@ async fn sighup_reloads_the_principals_file() {
     eventually("the new token to be accepted", || async { publish_as("ebt_second").await.is_ok() }).await;
     assert_eq!(publish_as("ebt_first").await, Err(Code::Unauthenticated));
 }
+
+/// What a second eventbusd says on both of its output streams, once it has exited.
+async fn second_daemon_output(cmd: &mut Command) -> (std::process::ExitStatus, String) {
+    let out = within(cmd.output()).await.unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status, text)
+}
+
+#[tokio::test]
+async fn a_second_daemon_on_the_same_port_says_so_once_and_how_to_choose_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = spawn(command(dir.path(), &["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])).await;
+    let mut second = command(dir.path(), &["--grpc-addr", &first.grpc_addr, "--http-addr", "127.0.0.1:0"]);
+    let (status, text) = second_daemon_output(&mut second).await;
+    assert!(!status.success(), "{text}");
+    assert_eq!(text.matches("os error").count(), 1, "the OS error once: {text}");
+    assert!(text.contains(&first.grpc_addr) && text.contains("--grpc-addr"), "which port, which flag: {text}");
+    assert!(text.contains("server.grpc_addr"), "which setting: {text}");
+}
+
+#[tokio::test]
+async fn a_second_daemon_on_the_same_data_dir_names_it_and_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("shared-data").display().to_string();
+    let args = ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data-dir", &data];
+    let _first = spawn(command(dir.path(), &args)).await;
+    let (status, text) = second_daemon_output(&mut command(dir.path(), &args)).await;
+    assert!(!status.success(), "{text}");
+    assert!(text.contains("another eventbusd holds the data directory"), "{text}");
+    assert!(text.contains(&data) && text.contains("--data-dir"), "{text}");
+    assert!(!text.contains("Locked"), "the store library's word is not the message: {text}");
+}
+
+#[tokio::test]
+async fn help_names_the_defaults_the_variables_and_the_docs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = within(command(dir.path(), &["--help"]).output()).await.unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    for needle in ["50051", "8080", "./data/", "EVENTBUS__SECTION__KEY", "--data-dir", "docs/configuration.md"] {
+        assert!(help.contains(needle), "{needle}: {help}");
+    }
+}
+
+#[tokio::test]
+async fn start_up_logs_no_info_lines_from_dependencies() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data").display().to_string();
+    let args = ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data-dir", &data];
+    let mut child = command(dir.path(), &args).spawn().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let lines = within(async {
+        let mut lines = Vec::new();
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            let started = line.contains("eventbusd started");
+            lines.push(line);
+            if started {
+                return lines;
+            }
+        }
+        panic!("eventbusd exited before starting: {lines:?}");
+    })
+    .await;
+    assert!(lines.iter().any(|l| l.contains("durable consumers ready")), "eventbusd's own INFO lines stay: {lines:?}");
+    let foreign: Vec<_> = lines.iter().filter(|l| l.contains("INFO") && !l.contains(" eventbus")).collect();
+    assert!(foreign.is_empty(), "INFO lines from dependencies: {foreign:?}");
+}

@@ -364,7 +364,7 @@ fn consumer_as_rest(i: &pb::ConsumerInfo) -> serde_json::Value {
         "name": c.name, "channels": c.channels, "ack_deadline_ms": c.ack_deadline_ms,
         "max_attempts": c.max_attempts.unwrap(), "max_in_flight": c.max_in_flight,
         "backoff": {"initial_ms": b.initial_ms, "multiplier": b.multiplier, "max_ms": b.max_ms, "kind": kind},
-        "dead_letter_channel": (!c.dead_letter_channel.is_empty()).then_some(&c.dead_letter_channel),
+        "dead_letter_channel": if c.dead_letter_channel.is_empty() { "dlq.<channel>" } else { &c.dead_letter_channel },
         "exclusive": c.exclusive, "paused": i.paused,
         "pending": i.pending, "in_flight": i.in_flight, "clients": i.clients,
         "acked": i.acked, "dead_lettered": i.dead_lettered, "redelivered": i.redelivered, "owner": i.owner,

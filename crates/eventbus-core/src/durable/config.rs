@@ -215,6 +215,11 @@ pub fn default_dead_letter_channel(channel: &str) -> String {
 /// What every dead-letter channel starts with.
 pub const DLQ_PREFIX: &str = "dlq.";
 
+/// How a consumer without a dead-letter channel of its own shows where its dead letters
+/// go (`dlq.` + each event's channel), the same in every view (CLI, REST, console).
+/// Given back as a definition's `dead_letter_channel`, it means that default.
+pub const DEFAULT_DEAD_LETTER_SHOWN: &str = "dlq.<channel>";
+
 /// FNV-1a, 64 bits: a fixed, documented hash (std's hasher may change between releases).
 fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))

@@ -29,7 +29,8 @@ pub use backend::{
     PendingEntry, PendingSlice, PendingState, Redriven,
 };
 pub use config::{
-    Backoff, BackoffKind, ConfigError, ConsumerConfig, DEFAULT_MAX_PENDING, DLQ_PREFIX, default_dead_letter_channel,
+    Backoff, BackoffKind, ConfigError, ConsumerConfig, DEFAULT_DEAD_LETTER_SHOWN, DEFAULT_MAX_PENDING, DLQ_PREFIX,
+    default_dead_letter_channel,
 };
 pub use dead_letter::{DeadLetterEncoder, DeadLetterSink, PublishedDeadLetter};
 pub use delivery::{

@@ -163,7 +163,10 @@ impl FjallStore {
         let location = dir.display().to_string();
         let open_err = |e: fjall::Error| StoreError::Open { path: location.clone(), source: e.into() };
         std::fs::create_dir_all(dir).map_err(|e| StoreError::Open { path: location.clone(), source: e.into() })?;
-        let db = Database::builder(dir).open().map_err(open_err)?;
+        let db = Database::builder(dir).open().map_err(|e| match e {
+            fjall::Error::Locked => StoreError::Locked { path: location.clone() },
+            e => open_err(e),
+        })?;
         let foreign = db.list_keyspace_names().iter().any(|name| !Keyspaces::NAMES.contains(&&**name));
         let ks = Keyspaces::open(&db).map_err(open_err)?;
         let refuse = |reason: String| StoreError::Refused { path: location.clone(), reason };

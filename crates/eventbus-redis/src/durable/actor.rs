@@ -438,8 +438,11 @@ impl Actor {
             // channel has room for this one beyond its batches.
             let _ = client.tx.try_send(Vec::new());
         }
-        if released > 0 || drain {
+        // A client that leaves holding nothing unstarted (every clean exit) is not news.
+        if released > 0 {
             tracing::info!(consumer = %self.rt.name, client = id, released, drain, "events released unstarted by a client");
+        } else if drain {
+            tracing::debug!(consumer = %self.rt.name, client = id, "client draining, nothing unstarted to release");
         }
         if self.clients.iter().all(|c| c.draining) {
             self.read = None;

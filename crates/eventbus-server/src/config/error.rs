@@ -67,6 +67,16 @@ pub enum ConfigError {
         #[source]
         source: ParseError,
     },
+    /// An unknown key set by `EVENTBUS__` environment variables: the message names them.
+    #[error(
+        "{source}, set by the environment variable {variables} (EVENTBUS__SECTION__KEY spells a key of \
+         config/default.yaml, e.g. EVENTBUS__SERVER__GRPC_ADDR for server.grpc_addr)"
+    )]
+    UnknownVariable {
+        variables: String,
+        #[source]
+        source: Box<ConfigError>,
+    },
     /// An error about a setting whose value was written the Java-style way: the message
     /// names the flat key, this adds the key as written.
     #[error("{source} (set as `{nested}` in {origin})")]
@@ -104,7 +114,7 @@ impl ConfigError {
             Self::DuplicateKey { flat, .. } => Some(flat),
             Self::UnknownSeedKey { key, .. } => Some(key),
             Self::NotASection { key, .. } => Some(key),
-            Self::SeedSpelling { source, .. } => source.key(),
+            Self::SeedSpelling { source, .. } | Self::UnknownVariable { source, .. } => source.key(),
             Self::Load(_) | Self::MissingFile { .. } => None,
         }
     }

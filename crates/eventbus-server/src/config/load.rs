@@ -51,6 +51,8 @@ pub struct Overrides {
     pub mode: Option<String>,
     pub log_level: Option<String>,
     pub log_format: Option<String>,
+    /// `durable.data_dir`: the embedded store's directory.
+    pub data_dir: Option<String>,
 }
 
 impl Settings {
@@ -92,6 +94,7 @@ impl Settings {
             ("eventbus.mode", &overrides.mode),
             ("log.level", &overrides.log_level),
             ("log.format", &overrides.log_format),
+            ("durable.data_dir", &overrides.data_dir),
         ];
         for (key, value) in flags {
             if let Some(value) = value {
@@ -108,9 +111,31 @@ impl Settings {
             Some((nested, origin)) => {
                 ConfigError::SeedSpelling { nested: nested.clone(), origin: origin.clone(), source: Box::new(err) }
             }
-            None => err,
+            None => name_the_variable(err, env),
         })
     }
+}
+
+/// An unknown key that an `EVENTBUS__` variable spells: the error names the variable, so
+/// that a typo in the environment (`EVENTBUS__SERVRE__GRPC_ADDR`) is found where it is.
+fn name_the_variable(err: ConfigError, env: &HashMap<String, String>) -> ConfigError {
+    let text = err.to_string();
+    let Some(field) = text.split("unknown field `").nth(1).and_then(|rest| rest.split('`').next()) else {
+        return err;
+    };
+    let mut variables: Vec<&str> = env
+        .keys()
+        .filter(|name| {
+            name.strip_prefix("EVENTBUS__")
+                .is_some_and(|key| key.split("__").any(|part| part.eq_ignore_ascii_case(field)))
+        })
+        .map(String::as_str)
+        .collect();
+    if variables.is_empty() {
+        return err;
+    }
+    variables.sort_unstable();
+    ConfigError::UnknownVariable { variables: variables.join(", "), source: Box::new(err) }
 }
 
 /// The layers merged so far, each rewritten to the flat layout.

@@ -133,7 +133,10 @@ impl ConsumerSetting {
                 kind: self.backoff.kind,
             },
             max_in_flight: self.max_in_flight,
-            dead_letter_channel: (!self.dead_letter_channel.is_empty()).then(|| self.dead_letter_channel.clone()),
+            // `dlq.<channel>`, the default as every view shows it, is the default.
+            dead_letter_channel: (!self.dead_letter_channel.is_empty()
+                && self.dead_letter_channel != eventbus_core::durable::DEFAULT_DEAD_LETTER_SHOWN)
+                .then(|| self.dead_letter_channel.clone()),
             owner: String::new(),
             exclusive: self.exclusive,
             max_pending: self.max_pending,

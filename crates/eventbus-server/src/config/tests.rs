@@ -530,3 +530,31 @@ fn a_declared_consumer_may_push_and_a_bad_endpoint_names_the_key() {
     let err = load_file(bad, &[]).unwrap_err().to_string();
     assert!(err.contains("push.url") && err.contains("hook"), "{err}");
 }
+
+#[test]
+fn an_unknown_key_from_the_environment_names_the_variable() {
+    let msg = error(&[("EVENTBUS__SERVRE__GRPC_ADDR", "127.0.0.1:1")], Overrides::default());
+    assert!(msg.contains("servre") && msg.contains("EVENTBUS__SERVRE__GRPC_ADDR"), "{msg}");
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+    let msg = error(&[("EVENTBUS__SERVER__GRCP_ADDR", "127.0.0.1:1")], Overrides::default());
+    assert!(msg.contains("grcp_addr") && msg.contains("EVENTBUS__SERVER__GRCP_ADDR"), "{msg}");
+    // A file's unknown key is not blamed on the environment.
+    let err = load_file("servre:\n  grpc_addr: 127.0.0.1:1\n", &[]).unwrap_err();
+    assert!(!matches!(err, ConfigError::UnknownVariable { .. }), "{err}");
+}
+
+#[test]
+fn the_data_dir_flag_wins_over_file_and_environment() {
+    let env = [("EVENTBUS__DURABLE__DATA_DIR", "from-env/")];
+    assert_eq!(load(&env, Overrides::default()).unwrap().durable.data_dir, "from-env/");
+    let overrides = Overrides { data_dir: Some("from-flag/".into()), ..Default::default() };
+    assert_eq!(load(&env, overrides).unwrap().durable.data_dir, "from-flag/");
+}
+
+#[test]
+fn the_default_dead_letter_channel_as_shown_reads_back_as_the_default() {
+    let yaml = "durable:\n  data_dir: ''\n  consumers:\n    - name: a\n      channels: ['x']\n      dead_letter_channel: 'dlq.<channel>'\n    - name: b\n      channels: ['x']\n      dead_letter_channel: 'dead.b'\n";
+    let s = load_file(yaml, &[]).unwrap();
+    let configs: Vec<_> = s.durable.consumers.iter().map(|c| c.to_config().dead_letter_channel).collect();
+    assert_eq!(configs, [None, Some("dead.b".to_owned())]);
+}

@@ -32,7 +32,9 @@ pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig, owner: &str) -> Res
             kind: backoff_kind_from_pb(b.kind)?,
         },
         max_in_flight: if max_in_flight == 0 { defaults.max_in_flight } else { max_in_flight },
-        dead_letter_channel: (!dead_letter_channel.is_empty()).then_some(dead_letter_channel),
+        // The default as the views show it reads back as the default.
+        dead_letter_channel: (!dead_letter_channel.is_empty() && dead_letter_channel != DEFAULT_DEAD_LETTER_SHOWN)
+            .then_some(dead_letter_channel),
         owner: owner.to_owned(),
         exclusive,
         max_pending: max_pending.unwrap_or(defaults.max_pending),
@@ -162,7 +164,7 @@ pub(crate) struct BackoffJson {
 }
 
 /// `ConsumerInfo` in JSON: the definition's fields and the counters side by side; no
-/// dead-letter channel (the `dlq.` default) is `null`.
+/// dead-letter channel of its own reads `dlq.<channel>`, the default.
 #[derive(Debug, Serialize)]
 pub(crate) struct ConsumerJson {
     name: String,
@@ -171,7 +173,7 @@ pub(crate) struct ConsumerJson {
     max_attempts: u32,
     backoff: BackoffJson,
     max_in_flight: u32,
-    dead_letter_channel: Option<String>,
+    dead_letter_channel: String,
     owner: String,
     exclusive: bool,
     max_pending: u64,
@@ -225,7 +227,7 @@ pub(crate) fn consumer_info_json(i: &ConsumerInfo) -> ConsumerJson {
         max_attempts: *max_attempts,
         backoff: BackoffJson { initial_ms, multiplier, max_ms, kind },
         max_in_flight: *max_in_flight,
-        dead_letter_channel: dead_letter_channel.clone(),
+        dead_letter_channel: dead_letter_channel.clone().unwrap_or_else(|| DEFAULT_DEAD_LETTER_SHOWN.to_owned()),
         owner: owner.clone(),
         exclusive: *exclusive,
         max_pending: *max_pending,

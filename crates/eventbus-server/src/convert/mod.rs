@@ -27,9 +27,9 @@ use axum::http::StatusCode;
 use bytes::Bytes;
 use eventbus_core::durable::from_epoch_ms;
 use eventbus_core::durable::{
-    Backoff, BackoffKind, ConsumerConfig, ConsumerInfo, Delivery, DurableBackend, DurableError, Failure, LogEntry,
-    LogSlice, LogStatus, PendingEntry, PendingSlice, PendingState, PublishedDeadLetter, PushConfig, PushEnvelope,
-    Redriven,
+    Backoff, BackoffKind, ConsumerConfig, ConsumerInfo, DEFAULT_DEAD_LETTER_SHOWN, Delivery, DurableBackend,
+    DurableError, Failure, LogEntry, LogSlice, LogStatus, PendingEntry, PendingSlice, PendingState,
+    PublishedDeadLetter, PushConfig, PushEnvelope, Redriven,
 };
 use eventbus_core::{
     Bus, BusStats, ChannelStats, CloseReason, Error, ErrorKind, Event, Overflow, PublishInput, Published,
