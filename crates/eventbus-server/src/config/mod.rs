@@ -29,7 +29,7 @@ use tracing_subscriber::filter::ParseError;
 pub use crate::tls::TlsSettings;
 
 /// The shipped defaults, embedded so the binary runs from any directory.
-pub const DEFAULT_YAML: &str = include_str!("../../../../config/default.yaml");
+pub const DEFAULT_YAML: &str = include_str!("../../config/default.yaml");
 
 /// File read when `--config` is not given, if it exists.
 pub const IMPLICIT_FILE: &str = "config/default.yaml";
