@@ -43,7 +43,7 @@ async fn main() -> Result<()> {
     let (db, connection) = tokio_postgres::connect(&base, NoTls).await?;
     tokio::spawn(connection);
     db.batch_execute(&format!("create schema {schema}; set search_path to {schema};")).await?;
-    db.batch_execute(include_str!("../../../clients/sql/outbox.sql")).await?;
+    db.batch_execute(include_str!("../sql/outbox.sql")).await?;
     let mut options = RelayOptions::new(format!("{base} options='-c search_path={schema}'"));
     options.batch = batch;
     let relay = Relay::new(client.clone(), options)?;

@@ -19,8 +19,8 @@ use eventbus_client::tokio_postgres::{self, NoTls};
 use eventbus_client::{Client, Delivery, Handler, Outcome, Worker};
 use tokio_util::sync::CancellationToken;
 
-const OUTBOX_SQL: &str = include_str!("../../../clients/sql/outbox.sql");
-const INBOX_SQL: &str = include_str!("../../../clients/sql/inbox.sql");
+const OUTBOX_SQL: &str = include_str!("../sql/outbox.sql");
+const INBOX_SQL: &str = include_str!("../sql/inbox.sql");
 
 /// A schema of its own on the test server, with the shipped DDL applied.
 struct Pg {
