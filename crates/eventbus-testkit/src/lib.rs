@@ -1,0 +1,36 @@
+//! What the workspace's tests share (a dev-dependency only, never shipped):
+//!
+//! - [`within`], [`eventually`] and [`DEADLINE`]: every wait bounded, none a sleep;
+//! - [`redis`]: a private `redis-server` per test ([`redis::RedisProc`]) and a private
+//!   Redis Cluster of 3 masters and 3 replicas ([`redis::RedisCluster`]);
+//! - [`conformance`]: the checks every durable engine passes, written against the
+//!   `DurableBackend` trait alone; each engine's crate runs them on its engine.
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc)] // Test support fails loudly on purpose.
+
+pub mod conformance;
+pub mod redis;
+
+use std::future::Future;
+use std::time::Duration;
+
+/// Bound on every wait in the tests: generous for a loaded 2-core machine, and
+/// reached only when something is broken.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Awaits `fut`, failing the test past [`DEADLINE`].
+pub async fn within<F: Future>(fut: F) -> F::Output {
+    tokio::time::timeout(DEADLINE, fut).await.expect("timed out")
+}
+
+/// Polls `check` until it returns true, failing the test past [`DEADLINE`].
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
