@@ -83,14 +83,8 @@ fi
 # Imports resolve from the script's own folder: run it from inside the project.
 cp bench/clients/publish.mjs "$NODE_DIR/publish.mjs"
 
-PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-
-NATS_PORT=$(free_port)
-rm -rf "$OUT/clients-jetstream"
-nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$OUT/clients-jetstream" >"$OUT/clients-nats.log" 2>&1 & PIDS+=($!)
-NATS_PID=$!
+trap stop_started EXIT
+start_jetstream clients
 EB_PORT=$(free_port)
 # An empty directory for the daemon: no ./config/default.yaml of this checkout.
 dir="$PWD/$OUT/clients-eventbus"

@@ -30,15 +30,10 @@ cargo build --release --quiet -p eventbus-server -p eventbus-cli -p peers
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
-PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-
-NATS_PORT=$(free_port)
-rm -rf "$OUT/durable-jetstream"
-nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$OUT/durable-jetstream" >"$OUT/durable-nats.log" 2>&1 & PIDS+=($!)
+trap stop_started EXIT
+start_jetstream durable
 declare -A PORT SERVER
-SERVER[jetstream]=$!
+SERVER[jetstream]=$NATS_PID
 SIDES=()
 for variant in $VARIANTS; do
   name=${variant%%=*}; rest=${variant#*=}; bin=$(realpath "${rest%%:*}"); fsync=${rest#*:}

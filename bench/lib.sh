@@ -23,3 +23,18 @@ create_cluster() {
   done
   echo "the cluster of $* does not serve every slot" >&2; exit 1
 }
+
+# Processes a script started (`cmd & PIDS+=($!)`), stopped on exit with
+# `trap stop_started EXIT`.
+PIDS=()
+stop_started() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+
+# Starts nats-server with JetStream on a fresh store, $OUT/$1-jetstream (log
+# $OUT/$1-nats.log); sets NATS_PORT and NATS_PID.
+start_jetstream() {
+  NATS_PORT=$(free_port)
+  rm -rf "$OUT/$1-jetstream"
+  nats-server -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$OUT/$1-jetstream" >"$OUT/$1-nats.log" 2>&1 &
+  NATS_PID=$!
+  PIDS+=("$NATS_PID")
+}

@@ -19,18 +19,47 @@ pub const DEADLINE: Duration = Duration::from_secs(10);
 
 /// Awaits `fut`, failing the test past [`DEADLINE`].
 pub async fn within<F: Future>(fut: F) -> F::Output {
-    tokio::time::timeout(DEADLINE, fut).await.expect("timed out")
+    within_deadline(DEADLINE, fut).await
+}
+
+/// Awaits `fut`, failing the test past `deadline`.
+pub async fn within_deadline<F: Future>(deadline: Duration, fut: F) -> F::Output {
+    tokio::time::timeout(deadline, fut).await.expect("timed out")
 }
 
 /// Polls `check` until it returns true, failing the test past [`DEADLINE`].
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
+pub async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
+    eventually_within(DEADLINE, what, check).await
+}
+
+/// Polls `check` until it returns true, failing the test past `deadline`.
+pub async fn eventually_within<F, Fut>(deadline: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let until = tokio::time::Instant::now() + deadline;
     while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(tokio::time::Instant::now() < until, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Copies the directory `from` into `to`, recursively (a data directory holds the
+/// store's own directory tree).
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
     }
 }

@@ -118,20 +118,16 @@ pub async fn publish_n(client: &Client, channel: &str, n: usize) -> Vec<String> 
 
 /// Awaits `fut`, failing the test past [`DEADLINE`].
 pub async fn within<F: Future>(fut: F) -> F::Output {
-    tokio::time::timeout(DEADLINE, fut).await.expect("timed out")
+    eventbus_testkit::within_deadline(DEADLINE, fut).await
 }
 
 /// Polls `check` until it returns true, failing the test past [`DEADLINE`].
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
+pub async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventbus_testkit::eventually_within(DEADLINE, what, check).await
 }
 
 /// The consumer's state, once nothing is left pending or in flight.
@@ -147,17 +143,4 @@ pub async fn settled(client: &Client, name: &str) -> pb::ConsumerInfo {
     }
 }
 
-/// Copies the directory `from` into `to`, recursively (a data directory holds the
-/// store's own directory tree).
-pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
+pub use eventbus_testkit::copy_dir;

@@ -55,13 +55,7 @@ async fn per_subscription_series_are_capped() {
     }
     // One subscription is backed up (it never reads, on a connection with small
     // windows): the fullest queues are the ones labelled.
-    let stalled_channel = server
-        .endpoint()
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(65_535)
-        .connect()
-        .await
-        .unwrap();
+    let stalled_channel = server.small_window_channel().await;
     let backed_up = subscribe_on(&mut EventBusClient::new(stalled_channel), sub(&["s.37"])).await;
     for _ in 0..8 {
         client.publish(event("s.37", vec![0u8; 256 * 1024])).await.unwrap();

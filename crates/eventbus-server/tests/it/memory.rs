@@ -23,13 +23,7 @@ fn value(metrics: &str, series: &str) -> u64 {
 /// A subscriber that never reads, on its own connection with the smallest HTTP/2
 /// windows, so its queue in the broker fills.
 async fn stalled(server: &TestServer, req: pb::SubscribeRequest) -> Subscriber {
-    let channel = server
-        .endpoint()
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(65_535)
-        .connect()
-        .await
-        .unwrap();
+    let channel = server.small_window_channel().await;
     subscribe_on(&mut EventBusClient::new(channel), req).await
 }
 

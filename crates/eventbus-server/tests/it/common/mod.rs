@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tonic::transport::{Channel, Endpoint};
 
-pub use eventbus_testkit::{DEADLINE, eventually, within};
+pub use eventbus_testkit::{DEADLINE, copy_dir, eventually, within};
 
 pub struct TestServer {
     pub addr: SocketAddr,
@@ -76,6 +76,13 @@ impl TestServer {
     /// Opens a subscription and waits for its `started` message.
     pub async fn subscribe(&self, req: pb::SubscribeRequest) -> Subscriber {
         subscribe_on(&mut self.client().await, req).await
+    }
+
+    /// A connection with the smallest HTTP/2 windows (64 KiB): a stream on it that is
+    /// not read stops the server's writes after a few large events.
+    pub async fn small_window_channel(&self) -> Channel {
+        let endpoint = self.endpoint().initial_stream_window_size(65_535).initial_connection_window_size(65_535);
+        endpoint.connect().await.expect("connect")
     }
 
     /// URL of an HTTP route.
@@ -162,28 +169,7 @@ pub async fn slow_subscriber(
     overflow: pb::OverflowPolicy,
     capacity: u32,
 ) -> Subscriber {
-    let channel = server
-        .endpoint()
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(65_535)
-        .connect()
-        .await
-        .unwrap();
+    let channel = server.small_window_channel().await;
     let req = pb::SubscribeRequest { queue_capacity: capacity, overflow: overflow as i32, ..sub(&[pattern]) };
     subscribe_on(&mut EventBusClient::new(channel), req).await
-}
-
-/// Copies the directory `from` into `to`, recursively (a data directory holds the
-/// store's own directory tree).
-pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
