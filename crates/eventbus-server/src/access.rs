@@ -18,14 +18,13 @@ use eventbus_core::durable::DurableBackend;
 use futures::{Stream, StreamExt, stream};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
-use tonic::Status;
 use tracing::{info, warn};
 
 use eventbus_core::durable::ConsumerConfig;
 
-use crate::convert::EdgeError;
 use crate::listener::PeerInfo;
 use crate::metrics::EdgeCounters;
+use crate::ops::{Refusal, Withdrawn};
 
 /// What a request needs a right for; the `operation` label of
 /// `permission_denied_total`.
@@ -180,7 +179,7 @@ impl Access {
         authorization: Option<&[u8]>,
         repeated: bool,
         peer: Option<&PeerInfo>,
-    ) -> Result<Caller, EdgeError> {
+    ) -> Result<Caller, Refusal> {
         if !self.inner.auth.enabled() {
             return Ok(self.inner.anonymous.clone());
         }
@@ -205,13 +204,13 @@ impl Access {
         }
     }
 
-    fn unauthenticated(&self, failure: AuthFailure, peer: Option<&PeerInfo>) -> EdgeError {
+    fn unauthenticated(&self, failure: AuthFailure, peer: Option<&PeerInfo>) -> Refusal {
         self.inner.counters.auth_failures.with_label_values(&[failure.reason()]).inc();
         if self.inner.log.admit() {
             let peer = peer.map(|p| p.addr.to_string()).unwrap_or_default();
             warn!(reason = failure.reason(), %peer, "request refused: {failure}");
         }
-        EdgeError::Unauthenticated(failure.to_string())
+        Refusal::Unauthenticated(failure.to_string())
     }
 
     /// Refuses `operation` unless `allowed`; `what` names what was refused (a channel,
@@ -222,13 +221,13 @@ impl Access {
         operation: Operation,
         allowed: bool,
         what: impl FnOnce() -> String,
-    ) -> Result<(), EdgeError> {
+    ) -> Result<(), Refusal> {
         if allowed { Ok(()) } else { Err(self.denied(caller, operation, what())) }
     }
 
-    pub(crate) fn denied(&self, caller: &Caller, operation: Operation, what: String) -> EdgeError {
+    pub(crate) fn denied(&self, caller: &Caller, operation: Operation, what: String) -> Refusal {
         self.count_denied(caller.name(), operation, &what);
-        EdgeError::PermissionDenied { principal: caller.name().to_owned(), operation: operation.as_str(), what }
+        Refusal::PermissionDenied { principal: caller.name().to_owned(), operation: operation.as_str(), what }
     }
 
     fn count_denied(&self, principal: &str, operation: Operation, what: &str) {
@@ -243,7 +242,7 @@ impl Access {
         &self,
         caller: &Caller,
         channels: impl IntoIterator<Item = &'a str>,
-    ) -> Result<(), EdgeError> {
+    ) -> Result<(), Refusal> {
         if !self.inner.auth.enabled() {
             return Ok(()); // The anonymous caller has every right: nothing to look at per event.
         }
@@ -257,7 +256,7 @@ impl Access {
 
     /// One event of a batch: the right to publish on `channel` (the rate is taken for
     /// the whole batch by [`Access::take_publish_rate`]).
-    pub(crate) fn check_publish_right(&self, caller: &Caller, channel: &str) -> Result<(), EdgeError> {
+    pub(crate) fn check_publish_right(&self, caller: &Caller, channel: &str) -> Result<(), Refusal> {
         if !self.inner.auth.enabled() {
             return Ok(());
         }
@@ -272,19 +271,19 @@ impl Access {
 
     /// Room for `count` events in the principal's `max_publish_rate`, taken all at once
     /// or not at all.
-    pub(crate) fn take_publish_rate(&self, caller: &Caller, count: u32) -> Result<(), EdgeError> {
+    pub(crate) fn take_publish_rate(&self, caller: &Caller, count: u32) -> Result<(), Refusal> {
         if let Some(limiter) = &caller.limiter
             && !limiter.try_acquire(count)
         {
             self.count_denied(caller.name(), Operation::Limit, "max_publish_rate");
-            return Err(EdgeError::OverLimit { principal: caller.name().to_owned(), limit: "max_publish_rate" });
+            return Err(Refusal::OverLimit { principal: caller.name().to_owned(), limit: "max_publish_rate" });
         }
         Ok(())
     }
 
     /// Subscribe (and a consumer's channels): each filter covered by an allow and
     /// overlapping no deny.
-    pub(crate) fn check_subscribe<S: AsRef<str>>(&self, caller: &Caller, filters: &[S]) -> Result<(), EdgeError> {
+    pub(crate) fn check_subscribe<S: AsRef<str>>(&self, caller: &Caller, filters: &[S]) -> Result<(), Refusal> {
         if !self.inner.auth.enabled() {
             return Ok(());
         }
@@ -303,12 +302,7 @@ impl Access {
 
     /// Unsubscribe: the subscription's owner or an admin. An unknown id passes, for the
     /// bus to answer NOT_FOUND.
-    pub(crate) fn check_unsubscribe(
-        &self,
-        bus: &eventbus_core::Bus,
-        caller: &Caller,
-        id: &str,
-    ) -> Result<(), EdgeError> {
+    pub(crate) fn check_unsubscribe(&self, bus: &eventbus_core::Bus, caller: &Caller, id: &str) -> Result<(), Refusal> {
         if caller.principal.permissions.is_admin() {
             return Ok(());
         }
@@ -323,7 +317,7 @@ impl Access {
     /// publish on the dead-letter channel it names (its dead letters carry payloads the
     /// creator chose, so that channel is one it publishes to). The default, `dlq.` and
     /// the event's channel, is the broker's own: it needs no right (docs/security.md).
-    pub(crate) fn check_create_consumer(&self, caller: &Caller, config: &ConsumerConfig) -> Result<(), EdgeError> {
+    pub(crate) fn check_create_consumer(&self, caller: &Caller, config: &ConsumerConfig) -> Result<(), Refusal> {
         self.check_manage_consumer(caller, &config.name)?;
         self.check_subscribe(caller, &config.channels)?;
         match config.dead_letter_channel.as_deref().filter(|c| !c.is_empty()) {
@@ -350,7 +344,7 @@ impl Access {
         durable: &dyn DurableBackend,
         caller: &Caller,
         name: &str,
-    ) -> Result<(), EdgeError> {
+    ) -> Result<(), Refusal> {
         let ConsumerLimits { per_principal, broker, .. } = self.inner.limits;
         let own_limit = match self.inner.auth.enabled() {
             true => caller.principal.permissions.permissions().max_consumers.unwrap_or(per_principal) as usize,
@@ -365,7 +359,7 @@ impl Access {
         }
         let over = |limit: &'static str| {
             self.count_denied(caller.name(), Operation::Limit, limit);
-            EdgeError::OverLimit { principal: caller.name().to_owned(), limit }
+            Refusal::OverLimit { principal: caller.name().to_owned(), limit }
         };
         if broker != 0 && consumers.len() >= broker {
             return Err(over("durable.max_consumers"));
@@ -378,7 +372,7 @@ impl Access {
     }
 
     /// Deleting (or creating) a consumer.
-    pub(crate) fn check_manage_consumer(&self, caller: &Caller, name: &str) -> Result<(), EdgeError> {
+    pub(crate) fn check_manage_consumer(&self, caller: &Caller, name: &str) -> Result<(), Refusal> {
         let allowed = caller.principal.permissions.can_manage(name);
         self.require(caller, Operation::ManageConsumers, allowed, || {
             format!("consumer {}", eventbus_core::quoted(name))
@@ -386,7 +380,7 @@ impl Access {
     }
 
     /// Attaching to a consumer (`Consume`).
-    pub(crate) fn check_attach(&self, caller: &Caller, name: &str) -> Result<(), EdgeError> {
+    pub(crate) fn check_attach(&self, caller: &Caller, name: &str) -> Result<(), Refusal> {
         let allowed = caller.principal.permissions.can_attach(name);
         self.require(caller, Operation::Consume, allowed, || format!("consumer {}", eventbus_core::quoted(name)))
     }
@@ -398,7 +392,7 @@ impl Access {
         p.is_admin() || p.can_attach(name) || p.can_manage(name)
     }
 
-    pub(crate) fn check_read_consumer(&self, caller: &Caller, name: &str) -> Result<(), EdgeError> {
+    pub(crate) fn check_read_consumer(&self, caller: &Caller, name: &str) -> Result<(), Refusal> {
         let allowed = self.may_read_consumer(caller, name);
         self.require(caller, Operation::ReadConsumer, allowed, || format!("consumer {}", eventbus_core::quoted(name)))
     }
@@ -406,7 +400,7 @@ impl Access {
     /// Records an open stream that uses a right, so a reload can end it when the right
     /// (or the principal) is gone, and its credential's expiry ends it; a subscription
     /// also counts against `max_subscriptions`.
-    pub(crate) fn open_stream(&self, caller: &Caller, uses: StreamUse) -> Result<StreamGuard, EdgeError> {
+    pub(crate) fn open_stream(&self, caller: &Caller, uses: StreamUse) -> Result<StreamGuard, Refusal> {
         let end = CancellationToken::new();
         let why = Arc::new(OnceLock::new());
         let closed = CancellationToken::new();
@@ -426,7 +420,7 @@ impl Access {
             {
                 drop(streams);
                 self.count_denied(caller.name(), Operation::Limit, "max_subscriptions");
-                return Err(EdgeError::OverLimit { principal: caller.name().to_owned(), limit: "max_subscriptions" });
+                return Err(Refusal::OverLimit { principal: caller.name().to_owned(), limit: "max_subscriptions" });
             }
             *streams.subscriptions.entry(caller.name().to_owned()).or_default() += 1;
         }
@@ -445,7 +439,7 @@ impl Access {
         caller: &Caller,
         at: std::time::SystemTime,
         end: CancellationToken,
-        why: Arc<OnceLock<Status>>,
+        why: Arc<OnceLock<Withdrawn>>,
         closed: CancellationToken,
     ) {
         let counters = self.inner.counters.clone();
@@ -457,7 +451,7 @@ impl Access {
                 () = tokio::time::sleep(left) => {
                     counters.auth_failures.with_label_values(&[AuthFailure::Expired.reason()]).inc();
                     info!(%principal, "stream ended: its credential expired");
-                    if why.set(Status::unauthenticated("the credential expired")).is_ok() {
+                    if why.set(Withdrawn::Credential("the credential expired".into())).is_ok() {
                         end.cancel();
                     }
                 }
@@ -480,8 +474,8 @@ impl Access {
         let mut streams = self.inner.streams.lock();
         let mut ended = 0;
         for stream in streams.open.values_mut() {
-            let Some(status) = self.recheck(stream) else { continue };
-            if stream.why.set(status).is_ok() {
+            let Some(why) = self.recheck(stream) else { continue };
+            if stream.why.set(why).is_ok() {
                 stream.end.cancel();
                 ended += 1;
             }
@@ -517,13 +511,13 @@ impl Access {
 
     /// Why `stream` may no longer stay open, if it may not; else the stream goes on as
     /// the principal its credential names now (with its current rights and limits).
-    fn recheck(&self, stream: &mut OpenStream) -> Option<Status> {
+    fn recheck(&self, stream: &mut OpenStream) -> Option<Withdrawn> {
         let credential = &stream.caller.credential;
         let principal = match self.inner.auth.authenticate(credential.bearer.as_deref(), &credential.cert_subjects) {
             Ok(principal) => principal,
             Err(failure) => {
                 self.inner.counters.auth_failures.with_label_values(&[failure.reason()]).inc();
-                return Some(Status::unauthenticated(format!("credentials no longer accepted: {failure}")));
+                return Some(Withdrawn::Credential(format!("credentials no longer accepted: {failure}")));
             }
         };
         stream.caller = Caller {
@@ -547,7 +541,7 @@ impl Access {
         };
         self.count_denied(&principal.name, operation, &what);
         info!(principal = %principal.name, operation = operation.as_str(), what, "stream ended: right withdrawn");
-        Some(Status::permission_denied(format!(
+        Some(Withdrawn::Right(format!(
             "principal {:?} lost the right to {} ({what})",
             principal.name,
             operation.as_str()
@@ -600,7 +594,7 @@ struct OpenStream {
     caller: Caller,
     uses: StreamUse,
     end: CancellationToken,
-    why: Arc<OnceLock<Status>>,
+    why: Arc<OnceLock<Withdrawn>>,
 }
 
 /// An open stream's place in the registry; dropping it removes the stream.
@@ -610,7 +604,7 @@ pub(crate) struct StreamGuard {
     /// `None` with authentication off: not registered.
     id: Option<u64>,
     end: CancellationToken,
-    why: Arc<OnceLock<Status>>,
+    why: Arc<OnceLock<Withdrawn>>,
     /// Stops the expiry timer with the stream.
     _closed: tokio_util::sync::DropGuard,
 }
@@ -631,17 +625,18 @@ impl StreamGuard {
     }
 
     /// `inner` until it ends, or until a reload withdraws the right it lives on: then
-    /// one last item, the status saying why.
-    pub(crate) fn guard<T, S>(self, inner: S) -> impl Stream<Item = Result<T, Status>> + Send + 'static
+    /// one last item, the error saying why.
+    pub(crate) fn guard<T, E, S>(self, inner: S) -> impl Stream<Item = Result<T, E>> + Send + 'static
     where
         T: Send + 'static,
-        S: Stream<Item = Result<T, Status>> + Send + 'static,
+        E: From<Withdrawn> + Send + 'static,
+        S: Stream<Item = Result<T, E>> + Send + 'static,
     {
         let end = self.end.clone();
         let last = stream::once(async move {
             let why = self.why.get().cloned();
             drop(self);
-            why.map(Err)
+            why.map(|why| Err(E::from(why)))
         })
         .filter_map(std::future::ready);
         inner.take_until(end.cancelled_owned()).chain(last)

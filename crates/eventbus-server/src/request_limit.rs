@@ -25,7 +25,7 @@ use tonic::server::NamedService;
 use tonic::{Code, Status};
 use tower_service::Service;
 
-use crate::convert::EdgeError;
+use crate::ops::Refusal;
 
 /// Room above `max_payload_bytes` for the rest of a publish request: metadata is up to
 /// 64 × (128 + 4 KiB), plus the channel, keys and framing.
@@ -55,8 +55,8 @@ impl PayloadLimit {
     }
 
     /// The refusal of a request over `request_limit` bytes.
-    pub(crate) fn exceeded(self, request_limit: usize) -> EdgeError {
-        EdgeError::RequestTooLarge { request_limit, max_payload_bytes: self.max_payload_bytes }
+    pub(crate) fn exceeded(self, request_limit: usize) -> Refusal {
+        Refusal::RequestTooLarge { request_limit, max_payload_bytes: self.max_payload_bytes }
     }
 
     /// For a publish: our refusal in place of tonic's decode-limit status; otherwise

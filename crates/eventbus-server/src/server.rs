@@ -22,13 +22,12 @@ use tracing::{info, warn};
 use crate::access::{Access, ConsumerLimits};
 use crate::config::{FsyncSetting, Mode, Settings};
 use crate::convert;
-use crate::delivery::EncodedStreams;
 use crate::gate::{AllowedHosts, BrowserCorsLayer, GrpcGateLayer};
-use crate::grpc::{AdminService, Authenticate, EventBusService};
+use crate::grpc::{AdminService, Authenticate, EncodedStreams, EventBusService};
 use crate::http::{self, HttpState, Readiness};
-use crate::http_server;
 use crate::listener::{ConnectionLimits, Incoming, TrackRequestsLayer};
 use crate::metrics::{EdgeCounters, LabelLimits, Metrics, PushMetrics};
+use crate::ops::Ops;
 use crate::push::{Endpoints, PushSetupError, Pusher};
 use crate::request_limit::{PayloadLimit, RequestErrors};
 use crate::tls::{Protocols, Tls, TlsError};
@@ -323,21 +322,17 @@ impl Server {
         let limit = PayloadLimit::new(settings.eventbus.max_payload_bytes);
         // Every service but health (probes carry no credentials) authenticates each call.
         let authenticate = Authenticate(access.clone());
-        let event_bus_service = EventBusService::new(
-            bus.clone(),
-            access.clone(),
-            metrics.clone(),
-            limit,
-            settings.eventbus.max_publish_batch,
-        );
+        // Every protocol calls the same operations.
+        let ops = Ops::new(bus.clone(), access.clone(), metrics, settings.eventbus.max_publish_batch);
+        let event_bus_service = EventBusService::new(ops.clone(), limit);
         let event_bus =
             EventBusServer::new(event_bus_service.clone()).max_decoding_message_size(limit.grpc_message_limit());
-        // Subscribe streams are encoded by `delivery`, the other methods by the generated
+        // Subscribe streams are encoded by `grpc::encoded`, the other methods by the generated
         // server; tonic's own refusals of any of them get our statuses.
-        let event_bus = EncodedStreams::new(event_bus, event_bus_service.clone(), limit);
+        let event_bus = EncodedStreams::new(event_bus, event_bus_service, limit);
         let event_bus = InterceptedService::new(RequestErrors::new(event_bus, Some(limit)), authenticate.clone());
         let admin = InterceptedService::new(
-            RequestErrors::new(AdminServer::new(AdminService::new(bus.clone(), access.clone())), None),
+            RequestErrors::new(AdminServer::new(AdminService::new(ops.clone())), None),
             authenticate.clone(),
         );
         let reflection = settings.server.reflection;
@@ -351,7 +346,7 @@ impl Server {
             max_connections: settings.server.max_connections,
             idle_timeout: (settings.server.idle_timeout_ms > 0)
                 .then(|| Duration::from_millis(settings.server.idle_timeout_ms)),
-            // hyper enforces it on the HTTP listener (`http_server`).
+            // hyper enforces it on the HTTP listener (`http::serve`).
             header_read_timeout: None,
         };
         // tonic does not let its hyper take the limit: the connections keep it.
@@ -408,18 +403,8 @@ impl Server {
 
         let allowed_origins = settings.server.http.allowed_origins.clone().into();
         let sse_heartbeat = Duration::from_millis(settings.server.http.sse_heartbeat_ms);
-        let app = http::router(HttpState {
-            bus: bus.clone(),
-            metrics,
-            readiness,
-            limit,
-            access,
-            allowed_origins,
-            allowed_hosts,
-            events: event_bus_service,
-            sse_heartbeat,
-        });
-        let http_server = http_server::serve(http, app, header_read_timeout, stopped.clone());
+        let app = http::router(HttpState { ops, readiness, limit, allowed_origins, allowed_hosts, sse_heartbeat });
+        let http_server = http::serve(http, app, header_read_timeout, stopped.clone());
 
         info!(%grpc_addr, %http_addr, mode = bus.mode(), instance_id = bus.instance_id(), "eventbusd started");
         // After the drain, how long open connections get to close before the server

@@ -4,7 +4,7 @@ use super::*;
 
 /// A consumer definition from the wire, created by `owner`; zero values take the
 /// defaults.
-pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig, owner: &str) -> Result<ConsumerConfig, EdgeError> {
+pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig, owner: &str) -> Result<ConsumerConfig, Refusal> {
     let pb::ConsumerConfig {
         name,
         channels,
@@ -43,13 +43,13 @@ pub(crate) fn consumer_config_from_pb(c: pb::ConsumerConfig, owner: &str) -> Res
 }
 
 /// A push endpoint from the wire; zero values take the defaults.
-fn push_from_pb(p: pb::PushConfig) -> Result<PushConfig, EdgeError> {
+fn push_from_pb(p: pb::PushConfig) -> Result<PushConfig, Refusal> {
     let pb::PushConfig { url, headers, timeout_ms, max_concurrency, batch, envelope, secret } = p;
     let defaults = PushConfig::new(url);
     let envelope = match pb::PushEnvelope::try_from(envelope) {
         Ok(pb::PushEnvelope::Raw) => PushEnvelope::Raw,
         Ok(pb::PushEnvelope::Json) => PushEnvelope::Json,
-        Err(_) => return Err(EdgeError::BadRequest(format!("invalid push.envelope: unknown envelope {envelope}"))),
+        Err(_) => return Err(Refusal::BadRequest(format!("invalid push.envelope: unknown envelope {envelope}"))),
     };
     Ok(PushConfig {
         headers: headers.into_iter().collect(),
@@ -80,11 +80,11 @@ fn push(p: &PushConfig) -> pb::PushConfig {
     }
 }
 
-fn backoff_kind_from_pb(kind: i32) -> Result<BackoffKind, EdgeError> {
+fn backoff_kind_from_pb(kind: i32) -> Result<BackoffKind, Refusal> {
     match pb::BackoffKind::try_from(kind) {
         Ok(pb::BackoffKind::Exponential) => Ok(BackoffKind::Exponential),
         Ok(pb::BackoffKind::Linear) => Ok(BackoffKind::Linear),
-        Err(_) => Err(EdgeError::BadRequest(format!("invalid backoff.kind: unknown backoff kind {kind}"))),
+        Err(_) => Err(Refusal::BadRequest(format!("invalid backoff.kind: unknown backoff kind {kind}"))),
     }
 }
 
@@ -251,10 +251,10 @@ pub(crate) fn delivery(d: &Delivery) -> pb::Delivery {
 }
 
 /// Content type of published dead letters.
-pub const DEAD_LETTER_CONTENT_TYPE: &str = "application/x-protobuf; type=eventbus.v1.DeadLetter";
+pub(crate) const DEAD_LETTER_CONTENT_TYPE: &str = "application/x-protobuf; type=eventbus.v1.DeadLetter";
 
 /// The wire form of a dead letter, for `DurableOptions::dead_letter_encoder`.
-pub fn encode_dead_letter(dl: &PublishedDeadLetter) -> (Bytes, String) {
+pub(crate) fn encode_dead_letter(dl: &PublishedDeadLetter) -> (Bytes, String) {
     let PublishedDeadLetter { channel: _, event: e, consumer, owner, attempts, failures } = dl;
     let msg = pb::DeadLetter {
         event: Some(event(e)),

@@ -4,11 +4,13 @@ use super::*;
 use eventbus_core::Since;
 use eventbus_core::history::Position;
 
+use crate::ops::{Frame, Started};
+
+/// A `SubscribeRequest`'s options; the owner and its bounds are the operation's to set.
 pub(crate) fn subscribe_options(
     req: pb::SubscribeRequest,
     peer: String,
-    owner: String,
-) -> Result<(SubscribeOptions, Option<Since>), EdgeError> {
+) -> Result<(SubscribeOptions, Option<Since>), Refusal> {
     let pb::SubscribeRequest {
         channels,
         group,
@@ -25,7 +27,7 @@ pub(crate) fn subscribe_options(
         Ok(pb::OverflowPolicy::DropOldest) => Some(Overflow::DropOldest),
         Ok(pb::OverflowPolicy::Disconnect) => Some(Overflow::Disconnect),
         Ok(pb::OverflowPolicy::DeadLetter) => Some(Overflow::DeadLetter),
-        Err(_) => return Err(EdgeError::BadRequest(format!("invalid overflow: unknown policy {overflow}"))),
+        Err(_) => return Err(Refusal::BadRequest(format!("invalid overflow: unknown policy {overflow}"))),
     };
     let options = SubscribeOptions {
         channels,
@@ -36,10 +38,36 @@ pub(crate) fn subscribe_options(
         max_batch: max_batch as usize,
         name,
         peer,
-        owner,
+        owner: String::new(),
         owner_max_queued_bytes: 0,
     };
     Ok((options, since(asked)?))
+}
+
+/// A subscription's first message.
+pub(crate) fn subscription_started(started: Started) -> pb::SubscribeResponse {
+    let Started { id, recovered, positions, started_at } = started;
+    pb::SubscribeResponse {
+        kind: Some(pb::subscribe_response::Kind::Started(pb::SubscriptionStarted {
+            subscription_id: id,
+            recovered,
+            positions: positions.into_iter().map(|(c, p)| (c, position(&p))).collect(),
+            started_at: Some(timestamp(started_at)),
+        })),
+    }
+}
+
+/// A subscription's frame as the generated message (for callers of the service trait;
+/// the stream itself is encoded without it).
+pub(crate) fn subscribe_response(frame: Frame) -> pb::SubscribeResponse {
+    match frame {
+        Frame::Started(started) => subscription_started(started),
+        Frame::Events(events) => pb::SubscribeResponse {
+            kind: Some(pb::subscribe_response::Kind::Events(pb::EventBatch {
+                events: events.iter().map(event).collect(),
+            })),
+        },
+    }
 }
 
 fn overflow_policy(o: Overflow) -> pb::OverflowPolicy {
@@ -69,7 +97,7 @@ pub(crate) fn position(p: &Position) -> pb::EventPosition {
 }
 
 /// `SubscribeRequest.since`: `None` when absent or empty.
-fn since(since: Option<pb::SubscribeSince>) -> Result<Option<Since>, EdgeError> {
+fn since(since: Option<pb::SubscribeSince>) -> Result<Option<Since>, Refusal> {
     let Some(pb::SubscribeSince { positions, timestamp }) = since else { return Ok(None) };
     let timestamp = timestamp.map(|t| valid_time("since.timestamp", t)).transpose()?;
     let positions = positions

@@ -1,54 +1,9 @@
 //! Channel histories: the admin page of one, in both wire forms.
 
 use super::*;
-use eventbus_core::history::{HistoryInfo, Position, Recovery, Start, Take, parse_age};
+use eventbus_core::history::{HistoryInfo, Recovery, parse_age};
 
-/// Largest page of a channel's history.
-const MAX_HISTORY_LIMIT: usize = 1000;
-/// Page size when the caller gives none.
-const DEFAULT_HISTORY_LIMIT: usize = 100;
-
-/// Where an admin read of a channel's history starts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum HistoryFrom {
-    /// The events after this offset of the current epoch (0: the oldest kept).
-    Offset(u64),
-    /// The events published at or after this time.
-    Time(SystemTime),
-}
-
-/// A page of one channel's history and what the history holds.
-#[derive(Debug)]
-pub(crate) struct HistoryPage {
-    info: HistoryInfo,
-    read: Recovery,
-}
-
-/// Reads a page of `channel`'s history; NOT_FOUND when no rule covers the channel.
-pub(crate) async fn history_page(
-    bus: &Bus,
-    channel: &str,
-    from: HistoryFrom,
-    limit: usize,
-) -> Result<HistoryPage, EdgeError> {
-    eventbus_core::name::validate_channel(channel).map_err(Error::from)?;
-    let no_history = || Error::NoHistory(channel.to_owned());
-    let info = bus.history_info(channel).await?.ok_or_else(no_history)?;
-    let start = match from {
-        HistoryFrom::Offset(0) => Start::Oldest,
-        HistoryFrom::Offset(offset) => Start::After(Position { epoch: Arc::clone(&info.epoch), offset }),
-        HistoryFrom::Time(t) => Start::At(t),
-    };
-    let limit = match limit {
-        0 => DEFAULT_HISTORY_LIMIT,
-        n if n > MAX_HISTORY_LIMIT => {
-            return Err(EdgeError::BadRequest(format!("limit {n} is over the maximum of {MAX_HISTORY_LIMIT}")));
-        }
-        n => n,
-    };
-    let read = bus.read_history(channel, &start, Take::First(limit)).await?.ok_or_else(no_history)?;
-    Ok(HistoryPage { info, read })
-}
+use crate::ops::{HistoryFrom, HistoryPage, MAX_HISTORY_LIMIT};
 
 pub(crate) fn history_response(page: HistoryPage) -> pb::GetChannelHistoryResponse {
     let HistoryPage { info, read: Recovery { events, complete: _, last: _, more } } = page;
@@ -101,16 +56,16 @@ pub(crate) fn history_page_json(page: HistoryPage) -> HistoryPageJson {
 }
 
 /// `?limit=` of the REST history route: 1 to the maximum, or the default when absent.
-pub(crate) fn history_limit_query(limit: Option<usize>) -> Result<usize, EdgeError> {
+pub(crate) fn history_limit_query(limit: Option<usize>) -> Result<usize, Refusal> {
     match limit {
-        Some(0) => Err(EdgeError::BadRequest(format!("limit must be 1 to {MAX_HISTORY_LIMIT}, not 0"))),
+        Some(0) => Err(Refusal::BadRequest(format!("limit must be 1 to {MAX_HISTORY_LIMIT}, not 0"))),
         limit => Ok(limit.unwrap_or(0)),
     }
 }
 
 /// `?since=` of the REST history route: an offset (`42`), a time (RFC 3339), or an age
 /// (`90s`, `5m`, `2h`: that long ago).
-pub(crate) fn history_from_query(since: Option<&str>) -> Result<HistoryFrom, EdgeError> {
+pub(crate) fn history_from_query(since: Option<&str>) -> Result<HistoryFrom, Refusal> {
     let Some(since) = since.map(str::trim).filter(|s| !s.is_empty()) else { return Ok(HistoryFrom::Offset(0)) };
     if let Ok(offset) = since.parse::<u64>() {
         return Ok(HistoryFrom::Offset(offset));
@@ -121,7 +76,7 @@ pub(crate) fn history_from_query(since: Option<&str>) -> Result<HistoryFrom, Edg
     if let Some(age) = parse_age(since) {
         return Ok(HistoryFrom::Time(SystemTime::now().checked_sub(age).unwrap_or(SystemTime::UNIX_EPOCH)));
     }
-    Err(EdgeError::BadRequest(format!(
+    Err(Refusal::BadRequest(format!(
         "invalid since {since:?}: expected an offset (42), a time (2026-11-27T10:00:00Z) or an age (90s, 5m, 2h)"
     )))
 }

@@ -11,18 +11,18 @@ pub(crate) fn log_limit(limit: usize) -> usize {
 }
 
 /// The `status` filter of `ListEventLog`: unspecified is every entry.
-pub(crate) fn log_status_filter(status: i32) -> Result<Option<LogStatus>, EdgeError> {
+pub(crate) fn log_status_filter(status: i32) -> Result<Option<LogStatus>, Refusal> {
     match pb::EventStatus::try_from(status) {
         Ok(pb::EventStatus::Unspecified) => Ok(None),
         Ok(pb::EventStatus::Completed) => Ok(Some(LogStatus::Completed)),
         Ok(pb::EventStatus::DeadLettered) => Ok(Some(LogStatus::DeadLettered)),
         Ok(pb::EventStatus::Redriven) => Ok(Some(LogStatus::Redriven)),
-        Err(_) => Err(EdgeError::BadRequest(format!("invalid status: unknown event status {status}"))),
+        Err(_) => Err(Refusal::BadRequest(format!("invalid status: unknown event status {status}"))),
     }
 }
 
 /// The `?status=` filter of the REST log: a [`log_status_name`], or `all` (or nothing).
-pub(crate) fn log_status_filter_json(status: Option<&str>) -> Result<Option<LogStatus>, EdgeError> {
+pub(crate) fn log_status_filter_json(status: Option<&str>) -> Result<Option<LogStatus>, Refusal> {
     match status {
         None | Some("" | "all") => Ok(None),
         Some(name) => [LogStatus::Completed, LogStatus::DeadLettered, LogStatus::Redriven]
@@ -30,7 +30,7 @@ pub(crate) fn log_status_filter_json(status: Option<&str>) -> Result<Option<LogS
             .find(|s| log_status_name(*s) == name)
             .map(Some)
             .ok_or_else(|| {
-                EdgeError::BadRequest(format!(
+                Refusal::BadRequest(format!(
                     "invalid status {}: expected completed, dead_lettered, redriven or all",
                     eventbus_core::quoted(name)
                 ))

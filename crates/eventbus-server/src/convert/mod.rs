@@ -14,7 +14,6 @@ mod log;
 mod publish;
 
 pub(crate) use consumers::*;
-pub use consumers::{DEAD_LETTER_CONTENT_TYPE, encode_dead_letter};
 pub(crate) use events::*;
 pub(crate) use history::*;
 pub(crate) use log::*;
@@ -27,73 +26,24 @@ use axum::http::StatusCode;
 use bytes::Bytes;
 use eventbus_core::durable::from_epoch_ms;
 use eventbus_core::durable::{
-    Backoff, BackoffKind, ConsumerConfig, ConsumerInfo, DEFAULT_DEAD_LETTER_SHOWN, Delivery, DurableBackend,
-    DurableError, Failure, LogEntry, LogSlice, LogStatus, PendingEntry, PendingSlice, PendingState,
-    PublishedDeadLetter, PushConfig, PushEnvelope, Redriven,
+    Backoff, BackoffKind, ConsumerConfig, ConsumerInfo, DEFAULT_DEAD_LETTER_SHOWN, Delivery, Failure, LogEntry,
+    LogSlice, LogStatus, PendingEntry, PendingSlice, PendingState, PublishedDeadLetter, PushConfig, PushEnvelope,
+    Redriven,
 };
 use eventbus_core::{
-    Bus, BusStats, ChannelStats, CloseReason, Error, ErrorKind, Event, Overflow, PublishInput, Published,
-    SubscribeOptions, SubscriptionInfo,
+    BusStats, ChannelStats, CloseReason, ErrorKind, Event, Overflow, PublishInput, Published, SubscribeOptions,
+    SubscriptionInfo,
 };
 use eventbus_proto::pb;
 use prost::Message;
 use serde::Serialize;
 use tonic::{Code, Status};
 
+use crate::ops::{Refusal, Withdrawn};
+
 // --- refusals ---
 
-/// Why a request is refused, as the edge sees it: a core error, or a refusal decided
-/// before the bus is reached. Both protocols render it through [`EdgeError::codes`].
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum EdgeError {
-    /// Refused by the core (names, limits, unknown ids, durable engine, shutdown).
-    #[error(transparent)]
-    Core(#[from] Error),
-    /// A durable-consumer call on a broker without a durable engine.
-    #[error("durable consumers are not enabled on this broker")]
-    DurableDisabled,
-    /// A publish request too large to be read at all (over the gRPC decode limit or the
-    /// REST body limit), refused before its payload is buffered.
-    #[error(
-        "request is over {request_limit} bytes, too large to read; the payload limit is \
-         max_payload_bytes = {max_payload_bytes}"
-    )]
-    RequestTooLarge { request_limit: usize, max_payload_bytes: usize },
-    /// A request the edge cannot turn into a core call (missing field, unknown enum
-    /// value, malformed JSON).
-    #[error("{0}")]
-    BadRequest(String),
-    /// Missing, malformed, unknown, expired or badly signed credentials (the text
-    /// never holds the credential).
-    #[error("unauthenticated: {0}")]
-    Unauthenticated(String),
-    /// The caller lacks the right the operation needs; `what` names the refused
-    /// channel or consumer.
-    #[error("permission denied: principal {principal:?} may not {operation}: {what}")]
-    PermissionDenied { principal: String, operation: &'static str, what: String },
-    /// A per-principal limit (`max_subscriptions`, `max_publish_rate`) is reached.
-    #[error("principal {principal:?} is over its {limit}")]
-    OverLimit { principal: String, limit: &'static str },
-    /// A `PublishBatch` with more events than `eventbus.max_publish_batch`.
-    #[error("a batch holds at most eventbus.max_publish_batch = {limit} events; this one has {count}")]
-    BatchTooLarge { count: usize, limit: usize },
-    /// An HTTP publish that came through more pushes than the hop limit: a loop of push
-    /// consumers, most likely.
-    #[error(
-        "eventbus-hops {hops} is over the limit of {}: this event came through that many push consumers \
-         (a loop of push consumers through publish routes?)",
-        publish::MAX_HOPS
-    )]
-    TooManyHops { hops: u32 },
-}
-
-impl From<DurableError> for EdgeError {
-    fn from(err: DurableError) -> Self {
-        Self::Core(err.into())
-    }
-}
-
-impl EdgeError {
+impl Refusal {
     /// The one table from a refusal to its wire codes, so a gRPC client and a REST
     /// client always get the same answer. `FAILED_PRECONDITION` (the broker is not set
     /// up for the call; retrying will not help) is 409 Conflict: the request conflicts
@@ -107,11 +57,7 @@ impl EdgeError {
                 ErrorKind::Unavailable => (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
                 ErrorKind::AlreadyExists => (Code::AlreadyExists, StatusCode::CONFLICT),
                 ErrorKind::StorageFull => (Code::ResourceExhausted, StatusCode::INSUFFICIENT_STORAGE),
-                ErrorKind::Internal => {
-                    // The client reads no internals; the log keeps the causes.
-                    tracing::error!(error = %eventbus_core::error_chain(err), "internal error");
-                    (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR)
-                }
+                ErrorKind::Internal => (Code::Internal, StatusCode::INTERNAL_SERVER_ERROR),
             },
             Self::DurableDisabled => (Code::FailedPrecondition, StatusCode::CONFLICT),
             Self::RequestTooLarge { .. } => (Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE),
@@ -120,36 +66,45 @@ impl EdgeError {
             Self::PermissionDenied { .. } => (Code::PermissionDenied, StatusCode::FORBIDDEN),
             Self::OverLimit { .. } => (Code::ResourceExhausted, StatusCode::TOO_MANY_REQUESTS),
             Self::TooManyHops { .. } => (Code::FailedPrecondition, StatusCode::LOOP_DETECTED),
+            Self::NotJson => (Code::InvalidArgument, StatusCode::UNSUPPORTED_MEDIA_TYPE),
+            Self::Forbidden(_) => (Code::PermissionDenied, StatusCode::FORBIDDEN),
+            Self::Withdrawn(Withdrawn::Credential(_)) => (Code::Unauthenticated, StatusCode::UNAUTHORIZED),
+            Self::Withdrawn(Withdrawn::Right(_)) => (Code::PermissionDenied, StatusCode::FORBIDDEN),
+            Self::Closed(CloseReason::SlowConsumer) => (Code::ResourceExhausted, StatusCode::TOO_MANY_REQUESTS),
+            Self::Closed(CloseReason::ShuttingDown | CloseReason::Unsubscribed) => {
+                (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE)
+            }
+        }
+    }
+
+    /// Logs an internal error's causes as it goes on the wire: the client reads no
+    /// internals, the log keeps them.
+    pub(crate) fn log_internal(&self) {
+        if let Self::Core(err) = self
+            && err.kind() == ErrorKind::Internal
+        {
+            tracing::error!(error = %eventbus_core::error_chain(err), "internal error");
         }
     }
 }
 
-impl From<EdgeError> for Status {
-    fn from(err: EdgeError) -> Self {
+impl From<Refusal> for Status {
+    fn from(err: Refusal) -> Self {
+        err.log_internal();
         let (code, _) = err.codes();
         Status::new(code, err.to_string())
     }
 }
 
-/// The gRPC status of a refusal (docs/errors.md). Messages name the problem.
-pub(crate) fn status(err: impl Into<EdgeError>) -> Status {
-    err.into().into()
-}
-
-/// The durable engine, or why there is none.
-pub(crate) fn durable(bus: &Bus) -> Result<&Arc<dyn DurableBackend>, EdgeError> {
-    bus.durable().ok_or(EdgeError::DurableDisabled)
-}
-
-/// The status a subscription stream ends with, or `None` for a normal end.
-pub(crate) fn close_status(reason: CloseReason) -> Option<Status> {
-    match reason {
-        CloseReason::Unsubscribed => None,
-        CloseReason::SlowConsumer => Some(Status::resource_exhausted(
-            "slow consumer: the subscription queue overflowed (overflow policy DISCONNECT)",
-        )),
-        CloseReason::ShuttingDown => Some(Status::unavailable("shutting down")),
+impl From<Withdrawn> for Status {
+    fn from(why: Withdrawn) -> Self {
+        Refusal::from(why).into()
     }
+}
+
+/// The gRPC status of a refusal (docs/errors.md). Messages name the problem.
+pub(crate) fn status(err: impl Into<Refusal>) -> Status {
+    err.into().into()
 }
 
 // --- scalars ---
@@ -160,9 +115,9 @@ pub(crate) fn timestamp(t: SystemTime) -> prost_types::Timestamp {
 
 /// A time from the wire, refused (naming `field`) when `google.protobuf.Timestamp`
 /// calls it invalid: prost would read it as another time.
-pub(crate) fn valid_time(field: &str, t: prost_types::Timestamp) -> Result<SystemTime, EdgeError> {
-    eventbus_proto::time::check_timestamp(&t).map_err(|e| EdgeError::BadRequest(format!("invalid {field}: {e}")))?;
-    SystemTime::try_from(t).map_err(|e| EdgeError::BadRequest(format!("invalid {field}: {e}")))
+pub(crate) fn valid_time(field: &str, t: prost_types::Timestamp) -> Result<SystemTime, Refusal> {
+    eventbus_proto::time::check_timestamp(&t).map_err(|e| Refusal::BadRequest(format!("invalid {field}: {e}")))?;
+    SystemTime::try_from(t).map_err(|e| Refusal::BadRequest(format!("invalid {field}: {e}")))
 }
 
 /// A time in JSON: RFC 3339, UTC.
@@ -176,13 +131,16 @@ fn duration(d: Duration) -> prost_types::Duration {
 
 #[cfg(test)]
 mod tests {
+    use eventbus_core::Error;
+    use eventbus_core::durable::DurableError;
+
     use super::log::{DEFAULT_LOG_LIMIT, log_status_name};
     use super::*;
 
     #[test]
     fn both_protocols_take_their_codes_from_one_table() {
-        let too_large = EdgeError::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
-        let cases: [(EdgeError, Code, StatusCode); 12] = [
+        let too_large = Refusal::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
+        let cases: [(Refusal, Code, StatusCode); 12] = [
             (Error::NoChannels.into(), Code::InvalidArgument, StatusCode::BAD_REQUEST),
             (
                 Error::PayloadTooLarge { size: 2, limit: 1 }.into(),
@@ -197,20 +155,20 @@ mod tests {
                 Code::AlreadyExists,
                 StatusCode::CONFLICT,
             ),
-            (EdgeError::DurableDisabled, Code::FailedPrecondition, StatusCode::CONFLICT),
-            (EdgeError::BadRequest("config is required".into()), Code::InvalidArgument, StatusCode::BAD_REQUEST),
-            (EdgeError::Unauthenticated("missing".into()), Code::Unauthenticated, StatusCode::UNAUTHORIZED),
+            (Refusal::DurableDisabled, Code::FailedPrecondition, StatusCode::CONFLICT),
+            (Refusal::BadRequest("config is required".into()), Code::InvalidArgument, StatusCode::BAD_REQUEST),
+            (Refusal::Unauthenticated("missing".into()), Code::Unauthenticated, StatusCode::UNAUTHORIZED),
             (
-                EdgeError::PermissionDenied { principal: "p".into(), operation: "publish", what: "channel a".into() },
+                Refusal::PermissionDenied { principal: "p".into(), operation: "publish", what: "channel a".into() },
                 Code::PermissionDenied,
                 StatusCode::FORBIDDEN,
             ),
             (
-                EdgeError::OverLimit { principal: "p".into(), limit: "max_subscriptions" },
+                Refusal::OverLimit { principal: "p".into(), limit: "max_subscriptions" },
                 Code::ResourceExhausted,
                 StatusCode::TOO_MANY_REQUESTS,
             ),
-            (EdgeError::TooManyHops { hops: 9 }, Code::FailedPrecondition, StatusCode::LOOP_DETECTED),
+            (Refusal::TooManyHops { hops: 9 }, Code::FailedPrecondition, StatusCode::LOOP_DETECTED),
         ];
         for (err, code, http) in cases {
             assert_eq!(err.codes(), (code, http), "{err}");
@@ -222,7 +180,7 @@ mod tests {
 
     #[test]
     fn an_oversized_request_names_the_payload_limit() {
-        let err = EdgeError::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
+        let err = Refusal::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
         assert!(err.to_string().contains("max_payload_bytes = 1048576"), "{err}");
     }
 

@@ -31,13 +31,13 @@ pub(crate) const MAX_HOPS: u32 = 4;
 
 /// Records the request's `eventbus-hops` on the event `input` publishes; past
 /// [`MAX_HOPS`] the publish is refused.
-pub(crate) fn record_hops(headers: &axum::http::HeaderMap, input: &mut PublishInput) -> Result<(), EdgeError> {
+pub(crate) fn record_hops(headers: &axum::http::HeaderMap, input: &mut PublishInput) -> Result<(), Refusal> {
     let Some(value) = headers.get(HOPS) else { return Ok(()) };
     let hops = value.to_str().ok().and_then(|v| v.trim().parse::<u32>().ok()).ok_or_else(|| {
-        EdgeError::BadRequest(format!("{HOPS} must be a number, not {:?}", String::from_utf8_lossy(value.as_bytes())))
+        Refusal::BadRequest(format!("{HOPS} must be a number, not {:?}", String::from_utf8_lossy(value.as_bytes())))
     })?;
     if hops > MAX_HOPS {
-        return Err(EdgeError::TooManyHops { hops });
+        return Err(Refusal::TooManyHops { hops });
     }
     input.metadata.insert(HOPS.to_owned(), hops.to_string());
     Ok(())
@@ -63,13 +63,11 @@ pub(crate) struct PublishJson {
     source: String,
 }
 
-pub(crate) fn publish_input_json(body: &[u8], peer: Arc<str>) -> Result<PublishInput, EdgeError> {
+pub(crate) fn publish_input_json(body: &[u8], peer: Arc<str>) -> Result<PublishInput, Refusal> {
     let PublishJson { channel, payload, metadata, source } =
-        serde_json::from_slice(body).map_err(|e| EdgeError::BadRequest(format!("invalid JSON body: {e}")))?;
+        serde_json::from_slice(body).map_err(|e| Refusal::BadRequest(format!("invalid JSON body: {e}")))?;
     let payload = match payload {
-        Some(value) => {
-            serde_json::to_vec(&value).map_err(|e| EdgeError::BadRequest(format!("invalid payload: {e}")))?
-        }
+        Some(value) => serde_json::to_vec(&value).map_err(|e| Refusal::BadRequest(format!("invalid payload: {e}")))?,
         None => Vec::new(),
     };
     Ok(PublishInput {
@@ -80,6 +78,61 @@ pub(crate) fn publish_input_json(body: &[u8], peer: Arc<str>) -> Result<PublishI
         source,
         peer,
         ..PublishInput::default()
+    })
+}
+
+/// The body of `POST /v1/publish`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishBody {
+    channel: String,
+    /// A string is published as text; any other JSON value as JSON.
+    #[serde(default)]
+    payload: Option<serde_json::Value>,
+    /// Binary payloads.
+    #[serde(default)]
+    payload_base64: Option<String>,
+    #[serde(default)]
+    content_type: Option<String>,
+    #[serde(default)]
+    metadata: std::collections::HashMap<String, String>,
+    #[serde(default)]
+    source: String,
+    #[serde(default)]
+    ordering_key: String,
+    #[serde(default)]
+    idempotency_key: String,
+}
+
+/// The event a `POST /v1/publish` body asks for; `scope` is the publisher's idempotency
+/// scope (its name).
+pub(crate) fn publish_input_web(body: &[u8], peer: Arc<str>, scope: &str) -> Result<PublishInput, Refusal> {
+    let b: PublishBody =
+        serde_json::from_slice(body).map_err(|e| Refusal::BadRequest(format!("invalid JSON body: {e}")))?;
+    let (payload, default_type) = match (b.payload, b.payload_base64) {
+        (Some(_), Some(_)) => return Err(Refusal::BadRequest("give payload or payload_base64, not both".into())),
+        (Some(serde_json::Value::String(text)), None) => (Bytes::from(text), "text/plain; charset=utf-8"),
+        (Some(value), None) => (Bytes::from(value.to_string()), "application/json"),
+        (None, Some(encoded)) => {
+            use base64::Engine as _;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(encoded.as_bytes())
+                .map_err(|e| Refusal::BadRequest(format!("invalid payload_base64: {e}")))?;
+            (Bytes::from(bytes), "application/octet-stream")
+        }
+        (None, None) => (Bytes::new(), ""),
+    };
+    let idempotency_scope = if b.idempotency_key.is_empty() { String::new() } else { scope.to_owned() };
+    Ok(PublishInput {
+        channel: b.channel,
+        payload,
+        metadata: b.metadata,
+        content_type: b.content_type.unwrap_or_else(|| default_type.to_owned()),
+        source: b.source,
+        peer,
+        ordering_key: b.ordering_key,
+        idempotency_key: b.idempotency_key,
+        idempotency_scope,
     })
 }
 

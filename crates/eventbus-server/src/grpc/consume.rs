@@ -1,51 +1,38 @@
-//! Durable consumers on the wire: `EventBus.Consume` (attach, then serve the client's
-//! acks and push its deliveries). The conversions live in `convert`.
+//! `EventBus.Consume`: a durable consumer's client attaches, then its acks are served
+//! and its deliveries pushed. The conversions live in `convert`.
 
 use std::pin::Pin;
 use std::sync::Arc;
 
-use eventbus_core::Bus;
-use eventbus_core::durable::{ClientOptions, ConsumerClient, DurableError};
+use eventbus_core::durable::{ClientOptions, ConsumerClient};
 use eventbus_proto::pb::{self, consume_request, consume_response};
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use crate::access::{Access, Caller, StreamUse};
-use crate::convert::{self, EdgeError, status};
-
-pub use crate::convert::{DEAD_LETTER_CONTENT_TYPE, encode_dead_letter};
+use crate::access::Caller;
+use crate::convert::{self, status};
+use crate::ops::{Ops, Refusal};
 
 pub(crate) type ConsumeStream = Pin<Box<dyn Stream<Item = Result<pb::ConsumeResponse, Status>> + Send + 'static>>;
 
 /// `EventBus.Consume`: attach, then serve requests and push deliveries until either
 /// side goes away (or a reload withdraws the caller's right to attach).
 pub(crate) async fn consume(
-    bus: &Bus,
-    access: &Access,
+    ops: &Ops,
     caller: Caller,
     mut inbound: Streaming<pb::ConsumeRequest>,
 ) -> Result<ConsumeStream, Status> {
-    let durable = convert::durable(bus)?.clone();
+    // Refused at once on a broker without durable consumers, before any request.
+    ops.durable()?;
     let first = inbound.message().await.map_err(crate::request_limit::refused_request)?.and_then(|r| r.kind);
     let Some(consume_request::Kind::Attach(attach)) = first else {
-        return Err(EdgeError::BadRequest("the first Consume request must be `attach`".into()).into());
+        return Err(Refusal::BadRequest("the first Consume request must be `attach`".into()).into());
     };
     let options = ClientOptions { max_in_flight: attach.max_in_flight, max_batch: attach.max_batch };
-    access.check_attach(&caller, &attach.consumer)?;
+    let consumer = ops.attachable_consumer(&caller, &attach.consumer)?;
     let create = attach.create_if_missing.map(|c| convert::consumer_config_from_pb(c, caller.name())).transpose()?;
-    // Creating on attach needs the rights of CreateConsumer, asked only when the
-    // consumer is missing: a worker that always sends its definition needs no more
-    // than the right to attach once the consumer exists.
-    if create.is_some() && matches!(durable.get_consumer(&attach.consumer).await, Err(DurableError::UnknownConsumer(_)))
-    {
-        if let Some(config) = create.as_ref().filter(|_| access.enabled()) {
-            access.check_create_consumer(&caller, config)?;
-        }
-        access.check_consumer_room(durable.as_ref(), &caller, &attach.consumer).await?;
-    }
-    let guard = access.open_stream(&caller, StreamUse::Consume(attach.consumer.clone()))?;
-    let attached = durable.attach(&attach.consumer, options, create).await.map_err(status)?;
+    let (attached, guard) = consumer.attach(options, create).await?;
     let client: Arc<dyn ConsumerClient> = Arc::from(attached.client);
     // Weak: the request task below owns the handle, so a client that closes its request
     // stream (a graceful drain: last acks and nacks, then half-close) drops it, which
@@ -100,12 +87,12 @@ pub(crate) async fn consume(
         Ok(pb::ConsumeResponse { kind: Some(kind) })
     });
     // Detached by shutdown or a lost store: say so, so the client reconnects.
-    let bus = bus.clone();
+    let bus = ops.bus().clone();
     let end = futures::stream::once(async move {
         if let Some(err) = watcher.upgrade().and_then(|c| c.closed_reason()) {
             return Some(Err(status(err)));
         }
-        bus.is_shutting_down().then(|| Err(Status::unavailable("shutting down")))
+        bus.is_shutting_down().then(|| Err(status(Refusal::Closed(eventbus_core::CloseReason::ShuttingDown))))
     })
     .filter_map(|end| async move { end });
     Ok(Box::pin(guard.guard(futures::stream::once(async { Ok(attached_msg) }).chain(deliveries).chain(end))))

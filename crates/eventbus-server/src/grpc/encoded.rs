@@ -11,7 +11,7 @@
 //!
 //! The publishing methods, `Publish`, `PublishStream` and `PublishBatch`, are served
 //! the same way: requests decoded by hand from one contiguous `Bytes` each
-//! ([`crate::decode`]; payloads slices of the received buffer), answers written
+//! ([`super::decode`]; payloads slices of the received buffer), answers written
 //! straight from the bus's [`Published`] (no `PublishResponse` with a copy of the event
 //! id), and no pass through the generated server's per-call machinery.
 //!
@@ -28,9 +28,9 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut};
 use eventbus_core::history::Position;
-use eventbus_core::{CloseReason, Event, Published, SubscriptionHandle};
-use eventbus_proto::pb::{self, subscribe_response::Kind};
-use futures::Stream;
+use eventbus_core::{Event, Published};
+use eventbus_proto::pb;
+
 use futures::future::Either;
 use prost::Message;
 use prost::encoding::{self, WireType};
@@ -40,67 +40,11 @@ use tonic::server::{Grpc, NamedService, ServerStreamingService, StreamingService
 use tonic::{Request, Response, Status, Streaming};
 use tower_service::Service;
 
+use super::publish_stream::{Answers, StreamAnswer};
+use super::{BatchAnswer, EventBusService, GrpcFrames};
 use crate::convert;
-use crate::grpc::{BatchAnswer, EventBusService};
-use crate::metrics::Metrics;
-use crate::publish_stream::{Answers, StreamAnswer};
+use crate::ops::Frame;
 use crate::request_limit::PayloadLimit;
-
-/// One message of a subscribe stream, before encoding.
-#[derive(Debug)]
-pub(crate) enum Frame {
-    /// The first message (`SubscriptionStarted`).
-    Started(pb::SubscribeResponse),
-    /// A batch of events (`EventBatch`), shared with the other subscribers.
-    Events(Vec<Arc<Event>>),
-}
-
-impl Frame {
-    /// The generated message with the same bytes (for callers of the service trait).
-    pub(crate) fn into_pb(self) -> pb::SubscribeResponse {
-        match self {
-            Self::Started(msg) => msg,
-            Self::Events(events) => pb::SubscribeResponse {
-                kind: Some(Kind::Events(pb::EventBatch { events: events.iter().map(convert::event).collect() })),
-            },
-        }
-    }
-}
-
-/// The frames of one subscription: `started`, then a batch per stream message.
-pub(crate) type Frames = Pin<Box<dyn Stream<Item = Result<Frame, Status>> + Send + 'static>>;
-
-/// What a subscription stream carries between messages. The handle lives inside the
-/// stream, so a client that goes away drops it and unsubscribes.
-pub(crate) struct Streamer {
-    pub(crate) handle: SubscriptionHandle,
-    pub(crate) metrics: Option<Arc<Metrics>>,
-}
-
-/// One stream message: the next batch, or the status that ends the stream.
-pub(crate) async fn next_batch(state: Option<Streamer>) -> Option<(Result<Frame, Status>, Option<Streamer>)> {
-    let mut s = state?;
-    let mut events = Vec::new();
-    // Recovered events come first, in batches of their own: their age is the time the
-    // subscriber was away, not a delivery latency.
-    let recovered = s.handle.recovered() > 0;
-    match s.handle.next_batch(&mut events).await {
-        Ok(()) => {
-            if let Some(metrics) = s.metrics.as_ref().filter(|_| !recovered) {
-                metrics.observe_delivery(&events);
-            }
-            Some((Ok(Frame::Events(events)), Some(s)))
-        }
-        Err(reason) => {
-            tracing::debug!(subscription = s.handle.id(), ?reason, "subscription ended");
-            close(reason)
-        }
-    }
-}
-
-fn close(reason: CloseReason) -> Option<(Result<Frame, Status>, Option<Streamer>)> {
-    convert::close_status(reason).map(|status| (Err(status), None))
-}
 
 // --- encoding ---
 
@@ -295,9 +239,9 @@ impl Encoder for FrameEncoder {
 
     fn encode(&mut self, item: Frame, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
         match item {
-            Frame::Started(msg) => {
-                msg.encode(buf).map_err(|e| Status::internal(format!("cannot encode a stream message: {e}")))
-            }
+            Frame::Started(started) => convert::subscription_started(started)
+                .encode(buf)
+                .map_err(|e| Status::internal(format!("cannot encode a stream message: {e}"))),
             Frame::Events(events) => {
                 let batch_len = size_batch(&events, &mut self.sizes);
                 // Room for the whole message at once, not grown field by field.
@@ -452,20 +396,20 @@ impl<M: DecodeRequest> Decoder for BytesDecoder<M> {
     }
 }
 
-/// A request decoded by hand ([`crate::decode`]).
+/// A request decoded by hand ([`super::decode`]).
 pub(crate) trait DecodeRequest: Sized {
     fn decode(message: bytes::Bytes) -> Result<Self, prost::DecodeError>;
 }
 
 impl DecodeRequest for pb::PublishRequest {
     fn decode(message: bytes::Bytes) -> Result<Self, prost::DecodeError> {
-        crate::decode::publish_request(message)
+        super::decode::publish_request(message)
     }
 }
 
 impl DecodeRequest for pb::PublishBatchRequest {
     fn decode(message: bytes::Bytes) -> Result<Self, prost::DecodeError> {
-        crate::decode::publish_batch(message)
+        super::decode::publish_batch(message)
     }
 }
 
@@ -640,8 +584,8 @@ struct Handler(EventBusService);
 
 impl ServerStreamingService<pb::SubscribeRequest> for Handler {
     type Response = Frame;
-    type ResponseStream = Frames;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Frames>, Status>> + Send>>;
+    type ResponseStream = GrpcFrames;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<GrpcFrames>, Status>> + Send>>;
 
     fn call(&mut self, req: Request<pb::SubscribeRequest>) -> Self::Future {
         let service = self.0.clone();
@@ -676,7 +620,7 @@ mod tests {
     }
 
     fn prost_bytes(events: &[Arc<Event>]) -> Vec<u8> {
-        Frame::Events(events.to_vec()).into_pb().encode_to_vec()
+        convert::subscribe_response(Frame::Events(events.to_vec())).encode_to_vec()
     }
 
     fn ours(events: &[Arc<Event>]) -> Vec<u8> {
@@ -710,7 +654,7 @@ mod tests {
                 assert_eq!(ours(&events), prost_bytes(&events));
             }
             let decoded = pb::SubscribeResponse::decode(ours(&events).as_slice()).unwrap();
-            assert_eq!(decoded, Frame::Events(events.clone()).into_pb());
+            assert_eq!(decoded, convert::subscribe_response(Frame::Events(events.clone())));
         }
     }
 

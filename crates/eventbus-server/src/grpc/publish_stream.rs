@@ -15,9 +15,9 @@ use futures::{Stream, StreamExt, stream};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Status, Streaming};
 
-use crate::access::{CallerWatch, StreamUse};
+use super::{EventBusService, RpcStream, caller, peer, publish_error};
+use crate::access::CallerWatch;
 use crate::convert::{self, status};
-use crate::grpc::{EventBusService, RpcStream, caller, observe, peer, publish_error};
 use crate::metrics::Metrics;
 
 /// Most `PublishStream` requests published together.
@@ -196,6 +196,13 @@ fn refuses_a_request(status: &Status) -> bool {
     matches!(status.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted)
 }
 
+/// Records an accepted publish's duration.
+fn observe(metrics: Option<&Metrics>, published: &Published) {
+    if let Some(metrics) = metrics {
+        metrics.observe_publish(published.duration);
+    }
+}
+
 /// Counts a refused publish in the metrics.
 pub(crate) fn count_refused(metrics: Option<&Metrics>, status: &Status) {
     if let Some(metrics) = metrics {
@@ -282,7 +289,7 @@ impl Publishing {
             chunk = self.inbound.recv() => chunk,
             // Between chunks, nothing read is left unanswered: the stream ends now, and
             // its publisher opens the next one on a broker that is up.
-            () = self.svc.bus.shutdown_begun() => {
+            () = self.svc.ops.bus().shutdown_begun() => {
                 let refused = status(eventbus_core::Error::ShuttingDown);
                 return Some(match self.mode() {
                     AckMode::Each | AckMode::EachInPlace => (vec![Err(refused)], false),
@@ -343,7 +350,7 @@ impl Publishing {
                 published = oldest, if busy => Woke::Published(published),
                 chunk = inbound.recv(), if can_read => Woke::Chunk(chunk),
                 // Between chunks, nothing read is left unanswered: the stream ends now.
-                () = svc.bus.shutdown_begun(), if !busy => Woke::ShuttingDown,
+                () = svc.ops.bus().shutdown_begun(), if !busy => Woke::ShuttingDown,
             };
             match woke {
                 Woke::Published(published) => {
@@ -363,7 +370,7 @@ impl Publishing {
         if checked.broken.is_some() {
             self.input_done = true;
         }
-        let bus = self.svc.bus.clone();
+        let bus = self.svc.ops.bus().clone();
         let mut published: Publishes = if inputs.is_empty() {
             Box::pin(std::future::ready(Vec::new()))
         } else {
@@ -389,7 +396,7 @@ impl Publishing {
         for req in chunk {
             match req {
                 Ok(req) => {
-                    if let Err(refused) = svc.access.check_publish(caller, [req.channel.as_str()]) {
+                    if let Err(refused) = svc.ops.check_stream_publish(caller, &req.channel) {
                         broken = Some((refused.into(), true));
                         break;
                     }
@@ -404,8 +411,8 @@ impl Publishing {
             }
         }
         let mut answers = Vec::with_capacity(inputs.len() + 1);
-        let metrics = svc.metrics.as_deref();
-        for published in svc.bus.publish_many(inputs).await {
+        let metrics = svc.ops.metrics();
+        for published in svc.ops.bus().publish_many(inputs).await {
             answers.push(match published {
                 Ok(p) => {
                     observe(metrics, &p);
@@ -434,9 +441,9 @@ impl Publishing {
     /// then the totals (CUMULATIVE). A request that does not decode, or the broker
     /// shutting down, ends the stream (after the totals, but in EACH_IN_PLACE).
     async fn lenient(&mut self, chunk: Vec<Result<pb::PublishRequest, Status>>) -> Step {
-        if self.svc.bus.is_shutting_down() {
+        if self.svc.ops.bus().is_shutting_down() {
             let refused = status(eventbus_core::Error::ShuttingDown);
-            count_refused(self.svc.metrics.as_deref(), &refused);
+            count_refused(self.svc.ops.metrics(), &refused);
             let mut answers = Vec::with_capacity(2);
             if self.mode() != AckMode::EachInPlace {
                 answers.push(Ok(self.totals()));
@@ -445,7 +452,7 @@ impl Publishing {
             return (answers, false);
         }
         let (checked, inputs) = self.check_lenient(chunk);
-        let bus = self.svc.bus.clone();
+        let bus = self.svc.ops.bus().clone();
         let published = if inputs.is_empty() { Vec::new() } else { bus.publish_each(inputs).await };
         self.answer_lenient(checked, published)
     }
@@ -465,7 +472,7 @@ impl Publishing {
             let position = self.position;
             self.position += 1;
             match req {
-                Ok(req) => match svc.access.check_publish(caller, [req.channel.as_str()]) {
+                Ok(req) => match svc.ops.check_stream_publish(caller, &req.channel) {
                     Ok(()) => {
                         inputs.push(convert::publish_input(req, self.peer.clone(), caller.name()));
                         positions.push(position);
@@ -486,7 +493,7 @@ impl Publishing {
         let Checked { positions, refused_here, broken } = checked;
         let in_place = self.mode() == AckMode::EachInPlace;
         let mut answers = Vec::with_capacity(if in_place { positions.len() + refused_here.len() + 1 } else { 1 });
-        let metrics = self.svc.metrics.as_deref();
+        let metrics = self.svc.ops.metrics();
         let mut edge = refused_here.into_iter().peekable();
         let totals = &mut self.totals;
         for (position, published) in positions.into_iter().zip(published) {
@@ -542,7 +549,7 @@ impl EventBusService {
         // Registered like the other streams: a reload that removes the principal, or
         // its credential's expiry, ends it UNAUTHENTICATED, and each chunk is checked
         // against the principal's rights of the moment.
-        let guard = self.access.open_stream(&caller, StreamUse::Publish)?;
+        let guard = self.ops.open_publisher(&caller)?;
         let watch = guard.watch(caller);
         let publishing = Publishing {
             inbound: read_ahead(req.into_inner()),
@@ -556,7 +563,7 @@ impl EventBusService {
             last_id: None,
             // Only the embedded store queues a chunk's captures on the first poll, which
             // keeps the order per key across chunks in flight.
-            pipelined: self.bus.mode() == "in_memory" && self.bus.durable().is_some(),
+            pipelined: self.ops.bus().mode() == "in_memory" && self.ops.bus().durable().is_some(),
             in_flight: VecDeque::new(),
             input_done: false,
         };

@@ -1,7 +1,7 @@
 //! Serving the HTTP listener's connections with hyper (docs/limits.md): a deadline
 //! for each request's headers (`server.http.header_read_timeout_ms`), parser limits
 //! set above the router's own so that oversized URIs and headers get a JSON answer
-//! (`http::limits`), each request marked in progress for the idle timeout, and a
+//! (`guards`), each request marked in progress for the idle timeout, and a
 //! graceful close when the server stops.
 
 use std::convert::Infallible;
@@ -20,10 +20,10 @@ use tracing::debug;
 use crate::listener::{Incoming, Tracked};
 
 /// Headers hyper parses in one HTTP/1 request; past them it answers 431 itself, with no
-/// body. The router refuses past [`crate::http::MAX_HEADERS`] first, in JSON.
+/// body. The router refuses past [`super::guards::MAX_HEADERS`] first, in JSON.
 const PARSED_HEADERS: usize = 256;
 /// Header list an HTTP/2 request may carry (the router refuses past
-/// [`crate::http::MAX_HEADER_BYTES`] first, in JSON).
+/// [`super::guards::MAX_HEADER_BYTES`] first, in JSON).
 const HTTP2_HEADER_LIST: u32 = 256 << 10;
 
 /// Serves the connections `incoming` yields with `app` until `stop` is cancelled, then

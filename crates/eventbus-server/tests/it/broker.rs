@@ -241,7 +241,7 @@ async fn publish_stream_answers_each_request_in_order() {
 /// A `PublishStream`'s requests are read in a task of their own, ahead of the
 /// publishing: on the multi-threaded runtime, thousands of publishes sent while the
 /// answers are read keep their order end to end, and a publisher that leaves
-/// mid-stream leaves no task behind (the reader's own cases: `publish_stream.rs` unit tests).
+/// mid-stream leaves no task behind (the reader's own cases: `grpc/publish_stream.rs` unit tests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_streams_read_ahead_in_order_and_leave_no_task_behind() {
     const COUNT: usize = 5_000;

@@ -11,10 +11,10 @@ use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 
-const INDEX_HTML: &str = include_str!("ui/index.html");
-const APP_JS: &str = include_str!("ui/app.js");
-const CHART_JS: &str = include_str!("ui/chart.js");
-const APP_CSS: &str = include_str!("ui/app.css");
+const INDEX_HTML: &str = include_str!("index.html");
+const APP_JS: &str = include_str!("app.js");
+const CHART_JS: &str = include_str!("chart.js");
+const APP_CSS: &str = include_str!("app.css");
 
 /// The console's Content-Security-Policy: its own files only (images may be `data:`
 /// URLs), never inside a frame.
