@@ -7,7 +7,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `proto/` here is a link to the repository's proto/ (one source for every
     // language); `cargo package` copies the files it links to, so a packaged crate
     // carries the proto it builds from.
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("proto");
+    // Read when the script runs, not compiled in: a build script built in another
+    // checkout of the same workspace may be reused here.
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("proto");
     let proto = root.join("eventbus/v1/eventbus.proto");
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     // Behind a link, where cargo does not look for changes by itself.

@@ -140,7 +140,7 @@ mod tests {
     #[test]
     fn both_protocols_take_their_codes_from_one_table() {
         let too_large = Refusal::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
-        let cases: [(Refusal, Code, StatusCode); 12] = [
+        let cases: [(Refusal, Code, StatusCode); 18] = [
             (Error::NoChannels.into(), Code::InvalidArgument, StatusCode::BAD_REQUEST),
             (
                 Error::PayloadTooLarge { size: 2, limit: 1 }.into(),
@@ -169,6 +169,16 @@ mod tests {
                 StatusCode::TOO_MANY_REQUESTS,
             ),
             (Refusal::TooManyHops { hops: 9 }, Code::FailedPrecondition, StatusCode::LOOP_DETECTED),
+            (Refusal::NotJson, Code::InvalidArgument, StatusCode::UNSUPPORTED_MEDIA_TYPE),
+            (Refusal::Forbidden("no"), Code::PermissionDenied, StatusCode::FORBIDDEN),
+            (
+                Withdrawn::Credential("the credential expired".into()).into(),
+                Code::Unauthenticated,
+                StatusCode::UNAUTHORIZED,
+            ),
+            (Withdrawn::Right("lost".into()).into(), Code::PermissionDenied, StatusCode::FORBIDDEN),
+            (Refusal::Closed(CloseReason::SlowConsumer), Code::ResourceExhausted, StatusCode::TOO_MANY_REQUESTS),
+            (Refusal::Closed(CloseReason::ShuttingDown), Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
         ];
         for (err, code, http) in cases {
             assert_eq!(err.codes(), (code, http), "{err}");
@@ -176,6 +186,15 @@ mod tests {
             let status = status(err);
             assert_eq!((status.code(), status.message()), (code, message.as_str()));
         }
+    }
+
+    #[test]
+    fn a_stream_ended_by_the_broker_says_why_in_the_words_clients_know() {
+        let slow = status(Refusal::Closed(CloseReason::SlowConsumer));
+        assert_eq!(slow.message(), "slow consumer: the subscription queue overflowed (overflow policy DISCONNECT)");
+        assert_eq!(status(Refusal::Closed(CloseReason::ShuttingDown)).message(), "shutting down");
+        let expired = Status::from(Withdrawn::Credential("the credential expired".into()));
+        assert_eq!((expired.code(), expired.message()), (Code::Unauthenticated, "the credential expired"));
     }
 
     #[test]
