@@ -11,7 +11,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, HttpState, body, counted, json_body};
+use super::{ApiError, HttpState, json_body, publish_body};
 use crate::access::Caller;
 use crate::config::ConsumerSetting;
 use crate::convert;
@@ -84,14 +84,8 @@ async fn publish(
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<convert::PublishedJson>, ApiError> {
-    let input = (|| {
-        let raw = body(&state, &headers, raw)?;
-        let mut input = convert::publish_input_json(&raw, peer.0.addr.to_string().into())?;
-        convert::record_hops(&headers, &mut input)?;
-        Ok(input)
-    })();
-    let input = counted(&state, input)?;
-    Ok(Json(convert::publish_response_json(state.ops.publish(&caller, input).await?)))
+    let peer: std::sync::Arc<str> = peer.0.addr.to_string().into();
+    publish_body(&state, &caller, &headers, raw, |raw| convert::publish_input_json(raw, peer)).await
 }
 
 // --- durable consumers ---

@@ -37,12 +37,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use bytes::Bytes;
+use eventbus_core::PublishInput;
 use serde_json::json;
 
 pub(crate) use probes::Readiness;
 pub(crate) use serve::serve;
 
-use crate::access::Access;
+use crate::access::{Access, Caller};
+use crate::convert;
 use crate::listener::PeerInfo;
 use crate::ops::{Ops, Refusal};
 use crate::request_limit::PayloadLimit;
@@ -184,8 +186,21 @@ fn json_body<T: serde::de::DeserializeOwned>(
         .map_err(|e| Refusal::BadRequest(format!("invalid JSON body: {e}")))
 }
 
-/// A publish request decoded, or its refusal counted as a refused publish (as the bus's
-/// refusals are).
-fn counted<T>(state: &HttpState, decoded: Result<T, Refusal>) -> Result<T, Refusal> {
-    decoded.inspect_err(|refused| state.ops.count_refused(refused))
+/// Publishes the event a JSON body decodes to, as `Publish` would; a body that cannot
+/// be read, or an `eventbus-hops` over the limit, is counted as a refused publish like
+/// the bus's refusals.
+async fn publish_body(
+    state: &HttpState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+    decode: impl FnOnce(&[u8]) -> Result<PublishInput, Refusal>,
+) -> Result<Json<convert::PublishedJson>, ApiError> {
+    let input = body(state, headers, raw).and_then(|raw| {
+        let mut input = decode(&raw)?;
+        convert::record_hops(headers, &mut input)?;
+        Ok(input)
+    });
+    let input = input.inspect_err(|refused| state.ops.count_refused(refused))?;
+    Ok(Json(convert::publish_response_json(state.ops.publish(caller, input).await?)))
 }

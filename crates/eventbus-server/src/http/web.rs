@@ -20,7 +20,7 @@ use eventbus_auth::SESSION_PREFIX;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, HttpState, admit, body, counted, json_body, sse};
+use super::{ApiError, HttpState, admit, json_body, publish_body, sse};
 use crate::access::{Access, Caller};
 use crate::convert;
 use crate::listener::PeerInfo;
@@ -126,12 +126,7 @@ async fn publish(
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Json<convert::PublishedJson>, ApiError> {
-    let input = (|| {
-        let raw = body(&state, &headers, raw)?;
-        let mut input = convert::publish_input_web(&raw, peer.addr_text.clone(), caller.name())?;
-        convert::record_hops(&headers, &mut input)?;
-        Ok(input)
-    })();
-    let input = counted(&state, input)?;
-    Ok(Json(convert::publish_response_json(state.ops.publish(&caller, input).await?)))
+    let scope = caller.name();
+    publish_body(&state, &caller, &headers, raw, |raw| convert::publish_input_web(raw, peer.addr_text.clone(), scope))
+        .await
 }

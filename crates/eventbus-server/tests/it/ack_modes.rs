@@ -296,7 +296,10 @@ async fn a_publisher_that_disconnects_mid_stream_loses_only_what_was_not_read() 
     let server = start().await;
     let mut sub = server.subscribe(sub(&["gone.>"])).await;
     let metrics = tokio::runtime::Handle::current().metrics();
-    let idle = metrics.num_alive_tasks();
+    // The count once the subscriber's setup has settled (its connection's short-lived
+    // tasks ended): counted while one of them lived, it would let the wait below end
+    // while the abandoned stream still publishes what it read.
+    let idle = settled_task_count(&metrics).await;
     // Everything made from here on (the publisher's connection and an admin one, their
     // tasks on both sides, their streams' and calls') is gone once the count is back to
     // `idle`.
@@ -433,4 +436,16 @@ async fn refused_publishes_are_counted_on_every_call() {
     let line = "socle_eventbus_publish_refused_total{code=\"invalid_argument\"} 4";
     assert!(scrape.lines().any(|l| l == line), "{scrape}");
     server.stop().await;
+}
+
+/// The runtime's live task count once it has held still for a while (a bounded poll).
+async fn settled_task_count(metrics: &tokio::runtime::RuntimeMetrics) -> usize {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let (mut last, mut same) = (metrics.num_alive_tasks(), 0);
+    while same < 20 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let now = metrics.num_alive_tasks();
+        (last, same) = if now == last { (now, same + 1) } else { (now, 0) };
+    }
+    last
 }
