@@ -2,7 +2,7 @@
 //! lets it in. The file holds only the token's SHA-256, so the token is shown once,
 //! here, and nowhere else.
 
-use eventbus_auth::{new_token, token_sha256};
+use eventbus_core::token::{new_token, token_sha256};
 use serde_json::json;
 
 use crate::cli::AuthCommand;

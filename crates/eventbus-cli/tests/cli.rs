@@ -428,9 +428,9 @@ fn offline(args: &[&str]) -> Command {
     cmd
 }
 
-/// The server's own hash of a token (eventbus-auth checks it against a known vector).
+/// The server's own hash of a token (eventbus-core checks it against a known vector).
 fn sha256_hex(text: &str) -> String {
-    eventbus_auth::token_sha256(text)
+    eventbus_core::token::token_sha256(text)
 }
 
 #[tokio::test]

@@ -15,6 +15,8 @@
 //! - [`durable`]: the durable-consumer seam ([`durable::DurableBackend`]) and its types;
 //!   the engines are in `eventbus-durable` (embedded) and `eventbus-redis`.
 //! - [`error`]: what a call can be refused for.
+//! - [`token`]: static bearer tokens: minting one, and the SHA-256 digest a principals
+//!   file keeps (shared by the broker's authentication and the command-line client).
 
 pub mod bus;
 pub mod durable;
@@ -25,6 +27,7 @@ pub mod name;
 pub mod stats;
 pub mod subscription;
 pub mod tasks;
+pub mod token;
 pub mod transport;
 
 pub mod trie;
