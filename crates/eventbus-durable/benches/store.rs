@@ -2,13 +2,13 @@
 //! captures (what 16 concurrent unary publishers produce), and the rest of those
 //! events' lives (delivered, acked).
 //!
-//! - `*/write`: the commit without the disk's sync (`Store::write`): CPU. redb in
-//!   memory, fjall on a temporary directory (its journal reaches the page cache).
+//! - `*/write`: the commit without the disk's sync (`Store::write`): CPU. The memory
+//!   store, and fjall on a temporary directory (its journal reaches the page cache).
 //! - `*/synced`: a group written and synced on disk (`Store::apply`, fsync always),
-//!   redb and fjall each on a temporary directory: the disk's sync included.
+//!   fjall (and redb, with the `migrate-redb` feature) on a temporary directory: the
+//!   disk's sync included.
 
 use std::hint::black_box;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -16,7 +16,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use eventbus_core::Event;
 use eventbus_core::durable::{LogEntry, LogStatus, Retention, epoch_ms};
 use eventbus_durable::store::{EntryRecord, StoreOp};
-use eventbus_durable::{FjallStore, Fsync, RedbStore, Store};
+use eventbus_durable::{FjallStore, Fsync, MemoryStore, Store};
 
 const GROUP: u64 = 16;
 
@@ -97,16 +97,19 @@ fn synced(store: &dyn Store, ops: &[StoreOp]) {
 }
 
 fn stores(c: &mut Criterion) {
-    let redb_memory = RedbStore::open(Path::new(""), Fsync::Always, RETENTION).expect("in-memory store");
-    workloads(c, "redb_memory/write", &redb_memory, write);
+    let memory = MemoryStore::new(RETENTION);
+    workloads(c, "memory/write", &memory, write);
     let dir = tempfile::tempdir().expect("temporary directory");
     let fjall = FjallStore::open(dir.path(), Fsync::Always, RETENTION).expect("fjall store");
     workloads(c, "fjall/write", &fjall, write);
     workloads(c, "fjall/synced", &fjall, synced);
     drop(fjall);
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let redb_disk = RedbStore::open(dir.path(), Fsync::Always, RETENTION).expect("redb store");
-    workloads(c, "redb/synced", &redb_disk, synced);
+    #[cfg(feature = "migrate-redb")]
+    {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let redb = eventbus_durable::RedbStore::open(dir.path(), Fsync::Always, RETENTION).expect("redb store");
+        workloads(c, "redb/synced", &redb, synced);
+    }
 }
 
 criterion_group!(benches, stores);

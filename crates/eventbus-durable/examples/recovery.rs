@@ -4,7 +4,7 @@
 //! times opening the store (reading it whole) and starting the engine on it.
 //!
 //!   cargo run --release -p eventbus-durable --example recovery [EVENTS] [CONSUMERS] [DIR]
-//!   STORE=redb cargo run --release -p eventbus-durable --example recovery   # the redb store on disk
+//!   STORE=redb cargo run --release -p eventbus-durable --features migrate-redb --example recovery   # redb
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use std::time::{Instant, SystemTime};
 use eventbus_core::Event;
 use eventbus_core::durable::{ConsumerConfig, DurableOptions, Retention};
 use eventbus_durable::store::StoreOp;
-use eventbus_durable::{Durable, FjallStore, Fsync, RedbStore, Store};
+use eventbus_durable::{Durable, FjallStore, Fsync, Store};
 
 const RETENTION: Retention = Retention { max_entries: 100_000, max_age_ms: 86_400_000 };
 const GROUP: u64 = 4096;
@@ -42,12 +42,14 @@ fn options() -> DurableOptions {
     }
 }
 
-/// The store under test: fjall, or redb with `STORE=redb`.
+/// The store under test: fjall, or redb with `STORE=redb` (and the `migrate-redb`
+/// feature).
 fn open(dir: &std::path::Path, fsync: Fsync) -> Result<Arc<dyn Store>, eventbus_durable::StoreError> {
-    Ok(match std::env::var("STORE").as_deref() {
-        Ok("redb") => Arc::new(RedbStore::open(dir, fsync, RETENTION)?),
-        _ => Arc::new(FjallStore::open(dir, fsync, RETENTION)?),
-    })
+    #[cfg(feature = "migrate-redb")]
+    if std::env::var("STORE").as_deref() == Ok("redb") {
+        return Ok(Arc::new(eventbus_durable::RedbStore::open(dir, fsync, RETENTION)?));
+    }
+    Ok(Arc::new(FjallStore::open(dir, fsync, RETENTION)?))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

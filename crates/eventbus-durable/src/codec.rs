@@ -94,6 +94,7 @@ pub(crate) fn decode_event(bytes: &[u8]) -> Result<(Event, Option<String>, u32),
 }
 
 /// Sets the remaining-references count of an encoded event in place.
+#[cfg(any(test, feature = "migrate-redb"))]
 pub(crate) fn set_refs(bytes: &mut [u8], refs: u32) {
     bytes[..4].copy_from_slice(&refs.to_le_bytes());
 }

@@ -3,8 +3,8 @@
 //! The `in_memory` mode's engine behind the core's
 //! [`DurableBackend`](eventbus_core::durable::DurableBackend) seam: working state in
 //! memory, every change persisted to an embedded store: fjall (log-structured) on disk,
-//! redb in memory (docs/ARCHITECTURE.md "A durable delivery" follows one event through
-//! it).
+//! or maps in memory when there is no data directory (docs/ARCHITECTURE.md "A durable
+//! delivery" follows one event through it).
 //!
 //! - [`engine`]: the [`Durable`] handle: start-up and restore, consumer definitions,
 //!   attach, and carrying out the effects of each state change.
@@ -17,9 +17,10 @@
 //! - `dedup`: idempotency keys within the window.
 //! - `backend`: the [`DurableBackend`](eventbus_core::durable::DurableBackend) impl.
 //! - [`store`]: the [`Store`] trait and the records it keeps; `codec`: their binary form.
-//! - [`fjall_store`]: the store on disk (a fjall database); [`redb_store`]: the store in
-//!   memory, and the reader of data directories written before the move to fjall,
-//!   which are migrated when eventbusd first starts on them.
+//! - [`fjall_store`]: the store on disk (a fjall database); [`memory_store`]: the store
+//!   in memory; `redb_store` (feature `migrate-redb`): the reader of data directories
+//!   written before the move to fjall, which are migrated when eventbusd first starts
+//!   on them.
 
 mod backend;
 mod capture;
@@ -28,7 +29,9 @@ mod codec;
 mod dedup;
 pub mod engine;
 pub mod fjall_store;
+pub mod memory_store;
 mod outbox;
+#[cfg(feature = "migrate-redb")]
 pub mod redb_store;
 mod scheduler;
 mod state;
@@ -44,6 +47,8 @@ pub use client::{Attached, ClientHandle};
 pub use engine::Durable;
 pub use eventbus_core::durable::Retention;
 pub use fjall_store::FjallStore;
+pub use memory_store::MemoryStore;
+#[cfg(feature = "migrate-redb")]
 pub use redb_store::RedbStore;
 pub use store::{BATCH_FLUSH_MS, Fsync, Store, StoreError};
 
@@ -56,7 +61,7 @@ pub fn open_store(
     retention: Retention,
 ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     if data_dir.as_os_str().is_empty() {
-        return Ok(std::sync::Arc::new(RedbStore::open(data_dir, fsync, retention)?));
+        return Ok(std::sync::Arc::new(MemoryStore::new(retention)));
     }
     Ok(std::sync::Arc::new(FjallStore::open(data_dir, fsync, retention)?))
 }

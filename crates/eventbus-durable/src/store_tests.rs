@@ -1,4 +1,5 @@
-//! The contract every [`Store`] keeps, run on each: the fjall store and redb's.
+//! The contract every [`Store`] keeps, run on each: the fjall store, the memory store
+//! and (with the `migrate-redb` feature) redb's.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use eventbus_core::Event;
 use eventbus_core::durable::{ConsumerConfig, Failure, LogEntry, LogStatus, Retention, epoch_ms};
 
 use crate::store::{EntryRecord, RedriveSelection, Store, StoreOp};
-use crate::{FjallStore, Fsync, RedbStore};
+use crate::{FjallStore, Fsync, MemoryStore};
 
 pub(crate) fn event(id: &str) -> Arc<Event> {
     Arc::new(Event::from_parts(
@@ -38,23 +39,37 @@ pub(crate) fn log_entry(id: &str, status: LogStatus, finished_ms: u64) -> LogEnt
 pub(crate) const RETAIN: Retention = Retention { max_entries: 3, max_age_ms: 86_400_000 };
 
 /// Opens a store of one kind on a directory (again after a reopen).
-type Open = fn(&Path) -> Box<dyn Store>;
+type Open = fn(&Path) -> Arc<dyn Store>;
 
-fn redb(dir: &Path) -> Box<dyn Store> {
-    Box::new(RedbStore::open(dir, Fsync::Always, RETAIN).unwrap())
+#[cfg(feature = "migrate-redb")]
+fn redb(dir: &Path) -> Arc<dyn Store> {
+    Arc::new(crate::RedbStore::open(dir, Fsync::Always, RETAIN).unwrap())
 }
 
-fn fjall(dir: &Path) -> Box<dyn Store> {
-    Box::new(FjallStore::open(dir, Fsync::Always, RETAIN).unwrap())
+fn fjall(dir: &Path) -> Arc<dyn Store> {
+    Arc::new(FjallStore::open(dir, Fsync::Always, RETAIN).unwrap())
+}
+
+/// The memory store of `dir`: "reopened", the same store, which lives as long as the
+/// process (as the broker's does).
+fn memory(dir: &Path) -> Arc<dyn Store> {
+    type Open = std::collections::HashMap<std::path::PathBuf, Arc<MemoryStore>>;
+    static OPEN: std::sync::LazyLock<parking_lot::Mutex<Open>> = std::sync::LazyLock::new(Default::default);
+    let mut open = OPEN.lock();
+    open.entry(dir.to_path_buf()).or_insert_with(|| Arc::new(MemoryStore::new(RETAIN))).clone()
 }
 
 macro_rules! on_each_store {
     ($($test:ident),* $(,)?) => {
+        #[cfg(feature = "migrate-redb")]
         mod redb_store {
             $(#[test] fn $test() { super::$test(super::redb) })*
         }
         mod fjall_store {
             $(#[test] fn $test() { super::$test(super::fjall) })*
+        }
+        mod memory_store {
+            $(#[test] fn $test() { super::$test(super::memory) })*
         }
     };
 }

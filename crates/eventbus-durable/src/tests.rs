@@ -1,7 +1,6 @@
 //! Engine semantics (docs/durable.md) through the bus, with an in-memory store: paused time wherever
 //! timing is the subject, the multi-threaded runtime (where background tasks race) elsewhere.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use eventbus_core::durable::*;
 use eventbus_core::{Bus, BusConfig, PublishInput, SubscribeOptions};
 
 use crate::store::{self, StoreOp};
-use crate::{Durable, FjallStore, Fsync, RedbStore, Retention, Store, StoreError};
+use crate::{Durable, FjallStore, Fsync, MemoryStore, Retention, Store, StoreError};
 
 fn options(dedup_window: Duration) -> DurableOptions {
     DurableOptions {
@@ -38,7 +37,7 @@ fn bus_with(store: Arc<dyn Store>, dedup_window: Duration) -> (Bus, Durable) {
 
 fn memory() -> Arc<dyn Store> {
     let retention = Retention { max_entries: 100, max_age_ms: 86_400_000 };
-    Arc::new(RedbStore::open(Path::new(""), Fsync::Always, retention).unwrap())
+    Arc::new(MemoryStore::new(retention))
 }
 
 fn consumer(name: &str, channels: &[&str]) -> ConsumerConfig {

@@ -1,12 +1,12 @@
 //! The durable conformance suite (`eventbus_testkit::conformance`) on the embedded
-//! engine: every check on the in-memory redb store as a test of its own, and every check
+//! engine: every check on the in-memory store as a test of its own, and every check
 //! in turn on the on-disk fjall store, whose commits go through the writer and sync
 //! threads (unlike the in-memory store's inline ones).
 
 use std::path::Path;
 use std::sync::Arc;
 
-use eventbus_durable::{Durable, FjallStore, Fsync, RedbStore, Store};
+use eventbus_durable::{Durable, FjallStore, Fsync, MemoryStore, Store};
 use eventbus_testkit::conformance::{self, Harness, RETENTION, options};
 
 /// The embedded engine on `store`.
@@ -18,7 +18,7 @@ fn harness(store: Arc<dyn Store>) -> Harness {
 }
 
 fn in_memory() -> Harness {
-    harness(Arc::new(RedbStore::open(Path::new(""), Fsync::Always, RETENTION).expect("in-memory store")))
+    harness(Arc::new(MemoryStore::new(RETENTION)))
 }
 
 fn on_disk(dir: &Path) -> Harness {

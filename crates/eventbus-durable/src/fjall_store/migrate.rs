@@ -3,8 +3,10 @@
 use std::path::Path;
 
 use super::*;
-use crate::RedbStore;
-use crate::redb_store::FILE_NAME;
+
+/// The file an eventbusd from before the move to fjall kept under `durable.data_dir`.
+pub const REDB_FILE_NAME: &str = "eventbus.redb";
+use REDB_FILE_NAME as FILE_NAME;
 
 /// Where a migration writes until it is complete.
 const MIGRATING_DIR: &str = "store.migrating";
@@ -28,24 +30,7 @@ pub(super) fn migrate_if_needed(data_dir: &Path, store_dir: &Path, retention: Re
             tracing::warn!(dir = %staging.display(), "an earlier migration of the durable store did not finish; starting it over");
             std::fs::remove_dir_all(&staging).map_err(|e| fs_error(&staging, e))?;
         }
-        let started = std::time::Instant::now();
-        let copied = {
-            let source = RedbStore::open(data_dir, Fsync::Always, retention)?;
-            let target = FjallStore::open_dir(&staging, Fsync::Always, retention)?;
-            source.copy_into(&target)?
-        };
-        sync_dir_entry(&staging, store_dir)?;
-        tracing::info!(
-            from = %old.display(),
-            to = %store_dir.display(),
-            consumers = copied.consumers,
-            events = copied.events,
-            entries = copied.entries,
-            log_lines = copied.log_lines,
-            kept_for_redrive = copied.dead,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "migrated the durable store from redb to fjall"
-        );
+        copy_from_redb(data_dir, &staging, store_dir, retention)?;
     }
     // The store is complete (a crash may have come between the two renames).
     std::fs::rename(&old, &retired).map_err(|e| fs_error(&old, e))?;
@@ -53,7 +38,44 @@ pub(super) fn migrate_if_needed(data_dir: &Path, store_dir: &Path, retention: Re
     Ok(())
 }
 
+/// Copies the redb store of `data_dir` into `staging`, then renames it to `store_dir`.
+#[cfg(feature = "migrate-redb")]
+fn copy_from_redb(data_dir: &Path, staging: &Path, store_dir: &Path, retention: Retention) -> Result<(), StoreError> {
+    let started = std::time::Instant::now();
+    let copied = {
+        let source = crate::RedbStore::open(data_dir, Fsync::Always, retention)?;
+        let target = FjallStore::open_dir(staging, Fsync::Always, retention)?;
+        source.copy_into(&target)?
+    };
+    sync_dir_entry(staging, store_dir)?;
+    tracing::info!(
+        from = %data_dir.join(FILE_NAME).display(),
+        to = %store_dir.display(),
+        consumers = copied.consumers,
+        events = copied.events,
+        entries = copied.entries,
+        log_lines = copied.log_lines,
+        kept_for_redrive = copied.dead,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "migrated the durable store from redb to fjall"
+    );
+    Ok(())
+}
+
+/// Without the reader of the old format: refused, saying how to migrate.
+#[cfg(not(feature = "migrate-redb"))]
+fn copy_from_redb(data_dir: &Path, _staging: &Path, _store_dir: &Path, _: Retention) -> Result<(), StoreError> {
+    Err(StoreError::Refused {
+        path: data_dir.join(FILE_NAME).display().to_string(),
+        reason: "it was written by an eventbusd from before the move to fjall, and this one is built without \
+                 the migration: start once an eventbusd built with `--features migrate-redb` (it migrates the \
+                 directory on start), then this one"
+            .into(),
+    })
+}
+
 /// Renames the finished staging directory into place, durably.
+#[cfg(feature = "migrate-redb")]
 fn sync_dir_entry(staging: &Path, store_dir: &Path) -> Result<(), StoreError> {
     std::fs::rename(staging, store_dir).map_err(|e| fs_error(store_dir, e))?;
     if let Some(parent) = store_dir.parent() {

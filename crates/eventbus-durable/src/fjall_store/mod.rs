@@ -20,6 +20,8 @@
 mod index;
 mod migrate;
 
+pub use migrate::REDB_FILE_NAME;
+
 use index::Index;
 
 use std::path::{Path, PathBuf};
@@ -199,10 +201,13 @@ impl FjallStore {
         })
     }
 
+    /// For the migration from redb, which writes the keyspaces directly.
+    #[cfg(feature = "migrate-redb")]
     pub(crate) fn keyspaces(&self) -> &Keyspaces {
         &self.ks
     }
 
+    #[cfg(feature = "migrate-redb")]
     pub(crate) fn database(&self) -> &Database {
         &self.db
     }

@@ -1,14 +1,10 @@
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-use std::time::SystemTime;
 
 use eventbus_core::durable::ConsumerConfig;
 
 use super::*;
-use crate::store::{DeadLetterRecord, RedriveSelection};
-use crate::store_tests::{RETAIN, event, log_entry};
-use crate::{RedbStore, Store};
+use crate::Store;
+use crate::store_tests::{RETAIN, event};
 
 fn capture(seq: u64, consumers: &[&Arc<str>]) -> StoreOp {
     StoreOp::Capture {
@@ -20,104 +16,130 @@ fn capture(seq: u64, consumers: &[&Arc<str>]) -> StoreOp {
     }
 }
 
-/// Everything a store holds, in a form two stores can be compared by.
-fn contents(store: &dyn Store) -> String {
-    let loaded = store.load().unwrap();
-    let consumers: Vec<String> = loaded.consumers.iter().map(|c| c.name.clone()).collect();
-    let events: BTreeMap<u64, (String, Option<String>, Vec<u8>)> = loaded
-        .events
-        .iter()
-        .map(|e| (e.seq, (e.event.id.to_string(), e.ordering_key.clone(), e.event.payload.to_vec())))
-        .collect();
-    let dedup: BTreeMap<String, String> = loaded.dedup.iter().map(|d| (d.key.clone(), d.event_id.clone())).collect();
-    let mut logs = BTreeMap::new();
-    for name in ["a", "b"] {
-        let page = store.log(name, None, 1000, None).unwrap();
-        let ids: Vec<(String, LogStatus)> = page.entries.into_iter().map(|e| (e.event_id, e.status)).collect();
-        logs.insert(name, (ids, store.redrivable(name)));
+/// Data directories written before the move to fjall.
+#[cfg(feature = "migrate-redb")]
+mod from_redb {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::AtomicU64;
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::RedbStore;
+    use crate::store::{DeadLetterRecord, RedriveSelection};
+    use crate::store_tests::log_entry;
+
+    /// Everything a store holds, in a form two stores can be compared by.
+    fn contents(store: &dyn Store) -> String {
+        let loaded = store.load().unwrap();
+        let consumers: Vec<String> = loaded.consumers.iter().map(|c| c.name.clone()).collect();
+        let events: BTreeMap<u64, (String, Option<String>, Vec<u8>)> = loaded
+            .events
+            .iter()
+            .map(|e| (e.seq, (e.event.id.to_string(), e.ordering_key.clone(), e.event.payload.to_vec())))
+            .collect();
+        let dedup: BTreeMap<String, String> =
+            loaded.dedup.iter().map(|d| (d.key.clone(), d.event_id.clone())).collect();
+        let mut logs = BTreeMap::new();
+        for name in ["a", "b"] {
+            let page = store.log(name, None, 1000, None).unwrap();
+            let ids: Vec<(String, LogStatus)> = page.entries.into_iter().map(|e| (e.event_id, e.status)).collect();
+            logs.insert(name, (ids, store.redrivable(name)));
+        }
+        let mut finished: Vec<_> = loaded.finished.iter().collect();
+        finished.sort_by_key(|(name, _)| name.as_str());
+        format!(
+            "consumers {consumers:?}\nevents {events:?}\nentries {:?}\ndedup {dedup:?}\nnext_seq {}\nfinished {finished:?}\n\
+             dead letters {:?}\npaused {:?}\nlogs {logs:?}",
+            loaded.entries, loaded.next_seq, loaded.dead_letters, loaded.paused,
+        )
     }
-    let mut finished: Vec<_> = loaded.finished.iter().collect();
-    finished.sort_by_key(|(name, _)| name.as_str());
-    format!(
-        "consumers {consumers:?}\nevents {events:?}\nentries {:?}\ndedup {dedup:?}\nnext_seq {}\nfinished {finished:?}\n\
-         dead letters {:?}\npaused {:?}\nlogs {logs:?}",
-        loaded.entries, loaded.next_seq, loaded.dead_letters, loaded.paused,
-    )
+
+    /// A data directory written by the redb store (every kind of state in it) is migrated
+    /// on first open: the fjall store then holds exactly what the redb one did, and the
+    /// old file is set aside.
+    #[test]
+    fn a_redb_data_directory_is_migrated_on_first_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let now = epoch_ms(SystemTime::now());
+        let before = {
+            let old = RedbStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
+            let mut ops = vec![
+                StoreOp::PutConsumer(ConsumerConfig::new("a", vec!["orders.>".into()])),
+                StoreOp::PutConsumer(ConsumerConfig::new("b", vec!["orders.>".into()])),
+                StoreOp::SetPaused { consumer: b.clone(), paused: true },
+            ];
+            ops.extend((1..=8).map(|seq| capture(seq, &[&a, &b])));
+            old.apply(&ops).unwrap();
+            old.apply(&[
+                // In flight, with a failure behind it and a due time.
+                StoreOp::Update {
+                    consumer: a.clone(),
+                    seq: 1,
+                    entry: EntryRecord {
+                        attempts: 2,
+                        first_delivered_ms: Some(now),
+                        due_ms: Some(now + 5_000),
+                        failures: vec![],
+                    },
+                },
+                StoreOp::Finish { consumer: a.clone(), seq: 2, log: log_entry("e2", LogStatus::Completed, now) },
+                StoreOp::Finish { consumer: a.clone(), seq: 3, log: log_entry("e3", LogStatus::DeadLettered, now) },
+                StoreOp::Finish { consumer: b.clone(), seq: 3, log: log_entry("e3", LogStatus::DeadLettered, now) },
+                StoreOp::PutDeadLetter {
+                    id: 7,
+                    record: DeadLetterRecord {
+                        channel: "dlq.orders".into(),
+                        payload: bytes::Bytes::from_static(b"dl"),
+                        content_type: "text/plain".into(),
+                        consumer: "a".into(),
+                        event_id: "e3".into(),
+                    },
+                },
+            ])
+            .unwrap();
+            contents(&old)
+        };
+        let store = FjallStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
+        assert_eq!(contents(&store), before);
+        assert!(!dir.path().join(crate::redb_store::FILE_NAME).exists(), "the old file is set aside");
+        assert!(dir.path().join("eventbus.redb.migrated").exists());
+        // And it works on: the dead-lettered event is redriven, counters continue.
+        let next = AtomicU64::new(store.load().unwrap().next_seq);
+        let moved = store.redrive("a", RedriveSelection::Oldest(10), &next).unwrap();
+        assert_eq!(moved.iter().map(|m| (m.seq, &*m.event.id)).collect::<Vec<_>>(), [(9, "e3")]);
+        drop(store);
+        let again = FjallStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
+        assert_eq!(again.load().unwrap().next_seq, 10);
+        assert_eq!(again.redrivable("a"), 0);
+    }
+
+    /// A migration cut short (its staging directory left behind) starts over.
+    #[test]
+    fn an_interrupted_migration_starts_over() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let old = RedbStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
+            old.apply(&[StoreOp::PutConsumer(ConsumerConfig::new("a", vec!["x".into()]))]).unwrap();
+        }
+        let staging = dir.path().join("store.migrating");
+        std::fs::create_dir_all(staging.join("half")).unwrap();
+        let store = FjallStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
+        assert_eq!(store.load().unwrap().consumers.len(), 1);
+        assert!(!staging.exists());
+    }
 }
 
-/// A data directory written by the redb store (every kind of state in it) is migrated
-/// on first open: the fjall store then holds exactly what the redb one did, and the
-/// old file is set aside.
+/// Without the migration built in, an old directory is refused, saying how to migrate.
+#[cfg(not(feature = "migrate-redb"))]
 #[test]
-fn a_redb_data_directory_is_migrated_on_first_open() {
+fn an_old_redb_directory_is_refused_saying_how_to_migrate() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
-    let now = epoch_ms(SystemTime::now());
-    let before = {
-        let old = RedbStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
-        let mut ops = vec![
-            StoreOp::PutConsumer(ConsumerConfig::new("a", vec!["orders.>".into()])),
-            StoreOp::PutConsumer(ConsumerConfig::new("b", vec!["orders.>".into()])),
-            StoreOp::SetPaused { consumer: b.clone(), paused: true },
-        ];
-        ops.extend((1..=8).map(|seq| capture(seq, &[&a, &b])));
-        old.apply(&ops).unwrap();
-        old.apply(&[
-            // In flight, with a failure behind it and a due time.
-            StoreOp::Update {
-                consumer: a.clone(),
-                seq: 1,
-                entry: EntryRecord {
-                    attempts: 2,
-                    first_delivered_ms: Some(now),
-                    due_ms: Some(now + 5_000),
-                    failures: vec![],
-                },
-            },
-            StoreOp::Finish { consumer: a.clone(), seq: 2, log: log_entry("e2", LogStatus::Completed, now) },
-            StoreOp::Finish { consumer: a.clone(), seq: 3, log: log_entry("e3", LogStatus::DeadLettered, now) },
-            StoreOp::Finish { consumer: b.clone(), seq: 3, log: log_entry("e3", LogStatus::DeadLettered, now) },
-            StoreOp::PutDeadLetter {
-                id: 7,
-                record: DeadLetterRecord {
-                    channel: "dlq.orders".into(),
-                    payload: bytes::Bytes::from_static(b"dl"),
-                    content_type: "text/plain".into(),
-                    consumer: "a".into(),
-                    event_id: "e3".into(),
-                },
-            },
-        ])
-        .unwrap();
-        contents(&old)
-    };
-    let store = FjallStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
-    assert_eq!(contents(&store), before);
-    assert!(!dir.path().join(crate::redb_store::FILE_NAME).exists(), "the old file is set aside");
-    assert!(dir.path().join("eventbus.redb.migrated").exists());
-    // And it works on: the dead-lettered event is redriven, counters continue.
-    let next = AtomicU64::new(store.load().unwrap().next_seq);
-    let moved = store.redrive("a", RedriveSelection::Oldest(10), &next).unwrap();
-    assert_eq!(moved.iter().map(|m| (m.seq, &*m.event.id)).collect::<Vec<_>>(), [(9, "e3")]);
-    drop(store);
-    let again = FjallStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
-    assert_eq!(again.load().unwrap().next_seq, 10);
-    assert_eq!(again.redrivable("a"), 0);
-}
-
-/// A migration cut short (its staging directory left behind) starts over.
-#[test]
-fn an_interrupted_migration_starts_over() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let old = RedbStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
-        old.apply(&[StoreOp::PutConsumer(ConsumerConfig::new("a", vec!["x".into()]))]).unwrap();
-    }
-    let staging = dir.path().join("store.migrating");
-    std::fs::create_dir_all(staging.join("half")).unwrap();
-    let store = FjallStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
-    assert_eq!(store.load().unwrap().consumers.len(), 1);
-    assert!(!staging.exists());
+    std::fs::write(dir.path().join(REDB_FILE_NAME), b"an old store").unwrap();
+    let err = FjallStore::open(dir.path(), Fsync::Always, RETAIN).unwrap_err();
+    assert!(err.to_string().contains("eventbus.redb"), "{err}");
+    assert!(format!("{err:?}").contains("--features migrate-redb"), "{err:?}");
+    assert!(dir.path().join(REDB_FILE_NAME).exists(), "the old store is left as it was");
 }
 
 #[test]

@@ -1,5 +1,7 @@
-//! The embedded durable store: one redb file under `durable.data_dir` (crash-safe,
-//! copy-on-write B-trees), or redb's in-memory backend when `data_dir` is empty.
+//! The embedded durable store before the move to fjall: one redb file under
+//! `durable.data_dir` (crash-safe, copy-on-write B-trees), or redb's in-memory backend
+//! when `data_dir` is empty. Kept (feature `migrate-redb`) to migrate such a directory
+//! to fjall, and as a second implementation the store contract runs on.
 //!
 //! Tables: `consumers` (name → JSON config), `events` (seq → binary event with the
 //! number of consumers still holding it), `entries` ((consumer, seq) → JSON state),
@@ -44,8 +46,7 @@ const PAUSED: TableDefinition<&str, u64> = TableDefinition::new("paused");
 /// Marks a file as ours (value = schema version).
 const SCHEMA_KEY: &str = "socle-eventbus-schema";
 const SCHEMA_VERSION: u64 = 1;
-/// The file under `durable.data_dir` (before the move to fjall).
-pub const FILE_NAME: &str = "eventbus.redb";
+pub use crate::fjall_store::REDB_FILE_NAME as FILE_NAME;
 /// `location` of an in-memory store.
 const MEMORY: &str = "(memory)";
 

@@ -356,7 +356,7 @@ async fn sighup_reloads_the_principals_file() {
     assert_eq!(publish_as("ebt_first").await, Err(Code::Unauthenticated));
 }
 
-/// What a second eventbusd says on both of its output streams, once it has exited.
+/// What an eventbusd that exits says on both of its output streams.
 async fn second_daemon_output(cmd: &mut Command) -> (std::process::ExitStatus, String) {
     let out = within(cmd.output()).await.unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -421,4 +421,21 @@ async fn start_up_logs_no_info_lines_from_dependencies() {
     assert!(lines.iter().any(|l| l.contains("durable consumers ready")), "eventbusd's own INFO lines stay: {lines:?}");
     let foreign: Vec<_> = lines.iter().filter(|l| l.contains("INFO") && !l.contains(" eventbus")).collect();
     assert!(foreign.is_empty(), "INFO lines from dependencies: {foreign:?}");
+}
+
+/// Built without the migration, the daemon refuses a data directory from before the
+/// move to fjall, and says how to migrate it; the old store is left as it was.
+#[cfg(not(feature = "migrate-redb"))]
+#[tokio::test]
+async fn a_data_directory_from_before_fjall_is_refused_saying_how_to_migrate() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("old-data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("eventbus.redb"), b"an old store").unwrap();
+    let shown = data.display().to_string();
+    let args = ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data-dir", &shown];
+    let (status, text) = second_daemon_output(&mut command(dir.path(), &args)).await;
+    assert!(!status.success(), "{text}");
+    assert!(text.contains("eventbus.redb") && text.contains("--features migrate-redb"), "{text}");
+    assert_eq!(std::fs::read(data.join("eventbus.redb")).unwrap(), b"an old store");
 }

@@ -723,7 +723,9 @@ async fn publishers_killed_mid_stream_strand_no_durable_event() {
 
 /// A data directory as the previous release left it (its redb store, written here by
 /// that store's engine: acked, dead-lettered, nacked and in-flight events, a pause) is
-/// migrated when the binary first starts on it, and everything carries on.
+/// migrated when the binary (built with `--features migrate-redb`) first starts on it,
+/// and everything carries on.
+#[cfg(feature = "migrate-redb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_migrates_a_redb_data_directory() {
     use eventbus_core::durable::{
