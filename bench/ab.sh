@@ -30,7 +30,7 @@ declare -A WORKLOAD=(
 )
 WORKLOADS=${WORKLOADS:-"fanout1x16 fanout1x1 pubonly unary durable_stream durable_unary"}
 
-cargo build --release --quiet -p eventbus-server -p eventbus-cli
+cargo build --release --quiet -p eventbus-server -p eventbus-cli --features eventbus-cli/jemalloc
 
 # shellcheck source=bench/lib.sh
 source bench/lib.sh

@@ -21,7 +21,7 @@ OUT=$PWD/target/bench/cluster
 rm -rf "$OUT"; mkdir -p "$OUT"
 RESULTS=$OUT/../cluster.jsonl
 : > "$RESULTS"
-cargo build --release --quiet -p eventbus-server -p eventbus-cli
+cargo build --release --quiet -p eventbus-server -p eventbus-cli --features eventbus-cli/jemalloc
 T=${T:-target/release}  # another build's binaries: T=/path/to/bin bash bench/cluster.sh
 
 PIDS=()

@@ -30,7 +30,7 @@ for tool in nats-server redis-server redis-cli python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install nats-server redis-server python3)" >&2; exit 1; }
 done
 
-cargo build --release --quiet -p eventbus-server -p eventbus-cli -p peers
+cargo build --release --quiet -p eventbus-server -p eventbus-cli -p peers --features eventbus-cli/jemalloc
 
 # shellcheck source=bench/lib.sh
 source bench/lib.sh

@@ -25,7 +25,7 @@ RESULTS="$OUT/durable.jsonl"
 : > "$RESULTS"
 
 command -v nats-server >/dev/null || { echo "missing nats-server (apt-get install nats-server)" >&2; exit 1; }
-cargo build --release --quiet -p eventbus-server -p eventbus-cli -p peers
+cargo build --release --quiet -p eventbus-server -p eventbus-cli -p peers --features eventbus-cli/jemalloc
 
 # shellcheck source=bench/lib.sh
 source bench/lib.sh

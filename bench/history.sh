@@ -22,7 +22,7 @@ RESULTS="$OUT/history.jsonl"
 for tool in redis-server python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install redis-server python3)" >&2; exit 1; }
 done
-cargo build --release --quiet -p eventbus-server -p eventbus-cli
+cargo build --release --quiet -p eventbus-server -p eventbus-cli --features eventbus-cli/jemalloc
 
 # shellcheck source=bench/lib.sh
 source bench/lib.sh

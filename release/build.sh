@@ -30,7 +30,7 @@ mkdir -p "$DIST/crates"
 DIST=$(cd "$DIST" && pwd)
 
 echo "== binaries: eventbusd and eventbus, release, stripped"
-cargo build --release --locked -p eventbus-server --bin eventbusd -p eventbus-cli --bin eventbus
+cargo build --release --locked -p eventbus-server --bin eventbusd -p eventbus-cli --bin eventbus --features eventbus-cli/jemalloc
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 BUNDLE="eventbus-$VERSION-$TRIPLE"
 STAGE="$DIST/$BUNDLE"

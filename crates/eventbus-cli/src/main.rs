@@ -29,9 +29,13 @@ use std::process::ExitCode;
 use clap::Parser;
 use eventbus_client::Client;
 
-/// jemalloc, as in `eventbusd`: decoding pushed events allocates their strings, and
-/// glibc's malloc was a quarter of a subscriber's instructions (callgrind, `bench
-/// fanout`). `peers` uses it too, so the bench compares the systems, not allocators.
+/// jemalloc with the `jemalloc` feature (the bench scripts build with it), as in
+/// `eventbusd`: decoding pushed events allocates their strings, and glibc's malloc was
+/// a quarter of a subscriber's instructions (callgrind, `bench fanout`). `peers` uses it
+/// too, so the bench compares the systems, not allocators. Off by default: building
+/// jemalloc was a third of the command's install time, and publishing, subscribing or
+/// relaying by hand does not need it.
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
