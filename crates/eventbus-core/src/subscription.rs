@@ -125,6 +125,11 @@ pub enum CloseReason {
     SlowConsumer,
     /// The broker is stopping; queued events were flushed first (or the drain timed out).
     ShuttingDown,
+    /// The shared transport (Redis) lost events this subscription may have matched:
+    /// its connection was lost or restored, or one of its subscriptions was
+    /// interrupted. The client subscribes again, recovering from history what it
+    /// missed, or learning that it cannot.
+    Interrupted,
 }
 
 /// Result of offering one event to a subscription.

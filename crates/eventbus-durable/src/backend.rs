@@ -118,6 +118,10 @@ impl DurableBackend for Durable {
         self.disk_full().map(|e| e.to_string())
     }
 
+    fn failed(&self) -> Option<String> {
+        self.inner.store.failed()
+    }
+
     fn flush(&self) -> BoxFuture<'_, Result<(), DurableError>> {
         Box::pin(Durable::flush(self))
     }

@@ -299,6 +299,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// Why the store refuses every write until the process restarts, if it does (an
+    /// earlier commit or sync failed).
+    fn failed(&self) -> Option<String> {
+        None
+    }
+
     /// The terminal log of `consumer`, oldest first, after position `after`.
     fn log(
         &self,

@@ -237,6 +237,9 @@ impl Server {
                 &supervisor,
             )?,
         }
+        // A subscription that may have missed events because Redis was away ends, so
+        // its client recovers them from history (or learns of the gap).
+        supervisor.spawn("subscriptions following the transport", bus.follow_transport()).detach();
         let pusher = bus
             .durable()
             .map(|durable| Pusher::start(Arc::clone(durable), endpoints, push_metrics, access.clone(), &supervisor));
@@ -359,13 +362,11 @@ impl Server {
             .map_err(ServerError::Http)?;
         // gRPC health follows readiness (a stopped background task, a Redis outage,
         // then shutdown).
-        // The disk watermark has no event to wait on: while one is set on an on-disk
-        // store, readiness is read again once a second (the engine reads free space at
-        // most that often anyway).
-        let disk_watch = (settings.eventbus.mode == Mode::InMemory
-            && settings.durable.min_free_disk_bytes > 0
-            && !settings.durable.data_dir.is_empty())
-        .then_some(DISK_CHECK_EVERY);
+        // The disk watermark and a store refusing writes after a failed one have no
+        // event to wait on: with an on-disk store, readiness is read again once a
+        // second (the engine reads free space at most that often anyway).
+        let disk_watch = (settings.eventbus.mode == Mode::InMemory && !settings.durable.data_dir.is_empty())
+            .then_some(DISK_CHECK_EVERY);
         tokio::spawn(follow_readiness(
             bus.transport_status(),
             supervisor.failures(),
@@ -608,11 +609,12 @@ fn health_status(ready: bool) -> ServingStatus {
     if ready { ServingStatus::Serving } else { ServingStatus::NotServing }
 }
 
-/// How often readiness is read again while a free-disk watermark is set.
+/// How often readiness is read again with an on-disk store (its free-disk watermark,
+/// a failed write).
 const DISK_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// Keeps gRPC health in step with readiness (the transport's connection, the background
-/// tasks and, every `disk_watch`, the free-disk watermark) until the server stops, so
+/// tasks and, every `disk_watch`, the store's free-disk watermark and health) until the server stops, so
 /// `grpc.health.v1` and `/readyz` always agree.
 async fn follow_readiness(
     transport: Option<tokio::sync::watch::Receiver<TransportStatus>>,

@@ -260,6 +260,14 @@ pub trait DurableBackend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Why the engine cannot go on until the process restarts, if it cannot: a write
+    /// to its store failed (a full disk, an I/O error) and what the store holds is
+    /// known again only by recovering from its journal at the next start. Liveness and
+    /// readiness turn off, so that a supervisor restarts the process.
+    fn failed(&self) -> Option<String> {
+        None
+    }
+
     /// Waits until every change made so far is durable.
     fn flush(&self) -> BoxFuture<'_, Result<(), DurableError>>;
 }

@@ -572,6 +572,10 @@ impl Store for FjallStore {
         crate::store::free_space(&self.dir)
     }
 
+    fn failed(&self) -> Option<String> {
+        self.check().err().map(|e| e.to_string())
+    }
+
     fn log(
         &self,
         consumer: &str,

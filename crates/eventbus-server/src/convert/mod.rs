@@ -71,7 +71,7 @@ impl Refusal {
             Self::Withdrawn(Withdrawn::Credential(_)) => (Code::Unauthenticated, StatusCode::UNAUTHORIZED),
             Self::Withdrawn(Withdrawn::Right(_)) => (Code::PermissionDenied, StatusCode::FORBIDDEN),
             Self::Closed(CloseReason::SlowConsumer) => (Code::ResourceExhausted, StatusCode::TOO_MANY_REQUESTS),
-            Self::Closed(CloseReason::ShuttingDown | CloseReason::Unsubscribed) => {
+            Self::Closed(CloseReason::ShuttingDown | CloseReason::Unsubscribed | CloseReason::Interrupted) => {
                 (Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE)
             }
         }
@@ -179,6 +179,7 @@ mod tests {
             (Withdrawn::Right("lost".into()).into(), Code::PermissionDenied, StatusCode::FORBIDDEN),
             (Refusal::Closed(CloseReason::SlowConsumer), Code::ResourceExhausted, StatusCode::TOO_MANY_REQUESTS),
             (Refusal::Closed(CloseReason::ShuttingDown), Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
+            (Refusal::Closed(CloseReason::Interrupted), Code::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
         ];
         for (err, code, http) in cases {
             assert_eq!(err.codes(), (code, http), "{err}");

@@ -42,6 +42,15 @@ impl Readiness {
         self.tasks.borrow().clone()
     }
 
+    /// Why the process must be restarted, if it must: a background task stopped, or
+    /// the durable store refuses writes after a failed one.
+    pub(crate) fn failed(&self) -> Option<String> {
+        match self.failed_task() {
+            Some(failure) => Some(failure.to_string()),
+            None => self.durable.as_ref().and_then(|d| d.failed()),
+        }
+    }
+
     /// Shutdown has begun: not ready from now on.
     pub(crate) fn shutting_down(&self) {
         self.shutting_down.store(true, Ordering::Release);
@@ -53,8 +62,8 @@ impl Readiness {
 
     /// Why the instance is not ready, if it is not.
     pub(crate) fn reason(&self) -> Option<String> {
-        if let Some(failure) = self.failed_task() {
-            Some(failure.to_string())
+        if let Some(failure) = self.failed() {
+            Some(failure)
         } else if self.is_shutting_down() {
             Some("shutting down".to_owned())
         } else if let Some(status) = self.transport.as_ref().map(|t| *t.borrow())
@@ -92,11 +101,10 @@ pub(super) async fn metrics(State(state): State<HttpState>) -> Result<Response, 
 /// Liveness: fails once a background task has stopped (the process no longer does all
 /// its work and must be restarted; docs/operations.md).
 pub(super) async fn healthz(State(state): State<HttpState>) -> Response {
-    match state.readiness.failed_task() {
+    match state.readiness.failed() {
         None => Json(json!({ "status": "ok" })).into_response(),
-        Some(failure) => {
-            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "failed", "reason": failure.to_string() })))
-                .into_response()
+        Some(reason) => {
+            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "failed", "reason": reason }))).into_response()
         }
     }
 }

@@ -74,6 +74,10 @@ fn closed_text(reason: CloseReason) -> &'static str {
         CloseReason::SlowConsumer => "slow consumer: the subscription queue overflowed (overflow policy DISCONNECT)",
         CloseReason::ShuttingDown => "shutting down",
         CloseReason::Unsubscribed => "unsubscribed",
+        CloseReason::Interrupted => {
+            "interrupted: this instance's connection to Redis was lost or restored, so events published meanwhile \
+             may be missing here; subscribe again from where you were (since) to recover them from history"
+        }
     }
 }
 

@@ -1,0 +1,203 @@
+//! The checkers: from what the clients recorded, each promise's violations, each one
+//! charged to the fault that was on (or had last been on) when it happened.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::workload::{Answer, Records, TickItem, lock};
+
+/// A fault's span in a run, for charging what happened to it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Window {
+    pub(crate) faults: String,
+    pub(crate) targets: Vec<&'static str>,
+    pub(crate) start: f64,
+    pub(crate) healed: f64,
+    /// Seconds from the heal until every instance was ready again (`None`: not
+    /// within the bound).
+    pub(crate) ready_after: Option<f64>,
+}
+
+/// Counts for one promise set, overall or charged to one fault.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct Counts {
+    /// Durable publishes answered OK.
+    pub(crate) durable_ok: u64,
+    /// Durable publishes never answered OK (still being retried when publishing stopped).
+    pub(crate) durable_unknown: u64,
+    /// Answered OK and never delivered to the consumer (a promise broken).
+    pub(crate) durable_lost: u64,
+    /// Answered OK, not a duplicate, and stored by no consumer (a promise broken).
+    pub(crate) durable_not_captured: u64,
+    /// Events acked by the worker more than once (allowed: at least once).
+    pub(crate) durable_duplicates: u64,
+    /// Events of one ordering key first delivered out of publish order (a promise broken).
+    pub(crate) order_violations: u64,
+    /// Core events a recovering subscriber missed and was told about (allowed).
+    pub(crate) ticks_missed_told: u64,
+    /// Holes a subscriber was not told about: a false "no gap" (a promise broken).
+    pub(crate) false_no_gap: u64,
+    /// Core events missing in those holes.
+    pub(crate) ticks_missed_untold: u64,
+    /// Group events answered OK that reached no member (allowed: at most once, counted).
+    pub(crate) group_lost: u64,
+    /// Group events that reached more than one member (counted).
+    pub(crate) group_duplicates: u64,
+}
+
+impl Counts {
+    /// Violations of a promise eventbus makes in every configuration the harness runs.
+    pub(crate) fn violations(&self) -> u64 {
+        self.durable_lost + self.durable_not_captured + self.order_violations + self.false_no_gap
+    }
+}
+
+/// Counts overall and per fault.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct Checked {
+    pub(crate) total: Counts,
+    pub(crate) by_fault: BTreeMap<String, Counts>,
+    /// Spans in which a group's events reached no member (published within 0.5 s of
+    /// each other): how long a group loses events after a fault.
+    pub(crate) group_loss_spans: Vec<LossSpan>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct LossSpan {
+    pub(crate) fault: String,
+    pub(crate) from: f64,
+    pub(crate) to: f64,
+    pub(crate) events: u64,
+}
+
+impl Checked {
+    fn add(&mut self, windows: &[Window], at: f64, bump: impl Fn(&mut Counts)) {
+        bump(&mut self.total);
+        bump(self.by_fault.entry(charge(windows, at)).or_default());
+    }
+}
+
+/// The fault a moment belongs to: the last one started at or before it.
+fn charge(windows: &[Window], at: f64) -> String {
+    windows.iter().rev().find(|w| w.start <= at).map_or_else(|| "none".to_owned(), |w| w.faults.clone())
+}
+
+pub(crate) fn check(records: &Records, windows: &[Window]) -> Checked {
+    let mut checked = Checked::default();
+    durable(records, windows, &mut checked);
+    ticks(records, windows, &mut checked);
+    group(records, windows, &mut checked);
+    checked
+}
+
+fn durable(records: &Records, windows: &[Window], checked: &mut Checked) {
+    let published = lock(&records.published).clone();
+    let delivered = lock(&records.delivered).clone();
+    // Per event: first delivery time and acked count; a second ack is a duplicate,
+    // charged to the moment it happened.
+    let mut seen: HashMap<(u32, u64), (f64, u64)> = HashMap::new();
+    for d in &delivered {
+        let entry = seen.entry((d.key, d.seq)).or_insert((d.at, 0));
+        entry.0 = entry.0.min(d.at);
+        entry.1 += u64::from(d.acked);
+        if d.acked && entry.1 > 1 {
+            checked.add(windows, d.at, |c| c.durable_duplicates += 1);
+        }
+    }
+    let mut by_key: BTreeMap<u32, Vec<(u64, f64)>> = BTreeMap::new();
+    for p in &published {
+        match p.answer {
+            Answer::Unknown => checked.add(windows, p.at, |c| c.durable_unknown += 1),
+            Answer::Ok { captured, duplicate } => {
+                checked.add(windows, p.at, |c| c.durable_ok += 1);
+                if captured == 0 && !duplicate {
+                    checked.add(windows, p.at, |c| c.durable_not_captured += 1);
+                }
+                match seen.get(&(p.key, p.seq)) {
+                    None => checked.add(windows, p.at, |c| c.durable_lost += 1),
+                    Some(&(first, _)) => {
+                        by_key.entry(p.key).or_default().push((p.seq, first));
+                    }
+                }
+            }
+        }
+    }
+    for events in by_key.values_mut() {
+        events.sort_by_key(|(seq, _)| *seq);
+        for pair in events.windows(2) {
+            if pair[1].1 < pair[0].1 {
+                checked.add(windows, pair[1].1, |c| c.order_violations += 1);
+            }
+        }
+    }
+}
+
+fn ticks(records: &Records, windows: &[Window], checked: &mut Checked) {
+    let ok: Vec<u64> = {
+        let mut ok: Vec<u64> = lock(&records.ticks_ok).iter().map(|(seq, _)| *seq).collect();
+        ok.sort_unstable();
+        ok
+    };
+    let missing_between = |after: u64, before: u64| -> u64 {
+        let from = ok.partition_point(|s| *s <= after);
+        let to = ok.partition_point(|s| *s < before);
+        to.saturating_sub(from) as u64
+    };
+    for items in &records.tick_items {
+        let items = lock(items).clone();
+        let mut last: Option<u64> = None;
+        let mut told = false;
+        for item in items {
+            match item {
+                TickItem::Gap | TickItem::Started { recovered: false } if last.is_some() => told = true,
+                TickItem::Gap | TickItem::Started { .. } => {}
+                TickItem::Event { seq, at } => {
+                    if let Some(previous) = last
+                        && seq > previous + 1
+                    {
+                        let missing = missing_between(previous, seq);
+                        if missing > 0 && told {
+                            checked.add(windows, at, |c| c.ticks_missed_told += missing);
+                        } else if missing > 0 {
+                            checked.add(windows, at, |c| {
+                                c.false_no_gap += 1;
+                                c.ticks_missed_untold += missing;
+                            });
+                        }
+                    }
+                    told = false;
+                    last = Some(last.map_or(seq, |l| l.max(seq)));
+                }
+            }
+        }
+    }
+}
+
+fn group(records: &Records, windows: &[Window], checked: &mut Checked) {
+    let mut receivers: HashMap<u64, u64> = HashMap::new();
+    for (seq, _, _) in lock(&records.jobs_received).iter() {
+        *receivers.entry(*seq).or_default() += 1;
+    }
+    for (seq, at) in lock(&records.jobs_ok).iter() {
+        match receivers.get(seq).copied().unwrap_or(0) {
+            0 => {
+                checked.add(windows, *at, |c| c.group_lost += 1);
+                match checked.group_loss_spans.last_mut() {
+                    Some(span) if *at - span.to < 0.5 => {
+                        span.to = *at;
+                        span.events += 1;
+                    }
+                    _ => checked.group_loss_spans.push(LossSpan {
+                        fault: charge(windows, *at),
+                        from: *at,
+                        to: *at,
+                        events: 1,
+                    }),
+                }
+            }
+            1 => {}
+            n => checked.add(windows, *at, |c| c.group_duplicates += n - 1),
+        }
+    }
+}
