@@ -34,6 +34,10 @@ pub(crate) struct Counts {
     pub(crate) durable_duplicates: u64,
     /// Events of one ordering key first delivered out of publish order (a promise broken).
     pub(crate) order_violations: u64,
+    /// Answered OK and never pushed to the push consumer's endpoint (a promise broken).
+    pub(crate) push_lost: u64,
+    /// Events the endpoint accepted more than once (allowed: at least once).
+    pub(crate) push_duplicates: u64,
     /// Core events a recovering subscriber missed and was told about (allowed).
     pub(crate) ticks_missed_told: u64,
     /// Holes a subscriber was not told about: a false "no gap" (a promise broken).
@@ -49,7 +53,7 @@ pub(crate) struct Counts {
 impl Counts {
     /// Violations of a promise eventbus makes in every configuration the harness runs.
     pub(crate) fn violations(&self) -> u64 {
-        self.durable_lost + self.durable_not_captured + self.order_violations + self.false_no_gap
+        self.durable_lost + self.durable_not_captured + self.order_violations + self.push_lost + self.false_no_gap
     }
 }
 
@@ -86,6 +90,7 @@ fn charge(windows: &[Window], at: f64) -> String {
 pub(crate) fn check(records: &Records, windows: &[Window]) -> Checked {
     let mut checked = Checked::default();
     durable(records, windows, &mut checked);
+    pushed(records, windows, &mut checked);
     ticks(records, windows, &mut checked);
     group(records, windows, &mut checked);
     checked
@@ -129,6 +134,23 @@ fn durable(records: &Records, windows: &[Window], checked: &mut Checked) {
             if pair[1].1 < pair[0].1 {
                 checked.add(windows, pair[1].1, |c| c.order_violations += 1);
             }
+        }
+    }
+}
+
+/// The push consumer: every event answered OK reaches the endpoint at least once.
+fn pushed(records: &Records, windows: &[Window], checked: &mut Checked) {
+    let mut acks: HashMap<(u32, u64), u64> = HashMap::new();
+    for d in lock(&records.pushed).iter() {
+        let count = acks.entry((d.key, d.seq)).or_default();
+        *count += u64::from(d.acked);
+        if d.acked && *count > 1 {
+            checked.add(windows, d.at, |c| c.push_duplicates += 1);
+        }
+    }
+    for p in lock(&records.published).iter() {
+        if matches!(p.answer, Answer::Ok { .. }) && acks.get(&(p.key, p.seq)).is_none_or(|n| *n == 0) {
+            checked.add(windows, p.at, |c| c.push_lost += 1);
         }
     }
 }

@@ -37,6 +37,8 @@ pub(crate) struct Durability {
 pub(crate) const ACK_DEADLINE_MS: u64 = 4000;
 /// Redis Cluster's `cluster-node-timeout`: pauses last longer.
 pub(crate) const NODE_TIMEOUT_MS: u64 = 2000;
+/// Port of the push consumer's endpoint, on the client host.
+pub(crate) const PUSH_PORT: u16 = 9090;
 /// How long `/healthz` fails before the harness, as a supervisor, restarts the process.
 const LIVENESS_GRACE: Duration = Duration::from_secs(3);
 
@@ -390,7 +392,12 @@ fn instance_config(kind: Kind, durability: Durability, host: Host) -> String {
         yaml,
         "durable:\n  data_dir: \"{data_dir}\"\n  min_free_disk_bytes: 8388608\n  consumers:\n    - name: faults-work\n      \
          channels: [\"faults.orders.>\"]\n      ack_deadline_ms: {ACK_DEADLINE_MS}\n      max_attempts: 1000\n      \
-         backoff: {{initial_ms: 100, max_ms: 1000}}\n"
+         backoff: {{initial_ms: 100, max_ms: 1000}}\n    - name: faults-push\n      \
+         channels: [\"faults.orders.>\"]\n      ack_deadline_ms: {ACK_DEADLINE_MS}\n      max_attempts: 1000\n      \
+         backoff: {{initial_ms: 100, max_ms: 1000}}\n      push: {{url: \"http://{}:{PUSH_PORT}/push\", timeout_ms: 2000}}\n\
+         push:\n  allow_networks: [\"{}/32\"]\n",
+        net::CLIENT.ip,
+        net::CLIENT.ip,
     );
     yaml
 }

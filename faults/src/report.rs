@@ -44,11 +44,12 @@ impl FleetReport {
         let total = &self.checked.total;
         if total.violations() > 0 {
             problems.push(format!(
-                "{} violations (lost {}, not captured {}, out of key order {}, false no-gap {})",
+                "{} violations (lost {}, not captured {}, out of key order {}, not pushed {}, false no-gap {})",
                 total.violations(),
                 total.durable_lost,
                 total.durable_not_captured,
                 total.order_violations,
+                total.push_lost,
                 total.false_no_gap
             ));
         }
@@ -65,13 +66,15 @@ impl FleetReport {
 fn row(table: &mut String, name: &str, c: &Counts) {
     let _ = writeln!(
         table,
-        "| {name} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} / {} |",
+        "| {name} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} / {} | {} / {} |",
         c.durable_ok,
         c.durable_unknown,
         c.durable_lost,
         c.durable_not_captured,
         c.durable_duplicates,
         c.order_violations,
+        c.push_lost,
+        c.push_duplicates,
         c.false_no_gap,
         c.ticks_missed_untold,
         c.ticks_missed_told,
@@ -99,8 +102,9 @@ impl Report {
             };
             let _ = writeln!(table, "\n{:?} fleet ({config}), seed {}", fleet.kind, self.seed);
             table.push_str(
-                "| fault | durable OK | unknown | lost | not captured | dup | order | false no-gap / untold | \
-                 told / all missed | group lost / dup |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+                "| fault | durable OK | unknown | lost | not captured | dup | order | push lost / dup | \
+                 false no-gap / untold | told / all missed | group lost / dup |\n\
+                 |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
             );
             for (fault, counts) in &fleet.checked.by_fault {
                 row(&mut table, fault, counts);

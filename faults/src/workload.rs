@@ -14,6 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 /// The durable consumer every instance declares.
 pub(crate) const CONSUMER: &str = "faults-work";
+/// The push consumer every instance declares.
+const PUSH_CONSUMER: &str = "faults-push";
 const TICKS: &str = "faults.ticks";
 const JOBS: &str = "faults.jobs";
 const GROUP: &str = "faults-g";
@@ -60,6 +62,8 @@ pub(crate) struct Records {
     start: Instant,
     pub(crate) published: Mutex<Vec<Published>>,
     pub(crate) delivered: Mutex<Vec<Delivered>>,
+    /// What the push consumer's endpoint received.
+    pub(crate) pushed: Mutex<Vec<Delivered>>,
     pub(crate) ticks_ok: Mutex<Vec<(u64, f64)>>,
     pub(crate) tick_items: Vec<Mutex<Vec<TickItem>>>,
     pub(crate) jobs_ok: Mutex<Vec<(u64, f64)>>,
@@ -79,6 +83,7 @@ impl Records {
             start,
             published: Mutex::default(),
             delivered: Mutex::default(),
+            pushed: Mutex::default(),
             ticks_ok: Mutex::default(),
             tick_items: (0..subscribers).map(|_| Mutex::default()).collect(),
             jobs_ok: Mutex::default(),
@@ -97,6 +102,7 @@ impl Records {
         serde_json::json!({
             "published": *lock(&self.published),
             "delivered": *lock(&self.delivered),
+            "pushed": *lock(&self.pushed),
             "ticks_ok": *lock(&self.ticks_ok),
             "tick_items": ticks,
             "jobs_ok": *lock(&self.jobs_ok),
@@ -124,6 +130,7 @@ pub(crate) struct Workload {
     core_stop: CancellationToken,
     stop: CancellationToken,
     tasks: JoinSet<()>,
+    clients: Vec<Client>,
 }
 
 async fn connect(url: &str) -> anyhow::Result<Client> {
@@ -157,18 +164,38 @@ impl Workload {
             let subscription = clients[at].subscribe(SubscribeOptions::new([TICKS])).await?;
             tasks.spawn(tick_subscriber(index, subscription, records.clone(), stop.clone()));
         }
+        let listener = tokio::net::TcpListener::bind((crate::net::CLIENT.ip, crate::fleet::PUSH_PORT)).await?;
+        tasks.spawn(push_endpoint(listener, records.clone(), stop.clone()));
         for (member, at) in [0, 1 % n].into_iter().enumerate() {
             let subscription = clients[at].subscribe(SubscribeOptions::new([JOBS]).group(GROUP)).await?;
             tasks.spawn(group_member(member, subscription, records.clone(), stop.clone()));
         }
         tasks.spawn(core_publisher(TICKS, clients.clone(), records.clone(), core_stop.clone()));
-        tasks.spawn(core_publisher(JOBS, clients, records.clone(), core_stop.clone()));
-        Ok(Self { records, durable_stop, core_stop, stop, tasks })
+        tasks.spawn(core_publisher(JOBS, clients.clone(), records.clone(), core_stop.clone()));
+        Ok(Self { records, durable_stop, core_stop, stop, tasks, clients })
     }
 
     /// Stops the durable publishers (an event still being retried stays unknown).
     pub(crate) fn stop_publishing(&self) {
         self.durable_stop.cancel();
+    }
+
+    /// Whether both durable consumers have nothing left to deliver, as the first
+    /// instance that answers sees them.
+    pub(crate) async fn drained(&self) -> bool {
+        for client in &self.clients {
+            let mut left = Vec::new();
+            for name in [CONSUMER, PUSH_CONSUMER] {
+                match tokio::time::timeout(Duration::from_secs(1), client.consumer(name)).await {
+                    Ok(Ok(info)) => left.push(info.pending + info.in_flight),
+                    _ => break,
+                }
+            }
+            if left.len() == 2 {
+                return left.iter().all(|n| *n == 0);
+            }
+        }
+        false
     }
 
     /// Stops every client: the core publishers first, and the subscribers a second
@@ -234,6 +261,33 @@ fn parse(payload: &[u8]) -> Option<(u32, u64)> {
     Some((key.parse().ok()?, seq.parse().ok()?))
 }
 
+/// Whether the harness fails this delivery: one first attempt in 16, chosen by
+/// sequence number (the same events for the worker and the push endpoint).
+fn refused(seq: u64, attempt: u32) -> bool {
+    attempt == 1 && (seq.wrapping_mul(2_654_435_761) >> 7) % 16 == 0
+}
+
+/// The push consumer's endpoint: records each request, answers 500 to the first
+/// attempts the harness fails, 200 to the others.
+async fn push_endpoint(listener: tokio::net::TcpListener, records: Arc<Records>, stop: CancellationToken) {
+    use axum::http::{HeaderMap, StatusCode};
+    let handler = move |headers: HeaderMap, body: axum::body::Bytes| {
+        let records = records.clone();
+        async move {
+            let attempt =
+                headers.get("eventbus-attempt").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(1);
+            let Some((key, seq)) = parse(&body) else { return StatusCode::BAD_REQUEST };
+            let acked = !refused(seq, attempt);
+            lock(&records.pushed).push(Delivered { key, seq, at: records.now(), acked });
+            if acked { StatusCode::OK } else { StatusCode::INTERNAL_SERVER_ERROR }
+        }
+    };
+    let app = axum::Router::new().route("/push", axum::routing::post(handler));
+    if let Err(err) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
+        eprintln!("faults: the push endpoint stopped: {err}");
+    }
+}
+
 async fn worker(client: Client, records: Arc<Records>, stop: CancellationToken) {
     let worker = Worker::new(client, CONSUMER).concurrency(8);
     let handler = move |delivery: eventbus_client::Delivery| {
@@ -242,8 +296,8 @@ async fn worker(client: Client, records: Arc<Records>, stop: CancellationToken) 
             let Some((key, seq)) = parse(&delivery.event.payload) else {
                 return Outcome::term("not a harness payload");
             };
-            // One first attempt in 16 fails: the event comes back after the backoff.
-            let acked = !(delivery.attempt == 1 && (seq.wrapping_mul(2_654_435_761) >> 7) % 16 == 0);
+            // Some first attempts fail: the event comes back after the backoff.
+            let acked = !refused(seq, delivery.attempt);
             lock(&records.delivered).push(Delivered { key, seq, at: records.now(), acked });
             if acked { Outcome::Ack } else { Outcome::retry("the harness nacks this first attempt") }
         }
