@@ -264,7 +264,7 @@ fn parse(payload: &[u8]) -> Option<(u32, u64)> {
 /// Whether the harness fails this delivery: one first attempt in 16, chosen by
 /// sequence number (the same events for the worker and the push endpoint).
 fn refused(seq: u64, attempt: u32) -> bool {
-    attempt == 1 && (seq.wrapping_mul(2_654_435_761) >> 7) % 16 == 0
+    attempt == 1 && (seq.wrapping_mul(2_654_435_761) >> 7).is_multiple_of(16)
 }
 
 /// The push consumer's endpoint: records each request, answers 500 to the first

@@ -163,4 +163,28 @@ impl LocalFanout {
             None => Fanout::default(),
         }
     }
+
+    /// Applies `change` to the transport's `status`: how a transport changes its
+    /// connection state and counts its interruptions. When the change means events may have been lost for local subscriptions —
+    /// the connection lost or restored, one of the transport's own subscriptions
+    /// interrupted — every local subscription is ended first, with
+    /// [`CloseReason::Interrupted`](crate::CloseReason::Interrupted), so that no subscriber goes on believing it missed
+    /// nothing: its client subscribes again from where it was and recovers from
+    /// history, or is told of the gap. First, so that a subscription made once the
+    /// new state shows (readiness back) is never ended for the change before it.
+    pub fn set_status(
+        &self,
+        status: &tokio::sync::watch::Sender<TransportStatus>,
+        change: impl FnOnce(&mut TransportStatus),
+    ) {
+        let before = *status.borrow();
+        let mut after = before;
+        change(&mut after);
+        let lossy =
+            after.connected != before.connected || after.reconnects != before.reconnects || after.gaps != before.gaps;
+        if lossy && let Some(inner) = self.bus.upgrade() {
+            inner.interrupt();
+        }
+        status.send_replace(after);
+    }
 }

@@ -61,7 +61,15 @@ impl StoreError {
 
 impl From<StoreError> for DurableError {
     fn from(err: StoreError) -> Self {
-        DurableError::internal("durable store", err)
+        match err {
+            // Out until the process restarts and recovers from its journal (its
+            // liveness fails meanwhile): the same call succeeds then, or elsewhere.
+            StoreError::Refused { .. } => DurableError::unavailable_because(
+                "the durable store refuses writes after one failed, until eventbusd restarts",
+                err,
+            ),
+            err => DurableError::internal("durable store", err),
+        }
     }
 }
 

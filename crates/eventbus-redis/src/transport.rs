@@ -303,7 +303,7 @@ impl RedisTransport {
                 Ok(session) => {
                     // Subscriptions are restored before anyone is told we are back.
                     *self.publisher.write() = Some(session.publisher.clone());
-                    self.status.send_modify(|s| {
+                    local.set_status(&self.status, |s| {
                         s.connected = true;
                         if connected_before {
                             s.reconnects += 1;
@@ -314,7 +314,7 @@ impl RedisTransport {
                     backoff = INITIAL_BACKOFF;
                     let lost = self.serve(session, &local, &shutdown).await;
                     *self.publisher.write() = None;
-                    self.status.send_modify(|s| {
+                    local.set_status(&self.status, |s| {
                         s.connected = false;
                         s.stalled = false;
                     });
@@ -371,7 +371,7 @@ impl RedisTransport {
                 _ = health.tick() => match self.check(&mut publisher, &mut sink).await {
                     Ok(()) if unanswered > 0 => {
                         unanswered = 0;
-                        self.status.send_modify(|s| {
+                        local.set_status(&self.status, |s| {
                             s.connected = true;
                             s.stalled = false;
                         });
@@ -382,7 +382,7 @@ impl RedisTransport {
                         unanswered += 1;
                         if unanswered == 1 {
                             // Known down: readiness off, publishes refused at once.
-                            self.status.send_modify(|s| {
+                            local.set_status(&self.status, |s| {
                                 s.connected = false;
                                 s.stalled = true;
                             });

@@ -237,9 +237,6 @@ impl Server {
                 &supervisor,
             )?,
         }
-        // A subscription that may have missed events because Redis was away ends, so
-        // its client recovers them from history (or learns of the gap).
-        supervisor.spawn("subscriptions following the transport", bus.follow_transport()).detach();
         let pusher = bus
             .durable()
             .map(|durable| Pusher::start(Arc::clone(durable), endpoints, push_metrics, access.clone(), &supervisor));

@@ -352,46 +352,27 @@ impl Bus {
     pub fn close_all(&self) {
         self.inner.close_all(CloseReason::ShuttingDown);
     }
-
-    /// Follows the transport's state for as long as it runs: whenever it may have lost
-    /// events for local subscriptions (its connection lost or restored, one of its
-    /// own subscriptions interrupted, e.g. by a Redis Cluster failover), ends every
-    /// subscription with [`CloseReason::Interrupted`], so that no subscriber goes on
-    /// believing it missed nothing. Their clients subscribe again from where they
-    /// were and recover the missed events from history, or are told of the gap. Never
-    /// returns (pending for ever without a transport, or once it is gone).
-    pub fn follow_transport(&self) -> impl Future<Output = ()> + Send + 'static {
-        let status = self.transport_status();
-        let bus = Arc::downgrade(&self.inner);
-        async move {
-            if let Some(mut status) = status {
-                let mut last = *status.borrow_and_update();
-                while status.changed().await.is_ok() {
-                    let now = *status.borrow_and_update();
-                    let lost =
-                        now.connected != last.connected || now.reconnects != last.reconnects || now.gaps != last.gaps;
-                    last = now;
-                    let Some(inner) = bus.upgrade() else { break };
-                    if lost && !inner.shutting_down.load(Ordering::Acquire) {
-                        let ended = inner.close_all(CloseReason::Interrupted);
-                        if ended > 0 {
-                            tracing::warn!(
-                                subscriptions = ended,
-                                connected = now.connected,
-                                "the transport may have lost events: subscriptions ended, to recover from history"
-                            );
-                        }
-                    }
-                }
-            }
-            std::future::pending::<()>().await;
-        }
-    }
 }
 
 impl Inner {
+    /// The transport may have lost events for local subscriptions: ends each (unless
+    /// shutting down, which ends them anyway) so that its client recovers.
+    pub(crate) fn interrupt(&self) {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return;
+        }
+        let ended = self.close_all(CloseReason::Interrupted);
+        if ended > 0 {
+            tracing::warn!(
+                subscriptions = ended,
+                "the connection to Redis was lost or restored, or one of its subscriptions interrupted: \
+                 local subscriptions ended, for their clients to recover what they missed from history"
+            );
+        }
+    }
+
     /// Ends every subscription with `reason`; returns how many there were.
-    fn close_all(&self, reason: CloseReason) -> usize {
+    pub(crate) fn close_all(&self, reason: CloseReason) -> usize {
         let ids: Vec<Arc<str>> = self.router.read().all().map(|s| Arc::clone(&s.id)).collect();
         for id in &ids {
             self.remove(id, reason);

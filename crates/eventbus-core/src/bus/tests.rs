@@ -38,6 +38,14 @@ struct Loopback {
     local: LocalFanout,
     watched: Mutex<Vec<String>>,
     down: AtomicBool,
+    state: tokio::sync::watch::Sender<TransportStatus>,
+}
+
+impl Loopback {
+    fn new(local: LocalFanout) -> Self {
+        let state = tokio::sync::watch::channel(TransportStatus { connected: true, ..TransportStatus::default() }).0;
+        Self { local, watched: Mutex::default(), down: AtomicBool::new(false), state }
+    }
 }
 
 impl Transport for Loopback {
@@ -63,7 +71,7 @@ impl Transport for Loopback {
         Box::pin(async {})
     }
     fn status(&self) -> tokio::sync::watch::Receiver<TransportStatus> {
-        tokio::sync::watch::channel(TransportStatus { connected: true, ..TransportStatus::default() }).1
+        self.state.subscribe()
     }
 }
 
@@ -71,7 +79,7 @@ impl Transport for Loopback {
 async fn transport_seam_carries_publishes_and_interest() {
     let mut transport = None;
     let bus = Bus::with_transport(BusConfig::default(), |local| {
-        let t = Arc::new(Loopback { local, watched: Mutex::default(), down: AtomicBool::new(false) });
+        let t = Arc::new(Loopback::new(local));
         transport = Some(Arc::clone(&t));
         t
     });
@@ -100,11 +108,62 @@ async fn transport_seam_carries_publishes_and_interest() {
     assert_eq!(bus.stats().total_published, 1, "a failed transport publish is not counted");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_end_whenever_the_transport_may_have_lost_their_events() {
+    let mut transport = None;
+    let bus = Bus::with_transport(BusConfig::default(), |local| {
+        let t = Arc::new(Loopback::new(local));
+        transport = Some(Arc::clone(&t));
+        t
+    });
+    let transport = transport.unwrap();
+    let set = |change: fn(&mut TransportStatus)| transport.local.set_status(&transport.state, change);
+    let ended = |mut handle: SubscriptionHandle| async move {
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Err(reason) = handle.next_batch(&mut out).await {
+                    return reason;
+                }
+            }
+        })
+        .await
+        .expect("the subscription ends")
+    };
+
+    // A change that loses nothing (a cluster's slots degraded) leaves it open.
+    let mut kept = bus.subscribe(opts(&["a"])).await.unwrap();
+    set(|s| s.degraded_slots = 3);
+    let published = bus.publish(input("a", b"1")).await.unwrap();
+    let mut out = Vec::new();
+    kept.next_batch(&mut out).await.unwrap();
+    assert_eq!(out[0].id, published.event_id);
+
+    // The connection lost: events published elsewhere meanwhile never arrive here.
+    set(|s| s.connected = false);
+    assert_eq!(ended(kept).await, CloseReason::Interrupted);
+    // Subscribed while disconnected: ended when the connection is back.
+    let during = bus.subscribe(opts(&["a"])).await.unwrap();
+    set(|s| {
+        s.connected = true;
+        s.reconnects += 1;
+    });
+    assert_eq!(ended(during).await, CloseReason::Interrupted);
+    // A subscription of the transport interrupted while connected (a failover).
+    let after = bus.subscribe(opts(&["a"])).await.unwrap();
+    set(|s| s.gaps += 1);
+    assert_eq!(ended(after).await, CloseReason::Interrupted);
+    // Ended before the new state shows: a subscription made once it does stays open.
+    let mut later = bus.subscribe(opts(&["a"])).await.unwrap();
+    let published = bus.publish(input("a", b"2")).await.unwrap();
+    let mut out = Vec::new();
+    later.next_batch(&mut out).await.unwrap();
+    assert_eq!(out[0].id, published.event_id);
+}
+
 #[tokio::test]
 async fn publishes_of_one_stream_stop_at_a_refused_event_through_a_transport() {
-    let bus = Bus::with_transport(BusConfig::default(), |local| {
-        Arc::new(Loopback { local, watched: Mutex::default(), down: AtomicBool::new(false) })
-    });
+    let bus = Bus::with_transport(BusConfig::default(), |local| Arc::new(Loopback::new(local)));
     let mut sub = bus.subscribe(opts(&["s.>"])).await.unwrap();
     let answers = bus.publish_many(vec![input("s.a", b"1"), input("s..bad", b"2"), input("s.a", b"3")]).await;
     assert!(matches!(&answers[..], [Ok(_), Err(_)]), "{answers:?}");

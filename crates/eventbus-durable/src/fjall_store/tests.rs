@@ -221,3 +221,23 @@ fn a_journal_torn_mid_record_loses_only_that_record() {
     let again = FjallStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
     assert_eq!(again.load().unwrap().events.len(), 21);
 }
+
+#[test]
+fn a_failed_commit_leaves_the_store_refusing_until_a_restart_and_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FjallStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
+    let consumer: Arc<str> = "c".into();
+    store.apply(&[capture(1, &[&consumer])]).unwrap();
+    assert_eq!(store.failed(), None);
+    // What a commit that failed (a full disk, an I/O error) leaves behind.
+    store.broken.store(true, Ordering::Relaxed);
+    let failed = store.failed().expect("the store says it failed");
+    assert!(failed.contains("restart eventbusd"), "{failed}");
+    assert!(store.apply(&[capture(2, &[&consumer])]).is_err(), "writes are refused");
+    drop(store);
+    // A restart recovers what was committed before, and writes again.
+    let store = FjallStore::open(dir.path(), Fsync::Always, RETAIN).unwrap();
+    assert_eq!(store.failed(), None);
+    assert_eq!(store.load().unwrap().events.len(), 1);
+    store.apply(&[capture(2, &[&consumer])]).unwrap();
+}

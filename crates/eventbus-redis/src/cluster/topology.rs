@@ -61,7 +61,7 @@ impl ClusterTransport {
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 _ = health.tick() => {
-                    let now = self.check(&mut conn).await;
+                    let now = self.check(&mut conn, &local).await;
                     if let (Some(before), Some(now)) = (epoch, now)
                         && before != now
                     {
@@ -74,7 +74,7 @@ impl ClusterTransport {
                             Ok(fresh) => {
                                 info!(nodes = %self.target, epoch = now, "the cluster's topology changed; connected afresh");
                                 if !active.is_empty() {
-                                    self.gap("every shard channel (the cluster's topology changed)");
+                                    self.gap(&local, "every shard channel (the cluster's topology changed)");
                                 }
                                 conn = fresh;
                                 *self.connection.write() = Some(conn.clone());
@@ -105,7 +105,7 @@ impl ClusterTransport {
             }
         }
         *self.connection.write() = None;
-        self.status.send_modify(|s| s.connected = false);
+        local.set_status(&self.status, |s| s.connected = false);
     }
 
     /// Maps each bucket to its master again (`CLUSTER SLOTS`), keeping the connections
@@ -133,7 +133,7 @@ impl ClusterTransport {
     /// Asks one node how the cluster is: the slots without a serving master, and
     /// whether the cluster answers at all. Returns the cluster's current epoch, which
     /// changes with every failover and slot migration.
-    async fn check(&self, conn: &mut ClusterConnection) -> Option<u64> {
+    async fn check(&self, conn: &mut ClusterConnection, local: &LocalFanout) -> Option<u64> {
         // A random node each time: one that just died must not make the cluster look
         // down, so a failed ask is tried on other nodes first.
         let mut info = Err("no node asked".to_owned());
@@ -155,7 +155,7 @@ impl ClusterTransport {
             Ok(Value::SimpleString(text)) => text,
             Ok(other) => format!("{other:?}"),
             Err(reason) => {
-                self.set_health(false, SLOTS, &reason);
+                self.set_health(local, false, SLOTS, &reason);
                 return None;
             }
         };
@@ -165,11 +165,11 @@ impl ClusterTransport {
         let ok: u32 = field("cluster_slots_ok").and_then(|v| v.parse().ok()).unwrap_or(0);
         let state = field("cluster_state").unwrap_or_default();
         let degraded = SLOTS.saturating_sub(ok);
-        self.set_health(ok > 0, degraded, &format!("cluster_state {state}, {ok} slots served"));
+        self.set_health(local, ok > 0, degraded, &format!("cluster_state {state}, {ok} slots served"));
         field("cluster_current_epoch").and_then(|v| v.parse().ok())
     }
 
-    fn set_health(&self, connected: bool, degraded_slots: u32, detail: &str) {
+    fn set_health(&self, local: &LocalFanout, connected: bool, degraded_slots: u32, detail: &str) {
         let before = *self.status.borrow();
         if before.connected != connected || before.degraded_slots != degraded_slots {
             match (connected, degraded_slots) {
@@ -182,7 +182,7 @@ impl ClusterTransport {
                 }
             }
         }
-        self.status.send_modify(|s| {
+        local.set_status(&self.status, |s| {
             if !s.connected && connected && before.degraded_slots == SLOTS {
                 s.reconnects += 1;
             }
@@ -277,7 +277,7 @@ impl ClusterTransport {
                     .and_then(|b| u16::try_from(b).ok())
                     .filter(|b| active.contains(b) && self.wanted_buckets().0.contains(b));
                 if bucket.is_some() {
-                    self.gap(&String::from_utf8_lossy(channel));
+                    self.gap(local, &String::from_utf8_lossy(channel));
                 }
                 bucket
             }
@@ -289,8 +289,8 @@ impl ClusterTransport {
         }
     }
 
-    fn gap(&self, what: &str) {
-        self.status.send_modify(|s| s.gaps += 1);
+    fn gap(&self, local: &LocalFanout, what: &str) {
+        local.set_status(&self.status, |s| s.gaps += 1);
         warn!(
             subscription = what,
             "a sharded subscription was interrupted (failover, slot migration or a lost node connection); events \

@@ -140,7 +140,7 @@ mod tests {
     #[test]
     fn both_protocols_take_their_codes_from_one_table() {
         let too_large = Refusal::RequestTooLarge { request_limit: 2 << 20, max_payload_bytes: 1 << 20 };
-        let cases: [(Refusal, Code, StatusCode); 18] = [
+        let cases: [(Refusal, Code, StatusCode); 19] = [
             (Error::NoChannels.into(), Code::InvalidArgument, StatusCode::BAD_REQUEST),
             (
                 Error::PayloadTooLarge { size: 2, limit: 1 }.into(),

@@ -129,11 +129,13 @@ async fn after_a_master_is_killed_the_instances_follow_its_replica_without_resta
     assert!(served > 0, "the live shards kept serving");
     cluster.wait_promoted(replicas).await;
 
-    // Every shard serves again, through the promoted replica, with no restart. Core
-    // pub/sub is at-most-once: what is published before an instance has subscribed
-    // again on the new master is missed, so each channel is published to until its
-    // event arrives (a publish refused while its slot had no master is retried too).
+    // Every shard serves again, through the promoted replica, with no restart. An
+    // instance whose shard subscription was interrupted ends its streams (they may
+    // have missed events): the subscriber subscribes again. Each channel is published
+    // to until its event arrives (a publish refused while its slot had no master is
+    // retried too).
     let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut interrupted = false;
     let mut missing: std::collections::BTreeSet<&String> = channels.iter().collect();
     while !missing.is_empty() {
         assert!(tokio::time::Instant::now() < deadline, "no event after the failover on {missing:?}");
@@ -144,6 +146,11 @@ async fn after_a_master_is_killed_the_instances_follow_its_replica_without_resta
         while let Ok(message) = tokio::time::timeout(wait, all_on_b.stream.message()).await {
             let batch = match message {
                 Ok(Some(pb::SubscribeResponse { kind: Some(pb::subscribe_response::Kind::Events(batch)) })) => batch,
+                Err(status) if common::is_interrupted(&status) => {
+                    interrupted = true;
+                    all_on_b = b.subscribe(sub(&[">"])).await;
+                    break;
+                }
                 other => panic!("expected events, got {other:?}"),
             };
             // "meanwhile" events the live shards carried arrive first.
@@ -160,6 +167,7 @@ async fn after_a_master_is_killed_the_instances_follow_its_replica_without_resta
         .map(|v| v.parse::<f64>().unwrap())
         .unwrap();
     assert!(gaps >= 1.0, "the interrupted subscription is counted: {gaps}");
+    assert!(interrupted, "and the stream on b that may have missed events was ended");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -309,7 +317,8 @@ async fn subscriptions_follow_a_live_slot_migration() {
     };
     assert_eq!(owner_of_zero().await, Some(i64::from(to.2)), "slot 0 moved");
 
-    // The subscriber follows the slot to its new master: publish until it hears.
+    // The subscription follows the slot to its new master (its stream ended if it was
+    // interrupted meanwhile, and is opened again): publish until it hears.
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
         assert!(tokio::time::Instant::now() < deadline, "the subscription never followed the migration");
@@ -319,6 +328,7 @@ async fn subscriptions_follow_a_live_slot_migration() {
                 assert!(batch.events.iter().all(|e| payload(e) == "after"));
                 break;
             }
+            Ok(Err(status)) if common::is_interrupted(&status) => on_b = b.subscribe(sub(&[&channel])).await,
             Ok(other) => panic!("expected events, got {other:?}"),
             Err(_) => {}
         }

@@ -151,7 +151,7 @@ async fn the_json_envelope_is_readable_by_a_plain_redis_subscriber_and_by_binary
 }
 
 #[tokio::test]
-async fn redis_outage_fails_publishes_then_recovers_the_same_streams() {
+async fn redis_outage_ends_streams_and_fails_publishes_then_recovers() {
     let Some(mut redis) = RedisProc::start().await else { return };
     let (a, b) = (broker(&redis).await, broker(&redis).await);
     let mut s = a.subscribe(sub(&["live.>"])).await;
@@ -160,6 +160,8 @@ async fn redis_outage_fails_publishes_then_recovers_the_same_streams() {
 
     redis.kill();
     wait_ready(&a, false).await;
+    // Events published through b meanwhile could not reach a: its stream says so.
+    assert!(s.until_interrupted().await.is_empty());
     let err = b.client().await.publish(event("live.x", "lost")).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     assert!(err.message().to_lowercase().contains("redis"), "{}", err.message());
@@ -169,8 +171,9 @@ async fn redis_outage_fails_publishes_then_recovers_the_same_streams() {
     redis.spawn().await;
     wait_ready(&a, true).await;
     wait_ready(&b, true).await;
+    let mut s = a.subscribe(sub(&["live.>"])).await;
     b.client().await.publish(event("live.x", "after")).await.unwrap();
-    assert_eq!(payload(&s.take(1).await[0]), "after", "the old stream gets new events");
+    assert_eq!(payload(&s.take(1).await[0]), "after", "a stream opened again gets new events");
     let metrics = reqwest::get(a.url("/metrics")).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("socle_eventbus_redis_connected 1"), "{metrics}");
     assert!(metrics.contains("socle_eventbus_redis_reconnects_total 1"), "{metrics}");
@@ -202,15 +205,19 @@ async fn a_hung_redis_turns_readiness_off_and_fails_publishes_fast() {
     }
     let metrics = reqwest::get(a.url("/metrics")).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("socle_eventbus_redis_connected 0"), "{metrics}");
-    // Subscribing meanwhile works; its Redis subscription is made once Redis answers.
+    // Events may be missed while Redis is away: the stream says so.
+    assert!(s.until_interrupted().await.is_empty());
+    // Subscribing meanwhile works; such a stream ends too once Redis answers again.
     let mut late = a.subscribe(sub(&["late.*"])).await;
 
     redis.signal("CONT");
     wait_ready(&a, true).await;
+    assert!(late.until_interrupted().await.is_empty());
+    let mut s = a.subscribe(sub(&["hung.*", "late.*"])).await;
     client.publish(event("hung.x", "after")).await.unwrap();
-    assert_eq!(payload(&s.take(1).await[0]), "after", "the stream outlives the stall");
+    assert_eq!(payload(&s.take(1).await[0]), "after");
     client.publish(event("late.x", "late")).await.unwrap();
-    assert_eq!(payload(&late.take(1).await[0]), "late");
+    assert_eq!(payload(&s.take(1).await[0]), "late");
 }
 
 #[tokio::test]
@@ -232,11 +239,14 @@ async fn starts_while_redis_is_down_and_connects_when_it_comes_up() {
     assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::NotServing as i32);
     let err = a.client().await.publish(event("x", "y")).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
-    // Subscribing works meanwhile; the Redis subscription is made once connected.
-    let mut s = a.subscribe(sub(&["late.*"])).await;
+    // Subscribing works meanwhile; the stream ends once connected (events published
+    // elsewhere before could not reach it), and one opened then is served.
+    let mut early = a.subscribe(sub(&["late.*"])).await;
 
     redis.spawn().await;
     wait_ready(&a, true).await;
+    assert!(early.until_interrupted().await.is_empty());
+    let mut s = a.subscribe(sub(&["late.*"])).await;
     let status = health.check(check()).await.unwrap().into_inner().status;
     assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
     let resp = a.client().await.publish(event("late.x", "hello")).await.unwrap().into_inner();

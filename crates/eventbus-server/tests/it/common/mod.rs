@@ -128,6 +128,15 @@ impl Subscriber {
         out
     }
 
+    /// Reads until the stream ends, which must be the broker's "interrupted" (redis
+    /// mode: its connection to Redis was lost or restored); returns the events before.
+    pub async fn until_interrupted(&mut self) -> Vec<pb::Event> {
+        match self.until_end().await {
+            (events, Some(status)) if is_interrupted(&status) => events,
+            (_, end) => panic!("expected the stream to end interrupted, it ended with {end:?}"),
+        }
+    }
+
     /// Reads until the stream ends; returns the events and the final status (None = OK).
     pub async fn until_end(&mut self) -> (Vec<pb::Event>, Option<tonic::Status>) {
         let mut out = Vec::new();
@@ -140,6 +149,12 @@ impl Subscriber {
             }
         }
     }
+}
+
+/// Whether a stream ended because the instance's connection to Redis changed (the
+/// client is to subscribe again and recover).
+pub fn is_interrupted(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable && status.message().starts_with("interrupted")
 }
 
 /// The events' payloads as text, in order.
