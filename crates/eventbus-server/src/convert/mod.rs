@@ -12,6 +12,7 @@ mod events;
 mod history;
 mod log;
 mod publish;
+pub(crate) mod trace;
 
 pub(crate) use consumers::*;
 pub(crate) use events::*;

@@ -29,6 +29,7 @@ pub(crate) use admin::AdminService;
 pub(crate) use encoded::EncodedStreams;
 
 use crate::access::Caller;
+use crate::convert::trace::TraceContext;
 use crate::convert::{self, status};
 use crate::listener::PeerInfo;
 use crate::ops::{Frame, Frames, Ops, Refusal};
@@ -118,7 +119,11 @@ impl EventBusService {
     async fn answer_publish(&self, req: Request<pb::PublishRequest>) -> Result<Published, Status> {
         let peer = shared_peer(&req);
         let caller = caller(&req)?;
-        let input = convert::publish_input(req.into_inner(), peer, caller.name());
+        let trace = TraceContext::from_grpc(req.metadata());
+        let mut input = convert::publish_input(req.into_inner(), peer, caller.name());
+        if let Some(trace) = &trace {
+            trace.keep_in(&mut input.metadata);
+        }
         Ok(self.ops.publish(&caller, input).await?)
     }
 
@@ -126,11 +131,18 @@ impl EventBusService {
     async fn answer_batch(&self, req: Request<pb::PublishBatchRequest>) -> Result<Vec<BatchAnswer>, Status> {
         let peer = shared_peer(&req);
         let caller = caller(&req)?;
+        let trace = TraceContext::from_grpc(req.metadata());
         let inputs = req
             .into_inner()
             .events
             .into_iter()
-            .map(|e| convert::publish_input(e, peer.clone(), caller.name()))
+            .map(|e| {
+                let mut input = convert::publish_input(e, peer.clone(), caller.name());
+                if let Some(trace) = &trace {
+                    trace.keep_in(&mut input.metadata);
+                }
+                input
+            })
             .collect();
         let answers = self.ops.publish_batch(&caller, inputs).await?;
         Ok(answers.into_iter().map(BatchAnswer::of).collect())

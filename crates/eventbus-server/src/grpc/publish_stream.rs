@@ -17,6 +17,7 @@ use tonic::{Request, Status, Streaming};
 
 use super::{EventBusService, RpcStream, caller, peer, publish_error};
 use crate::access::CallerWatch;
+use crate::convert::trace::TraceContext;
 use crate::convert::{self, status};
 use crate::metrics::Metrics;
 
@@ -215,6 +216,9 @@ struct Publishing {
     inbound: ReadAhead,
     svc: EventBusService,
     peer: Arc<str>,
+    /// The stream's trace context (its request metadata), kept on each event that has
+    /// none of its own.
+    trace: Option<TraceContext>,
     watch: CallerWatch,
     /// The metadata's mode until the first request is read, then the stream's.
     mode: Option<AckMode>,
@@ -266,6 +270,20 @@ enum Woke {
     Published(Vec<Result<Published, eventbus_core::Error>>),
     Chunk(Option<Vec<Result<pb::PublishRequest, Status>>>),
     ShuttingDown,
+}
+
+/// A request of a stream as the bus takes it, with the stream's trace context.
+fn stream_input(
+    req: pb::PublishRequest,
+    peer: &Arc<str>,
+    trace: Option<&TraceContext>,
+    caller: &crate::access::Caller,
+) -> eventbus_core::PublishInput {
+    let mut input = convert::publish_input(req, Arc::clone(peer), caller.name());
+    if let Some(trace) = trace {
+        trace.keep_in(&mut input.metadata);
+    }
+    input
 }
 
 impl Publishing {
@@ -400,7 +418,7 @@ impl Publishing {
                         broken = Some((refused.into(), true));
                         break;
                     }
-                    inputs.push(convert::publish_input(req, self.peer.clone(), caller.name()));
+                    inputs.push(stream_input(req, &self.peer, self.trace.as_ref(), caller));
                 }
                 Err(status) => {
                     let status = svc.limit.translate(status);
@@ -474,7 +492,7 @@ impl Publishing {
             match req {
                 Ok(req) => match svc.ops.check_stream_publish(caller, &req.channel) {
                     Ok(()) => {
-                        inputs.push(convert::publish_input(req, self.peer.clone(), caller.name()));
+                        inputs.push(stream_input(req, &self.peer, self.trace.as_ref(), caller));
                         positions.push(position);
                     }
                     Err(refused) => refused_here.push((position, refused.into())),
@@ -546,6 +564,7 @@ impl EventBusService {
         let peer = peer(&req);
         let caller = caller(&req)?;
         let mode = AckMode::from_metadata(req.metadata())?;
+        let trace = TraceContext::from_grpc(req.metadata());
         // Registered like the other streams: a reload that removes the principal, or
         // its credential's expiry, ends it UNAUTHENTICATED, and each chunk is checked
         // against the principal's rights of the moment.
@@ -555,6 +574,7 @@ impl EventBusService {
             inbound: read_ahead(req.into_inner()),
             svc: self.clone(),
             peer: peer.into(),
+            trace,
             watch,
             mode,
             resolved: false,

@@ -199,6 +199,9 @@ async fn publish_body(
     let input = body(state, headers, raw).and_then(|raw| {
         let mut input = decode(&raw)?;
         convert::record_hops(headers, &mut input)?;
+        if let Some(trace) = convert::trace::TraceContext::from_http(headers) {
+            trace.keep_in(&mut input.metadata);
+        }
         Ok(input)
     });
     let input = input.inspect_err(|refused| state.ops.count_refused(refused))?;

@@ -11,7 +11,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AF
 use serde::Serialize;
 use sha2::Sha256;
 
-use crate::convert::{self, EventJson};
+use crate::convert::{self, EventJson, trace};
 
 /// Content type of a payload published without one.
 const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
@@ -66,6 +66,16 @@ pub(crate) fn prepare(consumer: &str, push: &PushConfig, deliveries: &[Delivery]
     // The event's hops so far, and this push: a receiving broker refuses past its limit.
     let hops = deliveries.iter().map(|d| convert::next_hops(&d.event)).max().unwrap_or(1);
     headers.insert(name(convert::HOPS), HeaderValue::from(hops));
+    // A request of one event carries its trace context as the W3C headers (those of a
+    // batch are in its body, each event's with its metadata).
+    if let [d] = deliveries
+        && let Some((parent, state)) = trace::of_event(&d.event.metadata)
+    {
+        headers.insert(name(trace::TRACEPARENT), encoded(parent));
+        if let Some(state) = state {
+            headers.insert(name(trace::TRACESTATE), encoded(state));
+        }
+    }
     if !push.secret.is_empty() {
         let t = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
         headers.insert(name("eventbus-signature"), signature(push.secret.as_bytes(), t, &body));
@@ -95,8 +105,8 @@ fn raw_headers(headers: &mut HeaderMap, consumer: &str, d: &Delivery) {
     headers.insert(name("eventbus-timestamp"), encoded(&convert::rfc3339(e.timestamp)));
     headers.insert(name("eventbus-source"), encoded(&e.source));
     for (key, value) in &e.metadata {
-        if key == convert::HOPS {
-            // Sent as the hop count itself.
+        if [convert::HOPS, trace::TRACEPARENT, trace::TRACESTATE].contains(&key.as_str()) {
+            // Sent as headers of their own.
             continue;
         }
         let mut header = String::with_capacity(META_PREFIX.len() + key.len());
@@ -246,6 +256,27 @@ mod tests {
         let p = prepare("billing", &PushConfig::new("http://h/"), std::slice::from_ref(&pushed), SystemTime::now());
         assert_eq!(p.headers["eventbus-hops"], "4", "one more than it came with");
         assert!(!p.headers.contains_key("eventbus-meta-eventbus-hops"));
+    }
+
+    #[test]
+    fn a_push_carries_its_events_trace_context_as_the_w3c_headers() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let d = delivery(&[("traceparent", parent), ("tracestate", "congo=t61rcWkgMzE")]);
+        for envelope in [PushEnvelope::Raw, PushEnvelope::Json] {
+            let push = PushConfig { envelope, ..PushConfig::new("http://h/") };
+            let p = prepare("billing", &push, std::slice::from_ref(&d), SystemTime::now());
+            assert_eq!(p.headers["traceparent"], parent, "{envelope:?}");
+            assert_eq!(p.headers["tracestate"], "congo=t61rcWkgMzE");
+            assert!(!p.headers.contains_key("eventbus-meta-traceparent"));
+        }
+        // A batch's events each keep theirs in the body; the request carries none.
+        let json = PushConfig { envelope: PushEnvelope::Json, batch: 2, ..PushConfig::new("http://h/") };
+        let p = prepare("billing", &json, &[d.clone(), d], SystemTime::now());
+        assert!(!p.headers.contains_key("traceparent"));
+        // One that is not a valid traceparent is not handed on as one.
+        let odd = delivery(&[("traceparent", "not-a-trace")]);
+        let p = prepare("billing", &PushConfig::new("http://h/"), std::slice::from_ref(&odd), SystemTime::now());
+        assert!(!p.headers.contains_key("traceparent"));
     }
 
     #[test]

@@ -243,6 +243,52 @@ async fn a_raw_push_carries_the_event_and_a_verifiable_signature() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publishers_trace_context_travels_with_its_event() {
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const OWN: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let endpoint = Endpoint::start(ok).await;
+    let server = start().await;
+    create(&server, push_consumer("traced", &["traced.>"], push_to(&endpoint.url))).await;
+    let mut subscriber = server.subscribe(sub(&["traced.>"])).await;
+
+    // gRPC: the request's metadata.
+    let mut req = tonic::Request::new(event("traced.grpc", "1"));
+    req.metadata_mut().insert("traceparent", PARENT.parse().unwrap());
+    req.metadata_mut().insert("tracestate", "congo=t61rcWkgMzE".parse().unwrap());
+    server.client().await.publish(req).await.unwrap();
+    // HTTP: the request's headers.
+    let rest = reqwest::Client::new()
+        .post(server.url("/admin/eventbus/publish"))
+        .header("content-type", "application/json")
+        .header("traceparent", PARENT)
+        .body(r#"{"channel": "traced.rest", "payload": 2}"#)
+        .send()
+        .await
+        .unwrap();
+    assert!(rest.status().is_success(), "{rest:?}");
+    // An event that carries a context of its own keeps it.
+    let mut req = tonic::Request::new(pb::PublishRequest {
+        metadata: HashMap::from([("traceparent".to_owned(), OWN.to_owned())]),
+        ..event("traced.own", "3")
+    });
+    req.metadata_mut().insert("traceparent", PARENT.parse().unwrap());
+    server.client().await.publish(req).await.unwrap();
+
+    let expected = HashMap::from([("traced.grpc", PARENT), ("traced.rest", PARENT), ("traced.own", OWN)]);
+    for e in subscriber.take(3).await {
+        assert_eq!(e.metadata["traceparent"], expected[e.channel.as_str()], "{e:?}");
+        if e.channel == "traced.grpc" {
+            assert_eq!(e.metadata["tracestate"], "congo=t61rcWkgMzE");
+        }
+    }
+    for got in endpoint.wait_for(3).await {
+        assert_eq!(got.header("traceparent"), expected[got.header("eventbus-channel")], "{:?}", got.headers);
+        assert_eq!(got.header("eventbus-meta-traceparent"), "", "sent as the W3C header, not as metadata");
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_ack_retry_or_dead_letter() {
     // By payload: `flaky` fails once with a 500, `gone` is refused with a 404.
     let endpoint = Endpoint::start(|r| match (&r.body[..], r.attempt()) {
