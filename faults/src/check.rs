@@ -223,3 +223,107 @@ fn group(records: &Records, windows: &[Window], checked: &mut Checked) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::workload::{Delivered, Published};
+
+    const OK: Answer = Answer::Ok { captured: 1, duplicate: false };
+
+    fn window(faults: &str, start: f64) -> Window {
+        Window { faults: faults.to_owned(), targets: vec![], start, healed: start + 1.0, ready_after: Some(0.1) }
+    }
+
+    fn published(key: u32, seq: u64, at: f64, answer: Answer) -> Published {
+        Published { key, seq, at, answer }
+    }
+
+    fn delivered(key: u32, seq: u64, at: f64, acked: bool) -> Delivered {
+        Delivered { key, seq, at, acked }
+    }
+
+    #[test]
+    fn durable_losses_duplicates_and_order_are_charged_to_their_fault() {
+        let records = Records::new(Instant::now(), 0);
+        let windows = [window("kill", 10.0)];
+        lock(&records.published).extend([
+            published(0, 0, 1.0, OK),
+            published(0, 1, 11.0, OK),
+            published(0, 2, 12.0, OK),
+            published(0, 3, 13.0, Answer::Ok { captured: 0, duplicate: false }),
+            published(0, 4, 14.0, Answer::Unknown),
+        ]);
+        lock(&records.delivered).extend([
+            delivered(0, 0, 2.0, true),
+            // Seq 2 first handled before seq 1: out of key order.
+            delivered(0, 2, 12.5, true),
+            delivered(0, 1, 12.6, false),
+            delivered(0, 1, 12.7, true),
+            delivered(0, 1, 12.8, true),
+            delivered(0, 3, 13.5, true),
+        ]);
+        lock(&records.pushed).extend([delivered(0, 0, 2.0, true), delivered(0, 1, 12.0, true)]);
+        let checked = check(&records, &windows);
+        let (before, during) = (&checked.by_fault["none"], &checked.by_fault["kill"]);
+        assert_eq!((before.durable_ok, before.durable_lost, before.push_lost), (1, 0, 0));
+        assert_eq!((during.durable_ok, during.durable_unknown), (3, 1));
+        assert_eq!(during.durable_lost, 0, "every event answered OK reached the worker");
+        assert_eq!(during.durable_not_captured, 1);
+        assert_eq!(during.durable_duplicates, 1, "seq 1 acked twice");
+        assert_eq!(during.order_violations, 1);
+        assert_eq!(during.push_lost, 2, "seqs 2 and 3 never reached the endpoint");
+        assert_eq!(checked.total.violations(), 4);
+    }
+
+    #[test]
+    fn an_ok_event_never_delivered_is_lost() {
+        let records = Records::new(Instant::now(), 0);
+        lock(&records.published).push(published(1, 0, 1.0, OK));
+        let checked = check(&records, &[]);
+        assert_eq!((checked.total.durable_lost, checked.total.push_lost), (1, 1));
+    }
+
+    #[test]
+    fn a_hole_is_a_violation_unless_the_subscriber_was_told() {
+        let records = Records::new(Instant::now(), 2);
+        lock(&records.ticks_ok).extend((1..=10).map(|seq| (seq, seq as f64)));
+        let event = |seq| TickItem::Event { seq, at: seq as f64 };
+        // Told: a gap, then `recovered: false`, before the events after the hole.
+        lock(&records.tick_items[0]).extend([
+            TickItem::Started { recovered: false },
+            event(1),
+            event(2),
+            TickItem::Gap,
+            TickItem::Started { recovered: false },
+            event(6),
+            event(7),
+        ]);
+        // Not told: events 3 and 4 never came, and nothing said so.
+        lock(&records.tick_items[1]).extend([
+            TickItem::Started { recovered: false },
+            event(1),
+            event(2),
+            TickItem::Started { recovered: true },
+            event(5),
+        ]);
+        let checked = check(&records, &[]);
+        assert_eq!(checked.total.ticks_missed_told, 3);
+        assert_eq!((checked.total.false_no_gap, checked.total.ticks_missed_untold), (1, 2));
+        assert_eq!(checked.total.violations(), 1);
+    }
+
+    #[test]
+    fn group_events_lost_or_doubled_are_counted_in_spans() {
+        let records = Records::new(Instant::now(), 0);
+        lock(&records.jobs_ok).extend([(1, 1.0), (2, 1.1), (3, 1.2), (4, 5.0), (5, 5.1)]);
+        lock(&records.jobs_received).extend([(1, 0, 1.0), (4, 0, 5.0), (4, 1, 5.0)]);
+        let checked = check(&records, &[]);
+        assert_eq!((checked.total.group_lost, checked.total.group_duplicates), (3, 1));
+        let spans: Vec<(f64, f64, u64)> = checked.group_loss_spans.iter().map(|s| (s.from, s.to, s.events)).collect();
+        assert_eq!(spans, [(1.1, 1.2, 2), (5.1, 5.1, 1)]);
+        assert_eq!(checked.total.violations(), 0, "groups are at most once: counted, not broken");
+    }
+}

@@ -78,7 +78,7 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Records {
-    fn new(start: Instant, subscribers: usize) -> Self {
+    pub(crate) fn new(start: Instant, subscribers: usize) -> Self {
         Self {
             start,
             published: Mutex::default(),
