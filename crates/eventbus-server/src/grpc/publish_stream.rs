@@ -514,6 +514,7 @@ impl Publishing {
         let metrics = self.svc.ops.metrics();
         let mut edge = refused_here.into_iter().peekable();
         let totals = &mut self.totals;
+        let mut stopping = false;
         for (position, published) in positions.into_iter().zip(published) {
             while let Some((at, status)) = edge.next_if(|(at, _)| *at < position) {
                 refuse(totals, metrics, &mut answers, at, &status);
@@ -533,8 +534,26 @@ impl Publishing {
                         self.last_id = Some(p.event_id);
                     }
                 }
+                // The broker began to stop while the chunk was published, and published
+                // none of the rest: the stream ends here, as between chunks, and its
+                // publisher sends what is unanswered again to a broker that is up (a
+                // refusal in place would be an answer, and an event with an idempotency
+                // key would not be sent again).
+                Err(eventbus_core::Error::ShuttingDown) => {
+                    stopping = true;
+                    break;
+                }
                 Err(err) => refuse(totals, metrics, &mut answers, position, &status(err)),
             }
+        }
+        if stopping {
+            let refused = status(eventbus_core::Error::ShuttingDown);
+            count_refused(metrics, &refused);
+            if !in_place {
+                answers.push(Ok(self.totals()));
+            }
+            answers.push(Err(refused));
+            return (answers, false);
         }
         for (at, status) in edge {
             refuse(totals, metrics, &mut answers, at, &status);
