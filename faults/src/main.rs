@@ -109,9 +109,9 @@ async fn run(args: RunArgs) -> Result<bool> {
         if dir.exists() {
             std::fs::remove_dir_all(&dir).with_context(|| format!("cannot clear {}", dir.display()))?;
         }
-        let schedule = report::schedule(*kind, args.long, args.minutes, &mut rng);
+        let schedule = scenario::schedule(*kind, args.long, args.minutes, &mut rng);
         println!("faults: {kind:?} fleet, {} steps", schedule.len());
-        fleets.push(report::run_fleet(*kind, durability, &schedule, &args.eventbusd, &dir, &mut rng).await?);
+        fleets.push(scenario::run_fleet(*kind, durability, &schedule, &args.eventbusd, &dir, &mut rng).await?);
     }
     let report = report::Report { seed, long: args.long, fleets };
     let path = args.out.join("report.json");

@@ -8,7 +8,6 @@ use serde::Serialize;
 use crate::CONVERGE_WITHIN;
 use crate::check::{Checked, Counts, Window};
 use crate::fleet::{Durability, Kind};
-pub(crate) use crate::scenario::{run_fleet, schedule};
 
 #[derive(Debug, Serialize)]
 pub(crate) struct Report {
