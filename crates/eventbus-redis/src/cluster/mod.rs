@@ -79,6 +79,9 @@ pub struct ClusterTransport {
     routes: RwLock<Routes>,
     /// A publish found `routes` out of date (a redirection, a failed node).
     routes_stale: Notify,
+    /// Per bucket, the SUNSUBSCRIBEs this instance sent whose confirmation has not come
+    /// back: that push is the end it asked for, not Redis ending the subscription.
+    own_unsubscribes: parking_lot::Mutex<std::collections::HashMap<u16, u32>>,
     /// Channel histories, each on its channel's shard.
     history: RedisHistory,
     /// Replicas that must have what a history script kept before its publish is
@@ -152,6 +155,7 @@ impl ClusterTransport {
             groups: FleetGroups::new(&settings.prefix),
             routes: RwLock::default(),
             routes_stale: Notify::new(),
+            own_unsubscribes: parking_lot::Mutex::default(),
             history: RedisHistory::new(
                 &settings.prefix,
                 settings.history.clone(),

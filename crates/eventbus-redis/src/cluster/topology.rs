@@ -80,6 +80,8 @@ impl ClusterTransport {
                                 *self.connection.write() = Some(conn.clone());
                                 self.refresh_routes(&mut conn, &access).await;
                                 active.clear();
+                                // Confirmations due on the old connection never come.
+                                self.own_unsubscribes.lock().clear();
                                 epoch = Some(now);
                             }
                             // The old connection serves meanwhile; tried again next tick.
@@ -229,8 +231,10 @@ impl ClusterTransport {
             // Removed from `active` either way: a shard that cannot be told keeps
             // sending until its connection goes, and those events reach nobody here.
             active.remove(&bucket);
+            *self.own_unsubscribes.lock().entry(bucket).or_default() += 1;
             if let Ok(Err(err)) = tokio::time::timeout(COMMAND_TIMEOUT, conn.sunsubscribe(channel)).await {
                 debug!(channel, error = %err, "SUNSUBSCRIBE failed");
+                Self::confirmed(&mut self.own_unsubscribes.lock(), bucket);
             }
         }
         if complete {
@@ -274,8 +278,13 @@ impl ClusterTransport {
                     .channels
                     .iter()
                     .position(|c| c.as_bytes() == channel.as_slice())
-                    .and_then(|b| u16::try_from(b).ok())
-                    .filter(|b| active.contains(b) && self.wanted_buckets().0.contains(b));
+                    .and_then(|b| u16::try_from(b).ok())?;
+                // The confirmation of an unsubscribe of ours (the bucket may be wanted
+                // and subscribed again since): not an interruption.
+                if Self::confirmed(&mut self.own_unsubscribes.lock(), bucket) {
+                    return None;
+                }
+                let bucket = Some(bucket).filter(|b| active.contains(b) && self.wanted_buckets().0.contains(b));
                 if bucket.is_some() {
                     self.gap(local, &String::from_utf8_lossy(channel));
                 }
@@ -286,6 +295,22 @@ impl ClusterTransport {
                 None
             }
             _ => None,
+        }
+    }
+
+    /// Takes one of our own unsubscribes of `bucket` off the count; false when none was
+    /// waiting for its confirmation.
+    fn confirmed(own: &mut std::collections::HashMap<u16, u32>, bucket: u16) -> bool {
+        match own.get_mut(&bucket) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                true
+            }
+            Some(_) => {
+                own.remove(&bucket);
+                true
+            }
+            None => false,
         }
     }
 
