@@ -56,7 +56,7 @@ echo "== TypeScript client: npm pack"
 (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error && npm pack --silent --pack-destination "$DIST" >/dev/null)
 
 echo "== Rust crates: cargo package"
-package_args=(--workspace --exclude peers --exclude eventbus-testkit --locked)
+package_args=(--workspace --exclude peers --exclude eventbus-testkit --exclude eventbus-faults --locked)
 [ "$VERIFY" = 1 ] || package_args+=(--no-verify)
 cargo package "${package_args[@]}" --quiet
 cp "$TARGET_DIR"/package/*.crate "$DIST/crates/"
