@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::workload::{Answer, Records, TickItem, lock};
+use crate::workload::{Answer, Delivered, Records, TickItem, lock};
 
 /// A fault's span in a run, for charging what happened to it.
 #[derive(Debug, Clone, Serialize)]
@@ -96,20 +96,29 @@ pub(crate) fn check(records: &Records, windows: &[Window]) -> Checked {
     checked
 }
 
-fn durable(records: &Records, windows: &[Window], checked: &mut Checked) {
-    let published = lock(&records.published).clone();
-    let delivered = lock(&records.delivered).clone();
-    // Per event: first delivery time and acked count; a second ack is a duplicate,
-    // charged to the moment it happened.
+/// Per event of `list`: its first delivery's time and how many times it was acked; a
+/// second ack is a duplicate (`duplicate` counts it), charged to when it happened.
+fn deliveries(
+    list: &std::sync::Mutex<Vec<Delivered>>,
+    windows: &[Window],
+    checked: &mut Checked,
+    duplicate: fn(&mut Counts),
+) -> HashMap<(u32, u64), (f64, u64)> {
     let mut seen: HashMap<(u32, u64), (f64, u64)> = HashMap::new();
-    for d in &delivered {
+    for d in lock(list).iter() {
         let entry = seen.entry((d.key, d.seq)).or_insert((d.at, 0));
         entry.0 = entry.0.min(d.at);
         entry.1 += u64::from(d.acked);
         if d.acked && entry.1 > 1 {
-            checked.add(windows, d.at, |c| c.durable_duplicates += 1);
+            checked.add(windows, d.at, duplicate);
         }
     }
+    seen
+}
+
+fn durable(records: &Records, windows: &[Window], checked: &mut Checked) {
+    let published = lock(&records.published).clone();
+    let seen = deliveries(&records.delivered, windows, checked, |c| c.durable_duplicates += 1);
     let mut by_key: BTreeMap<u32, Vec<(u64, f64)>> = BTreeMap::new();
     for p in &published {
         match p.answer {
@@ -140,16 +149,9 @@ fn durable(records: &Records, windows: &[Window], checked: &mut Checked) {
 
 /// The push consumer: every event answered OK reaches the endpoint at least once.
 fn pushed(records: &Records, windows: &[Window], checked: &mut Checked) {
-    let mut acks: HashMap<(u32, u64), u64> = HashMap::new();
-    for d in lock(&records.pushed).iter() {
-        let count = acks.entry((d.key, d.seq)).or_default();
-        *count += u64::from(d.acked);
-        if d.acked && *count > 1 {
-            checked.add(windows, d.at, |c| c.push_duplicates += 1);
-        }
-    }
+    let seen = deliveries(&records.pushed, windows, checked, |c| c.push_duplicates += 1);
     for p in lock(&records.published).iter() {
-        if matches!(p.answer, Answer::Ok { .. }) && acks.get(&(p.key, p.seq)).is_none_or(|n| *n == 0) {
+        if matches!(p.answer, Answer::Ok { .. }) && seen.get(&(p.key, p.seq)).is_none_or(|(_, acks)| *acks == 0) {
             checked.add(windows, p.at, |c| c.push_lost += 1);
         }
     }

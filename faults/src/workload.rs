@@ -198,11 +198,27 @@ impl Workload {
         false
     }
 
-    /// Stops every client: the core publishers first, and the subscribers a second
-    /// later (an event published just before is not counted as lost).
+    /// Stops every client: the core publishers first, and the subscribers once each
+    /// has the last tick answered OK and the group the last job (or after 5 s), so
+    /// that an event published just before is not counted as lost.
     pub(crate) async fn stop(mut self) -> Arc<Records> {
         self.core_stop.cancel();
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        let records = &self.records;
+        let caught_up = || {
+            let last_tick = lock(&records.ticks_ok).last().map(|(seq, _)| *seq);
+            let last_job = lock(&records.jobs_ok).last().map(|(seq, _)| *seq);
+            let ticks = records.tick_items.iter().all(|items| {
+                last_tick.is_none_or(|last| {
+                    lock(items).iter().any(|item| matches!(item, TickItem::Event { seq, .. } if *seq >= last))
+                })
+            });
+            let jobs = last_job.is_none_or(|last| lock(&records.jobs_received).iter().any(|(seq, _, _)| *seq >= last));
+            ticks && jobs
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !caught_up() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         self.stop.cancel();
         let deadline = tokio::time::sleep(Duration::from_secs(15));
         tokio::pin!(deadline);
