@@ -27,7 +27,7 @@ done
 profile="${PROFILE:-debug}"
 flag=()
 [ "$profile" = release ] && flag=(--release)
-cargo build --locked --quiet "${flag[@]}" -p eventbus-server --bin eventbusd -p eventbus-faults
+cargo build --locked --quiet "${flag[@]}" -p eventbus-server -p eventbus-faults --bin eventbusd --bin eventbus-faults
 bin="target/$profile"
 
 trap '"$bin/eventbus-faults" net down' EXIT
