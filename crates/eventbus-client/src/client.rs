@@ -12,6 +12,8 @@ use crate::options::{AuthChannel, ClientOptions, Connector, MAX_MESSAGE};
 use crate::publish::{self, AckMode, PublishAnswers, PublishSender};
 use crate::publisher::SharedPublisher;
 use crate::subscribe::{self, SubscribeOptions, Subscription};
+use crate::trace;
+use tracing::Instrument as _;
 
 /// A connection to eventbusd. Cheap to clone: clones share the connection (HTTP/2
 /// multiplexes their calls), which reconnects by itself after the broker comes back.
@@ -114,15 +116,26 @@ impl Client {
     /// `tokio::time::timeout`: an event not yet sent when the caller gives up is never
     /// sent. [`ClientOptions::unary_publish`] makes one `Publish` call per event instead,
     /// as [`publish_unary`](Self::publish_unary) does.
+    ///
+    /// The call runs in a `send <channel>` span whose context the event carries to its
+    /// subscribers and workers (W3C Trace Context in its metadata; see the crate's docs
+    /// on tracing).
     pub async fn publish_request(&self, request: pb::PublishRequest) -> Result<pb::PublishResponse, Error> {
-        match &self.inner.publisher {
-            Some(publisher) => publisher.publish(request).await,
-            None => self.publish_unary(request).await,
-        }
+        traced(request, |request| async move {
+            match &self.inner.publisher {
+                Some(publisher) => publisher.publish(request).await,
+                None => self.unary(request).await,
+            }
+        })
+        .await
     }
 
     /// Publishes one event with a unary `Publish` call of its own.
     pub async fn publish_unary(&self, request: pb::PublishRequest) -> Result<pb::PublishResponse, Error> {
+        traced(request, |request| self.unary(request)).await
+    }
+
+    async fn unary(&self, request: pb::PublishRequest) -> Result<pb::PublishResponse, Error> {
         Ok(self.bus().publish(request).await?.into_inner())
     }
 
@@ -154,10 +167,18 @@ impl Client {
         &self,
         events: impl IntoIterator<Item = E>,
     ) -> Result<Vec<Result<pb::PublishResponse, Error>>, Error> {
-        let events: Vec<pb::PublishRequest> = events.into_iter().map(Into::into).collect();
+        let mut events: Vec<pb::PublishRequest> = events.into_iter().map(Into::into).collect();
+        let spans: Vec<tracing::Span> = events.iter_mut().map(trace::send).collect();
         let sent = events.len();
-        let response = self.bus().publish_batch(pb::PublishBatchRequest { events }).await?.into_inner();
-        publish::batch_results(sent, response)
+        let answers = match self.bus().publish_batch(pb::PublishBatchRequest { events }).await {
+            Ok(response) => publish::batch_results(sent, response.into_inner()),
+            Err(status) => Err(Error::from(status)),
+        };
+        match &answers {
+            Ok(answers) => spans.iter().zip(answers).for_each(|(span, answer)| trace::sent(span, answer.as_ref())),
+            Err(err) => spans.iter().for_each(|span| trace::sent(span, Err::<&pb::PublishResponse, _>(err))),
+        }
+        answers
     }
 
     /// Opens a `PublishStream`: send many publishes without waiting, read the answers
@@ -335,4 +356,17 @@ impl Connector {
         };
         Ok(Client { inner: Arc::new(inner) })
     }
+}
+
+/// Publishes `request` with `send` inside its `send` span (the event carrying the
+/// span's context), and records the answer on the span.
+async fn traced<F, Fut>(mut request: pb::PublishRequest, send: F) -> Result<pb::PublishResponse, Error>
+where
+    F: FnOnce(pb::PublishRequest) -> Fut,
+    Fut: std::future::Future<Output = Result<pb::PublishResponse, Error>>,
+{
+    let span = trace::send(&mut request);
+    let answer = send(request).instrument(span.clone()).await;
+    trace::sent(&span, answer.as_ref());
+    answer
 }

@@ -94,6 +94,7 @@ pub mod outbox;
 mod publish;
 mod publisher;
 mod subscribe;
+mod trace;
 mod worker;
 
 pub use backoff::Backoff;

@@ -34,7 +34,7 @@ pub mod trie;
 
 mod router;
 
-pub use bus::{Bus, BusConfig, Published, Since, SubscribeOptions, SubscriptionHandle};
+pub use bus::{Bus, BusConfig, CaptureTiming, Published, Since, SubscribeOptions, SubscriptionHandle};
 pub use error::{Error, ErrorKind, chain as error_chain, quoted};
 pub use event::{Event, PublishInput};
 pub use name::{NameError, Pattern};

@@ -43,10 +43,12 @@ mod listener;
 mod ops;
 mod push;
 mod request_limit;
+mod spans;
 mod tls;
 
 pub use config::Settings;
 pub use listener::PeerInfo;
 pub use push::PushSetupError;
 pub use server::{Reloader, Server, ServerError};
+pub use spans::SpansError;
 pub use tls::{TlsError, TlsSettings};

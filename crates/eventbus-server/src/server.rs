@@ -30,6 +30,7 @@ use crate::metrics::{EdgeCounters, LabelLimits, Metrics, PushMetrics};
 use crate::ops::Ops;
 use crate::push::{Endpoints, PushSetupError, Pusher};
 use crate::request_limit::{PayloadLimit, RequestErrors};
+use crate::spans::{Spans, SpansError};
 use crate::tls::{Protocols, Tls, TlsError};
 
 /// Why the server could not start or stopped with an error.
@@ -55,6 +56,8 @@ pub enum ServerError {
     Store(#[from] eventbus_durable::StoreError),
     #[error("cannot start durable consumers")]
     Durable(#[from] eventbus_core::durable::DurableError),
+    #[error(transparent)]
+    Spans(#[from] SpansError),
     #[error("invalid Redis settings")]
     Redis(#[source] eventbus_redis::RedisError),
     /// Redis may be down at start-up (the transport connects when it comes up), but
@@ -105,6 +108,7 @@ pub struct Server {
     http_addr: SocketAddr,
     /// Serves the push consumers.
     pusher: Option<Pusher>,
+    spans: Spans,
 }
 
 async fn listen(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
@@ -237,9 +241,10 @@ impl Server {
                 &supervisor,
             )?,
         }
-        let pusher = bus
-            .durable()
-            .map(|durable| Pusher::start(Arc::clone(durable), endpoints, push_metrics, access.clone(), &supervisor));
+        let spans = Spans::start(&settings.telemetry)?;
+        let pusher = bus.durable().map(|durable| {
+            Pusher::start(Arc::clone(durable), endpoints, push_metrics, access.clone(), spans.clone(), &supervisor)
+        });
         Ok(Self {
             settings,
             bus,
@@ -254,6 +259,7 @@ impl Server {
             http,
             http_addr,
             pusher,
+            spans,
         })
     }
 
@@ -301,6 +307,7 @@ impl Server {
             http,
             http_addr,
             pusher,
+            spans,
         } = self;
         // Stops the transport whichever way this function returns.
         let _transport_guard = transport_stop.drop_guard();
@@ -323,7 +330,7 @@ impl Server {
         // Every service but health (probes carry no credentials) authenticates each call.
         let authenticate = Authenticate(access.clone());
         // Every protocol calls the same operations.
-        let ops = Ops::new(bus.clone(), access.clone(), metrics, settings.eventbus.max_publish_batch);
+        let ops = Ops::new(bus.clone(), access.clone(), metrics, spans.clone(), settings.eventbus.max_publish_batch);
         let event_bus_service = EventBusService::new(ops.clone(), limit);
         let event_bus =
             EventBusServer::new(event_bus_service.clone()).max_decoding_message_size(limit.grpc_message_limit());
@@ -425,6 +432,7 @@ impl Server {
         {
             warn!(%err, "could not flush the durable store");
         }
+        spans.flush();
         info!("eventbusd stopped");
         Ok(())
     }

@@ -4,10 +4,12 @@
 //! - [`redis`]: a private `redis-server` per test ([`redis::RedisProc`]) and a private
 //!   Redis Cluster of 3 masters and 3 replicas ([`redis::RedisCluster`]);
 //! - [`conformance`]: the checks every durable engine passes, written against the
-//!   `DurableBackend` trait alone; each engine's crate runs them on its engine.
+//!   `DurableBackend` trait alone; each engine's crate runs them on its engine;
+//! - [`otlp`]: an OTLP/gRPC trace receiver that keeps the spans it is sent.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)] // Test support fails loudly on purpose.
 
 pub mod conformance;
+pub mod otlp;
 pub mod redis;
 
 use std::future::Future;

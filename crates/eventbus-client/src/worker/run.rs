@@ -24,6 +24,8 @@ use super::metrics::ConsumerMetrics;
 use super::{Delivery, Handler, Outcome, Worker};
 use crate::Error;
 use crate::consume::{ConsumeMessage, ConsumeSender, ConsumeStream};
+use crate::trace;
+use tracing::Instrument as _;
 
 /// The broker's default ack deadline, for a consumer that reports none.
 const DEFAULT_ACK_DEADLINE: Duration = Duration::from_secs(30);
@@ -264,6 +266,7 @@ impl<'w, H: Handler> Run<'w, H> {
             let event = d.event.unwrap_or_default();
             let (id, attempt) = (event.id.clone(), d.attempt);
             let copy = want_events.then(|| event.clone());
+            let span = trace::process(&self.worker.consumer, &event, attempt);
             let delivery = Delivery { event, attempt, deadline: d.deadline };
             let handler = Arc::clone(&self.handler);
             self.tasks.push(Box::pin(async move {
@@ -271,8 +274,10 @@ impl<'w, H: Handler> Run<'w, H> {
                 // Inside the guarded future: a handler may also panic before its first await.
                 let outcome = AssertUnwindSafe(async move { handler.handle(delivery).await })
                     .catch_unwind()
+                    .instrument(span.clone())
                     .await
                     .unwrap_or_else(|_| Outcome::retry("handler panicked"));
+                trace::processed(&span, &outcome);
                 Done { id, attempt, outcome, elapsed: start.elapsed(), event: copy }
             }));
             started += 1;

@@ -76,6 +76,18 @@ pub struct Published {
     pub duplicate: bool,
     /// Durable consumers that stored it (0 when none matches, and for a duplicate).
     pub captured: u32,
+    /// When the durable engine held it (capture and commit), if it did.
+    pub capture: Option<CaptureTiming>,
+}
+
+/// The part of a publish spent in the durable engine: capture, commit and, for a
+/// batch, the other events captured in the same round trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptureTiming {
+    /// From the start of the publish to the start of the capture.
+    pub after: Duration,
+    /// Length of the capture.
+    pub took: Duration,
 }
 
 /// The event bus: a cheap handle, clone it freely.

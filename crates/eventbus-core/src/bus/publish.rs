@@ -38,8 +38,9 @@ impl Bus {
             return self.deliver(event, start, recent).await;
         };
         let r = keys.request(&event);
+        let began = Instant::now();
         let captured = durable.capture(r.event, r.ordering_key, r.idempotency_key).await?;
-        self.complete(event, captured, start, recent).await
+        self.complete(event, captured, CaptureTime::since(start, began), recent).await
     }
 
     /// Publishes several events of one publisher (the requests of a `PublishStream`
@@ -87,13 +88,15 @@ impl Bus {
                 }
             }
         }
+        let began = Instant::now();
         let captured = {
             let requests: Vec<CaptureRequest<'_>> = prepared.iter().map(|(e, keys)| keys.request(e)).collect();
             durable.capture_many(&requests).await
         };
+        let time = CaptureTime::since(start, began);
         let expected = prepared.len();
         let captured = prepared.into_iter().map(|(event, _)| event).zip(captured).collect();
-        for published in self.complete_all(captured, start).await {
+        for published in self.complete_all(captured, time).await {
             let failed = published.is_err();
             out.push(published);
             if failed {
@@ -161,6 +164,7 @@ impl Bus {
             duration: start.elapsed(),
             duplicate: false,
             captured: 0,
+            capture: None,
         }
     }
 
@@ -190,11 +194,13 @@ impl Bus {
             let check = channel_check(prepared.last().and_then(|p| p.as_ref().ok()).map(|(e, _)| e), &input);
             prepared.push(self.prepare(input, max_payload_bytes, check, stamp));
         }
+        let began = Instant::now();
         let captured = {
             let requests: Vec<CaptureRequest<'_>> =
                 prepared.iter().filter_map(|p| p.as_ref().ok()).map(|(e, keys)| keys.request(e)).collect();
             if requests.is_empty() { Vec::new() } else { durable.capture_many(&requests).await }
         };
+        let time = CaptureTime::since(start, began);
         let mut captured = captured.into_iter();
         let mut accepted = Vec::with_capacity(prepared.len());
         let mut refused = Vec::with_capacity(prepared.len());
@@ -212,7 +218,7 @@ impl Bus {
                 }
             }
         }
-        let mut completed = self.complete_all(accepted, start).await.into_iter();
+        let mut completed = self.complete_all(accepted, time).await.into_iter();
         for refused in refused {
             out.push(match refused {
                 Some(err) => Err(err),
@@ -228,14 +234,15 @@ impl Bus {
     async fn complete_all(
         &self,
         captured: Vec<(Arc<Event>, Result<Captured, DurableError>)>,
-        start: Instant,
+        time: CaptureTime,
     ) -> Vec<Result<Published, Error>> {
+        let start = time.start;
         let Some(transport) = &self.inner.transport else {
             let mut out = Vec::with_capacity(captured.len());
             let mut recent = RecentChannel::default();
             for (event, c) in captured {
                 out.push(match c {
-                    Ok(c) => self.complete(event, c, start, &mut recent).await,
+                    Ok(c) => self.complete(event, c, time, &mut recent).await,
                     Err(err) => Err(err.into()),
                 });
             }
@@ -252,12 +259,12 @@ impl Bus {
             .into_iter()
             .map(|(event, c)| match c {
                 Ok(Captured::Stored(consumers)) => match fanouts.next() {
-                    Some(fanout) => Ok(stored_for(self.sent(&event, fanout?, start), consumers)),
+                    Some(fanout) => Ok(stored_for(self.sent(&event, fanout?, start), consumers, time)),
                     None => Err(self.fewer_answers()),
                 },
-                Ok(Captured::Duplicate(original)) => Ok(duplicate_of(original, start)),
+                Ok(Captured::Duplicate(original)) => Ok(duplicate_of(original, time)),
                 Ok(Captured::Forwarded { fanout, consumers }) => {
-                    Ok(stored_for(self.sent(&event, fanout, start), consumers))
+                    Ok(stored_for(self.sent(&event, fanout, start), consumers, time))
                 }
                 Err(err) => Err(err.into()),
             })
@@ -329,13 +336,18 @@ impl Bus {
         &self,
         event: Arc<Event>,
         captured: Captured,
-        start: Instant,
+        time: CaptureTime,
         recent: &mut RecentChannel,
     ) -> Result<Published, Error> {
+        let start = time.start;
         match captured {
-            Captured::Duplicate(original) => Ok(duplicate_of(original, start)),
-            Captured::Forwarded { fanout, consumers } => Ok(stored_for(self.sent(&event, fanout, start), consumers)),
-            Captured::Stored(consumers) => self.deliver(event, start, recent).await.map(|p| stored_for(p, consumers)),
+            Captured::Duplicate(original) => Ok(duplicate_of(original, time)),
+            Captured::Forwarded { fanout, consumers } => {
+                Ok(stored_for(self.sent(&event, fanout, start), consumers, time))
+            }
+            Captured::Stored(consumers) => {
+                self.deliver(event, start, recent).await.map(|p| stored_for(p, consumers, time))
+            }
         }
     }
 
@@ -356,24 +368,45 @@ impl Bus {
             duration: start.elapsed(),
             duplicate: false,
             captured: 0,
+            capture: None,
         })
     }
 }
 
 /// `published`, stored by `consumers` durable consumers.
-fn stored_for(published: Published, consumers: usize) -> Published {
-    Published { captured: u32::try_from(consumers).unwrap_or(u32::MAX), ..published }
+fn stored_for(published: Published, consumers: usize, time: CaptureTime) -> Published {
+    Published { captured: u32::try_from(consumers).unwrap_or(u32::MAX), capture: Some(time.timing()), ..published }
 }
 
 /// The answer to a publish whose idempotency key names an earlier event.
-fn duplicate_of(original: String, start: Instant) -> Published {
+fn duplicate_of(original: String, time: CaptureTime) -> Published {
     Published {
         event_id: original.into(),
         delivered: 0,
         failed: 0,
-        duration: start.elapsed(),
+        duration: time.start.elapsed(),
         duplicate: true,
         captured: 0,
+        capture: Some(time.timing()),
+    }
+}
+
+/// When a publish began, and when and for how long the durable engine held it.
+#[derive(Debug, Clone, Copy)]
+struct CaptureTime {
+    start: Instant,
+    after: Duration,
+    took: Duration,
+}
+
+impl CaptureTime {
+    /// The capture that began at `began` of a publish that began at `start`, and ends now.
+    fn since(start: Instant, began: Instant) -> Self {
+        Self { start, after: began.duration_since(start), took: began.elapsed() }
+    }
+
+    fn timing(self) -> CaptureTiming {
+        CaptureTiming { after: self.after, took: self.took }
     }
 }
 

@@ -54,6 +54,7 @@ pub struct Settings {
     pub push: PushSettings,
     pub auth: AuthSettings,
     pub log: LogSettings,
+    pub telemetry: TelemetrySettings,
 }
 
 impl Default for Settings {

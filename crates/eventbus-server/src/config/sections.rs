@@ -412,3 +412,33 @@ pub struct LogSettings {
     pub level: String,
     pub format: LogFormat,
 }
+
+/// The broker's own spans, exported with OTLP.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+    pub otlp: OtlpSettings,
+    pub sampling: SamplingSettings,
+}
+
+/// Where spans go: an OTLP/gRPC receiver (a collector, Jaeger, Tempo).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpSettings {
+    /// `http://host:4317` (or `https://`); empty exports nothing and makes no span.
+    pub endpoint: String,
+    /// Longest wait for the receiver to take one batch.
+    pub timeout_ms: u64,
+    /// How often finished spans are sent (sooner when 512 are waiting).
+    pub export_interval_ms: u64,
+}
+
+/// Which traces are kept: a publisher's decision is followed (parent-based); `ratio`
+/// of the traces that start at the broker (events published without a context).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingSettings {
+    pub ratio: f64,
+}

@@ -161,6 +161,32 @@ impl Settings {
         if let Err(source) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return Err(ConfigError::LogLevel { value: self.log.level.clone(), source });
         }
+        self.validate_telemetry()
+    }
+
+    /// The OTLP endpoint is an http(s) URL when set; the ratio a share.
+    fn validate_telemetry(&self) -> Result<(), ConfigError> {
+        let t = &self.telemetry;
+        let invalid = |key, value: &str, problem| Err(ConfigError::Invalid { key, value: value.to_owned(), problem });
+        let endpoint = t.otlp.endpoint.trim();
+        if !endpoint.is_empty() {
+            let parsed = url::Url::parse(endpoint);
+            if !parsed.is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some()) {
+                return invalid(
+                    "telemetry.otlp.endpoint",
+                    endpoint,
+                    "is not an http:// or https:// URL of an OTLP/gRPC receiver (http://collector:4317)",
+                );
+            }
+        }
+        within("telemetry.otlp.timeout_ms", t.otlp.timeout_ms, 1, 600_000)?;
+        within("telemetry.otlp.export_interval_ms", t.otlp.export_interval_ms, 10, 600_000)?;
+        if !(0.0..=1.0).contains(&t.sampling.ratio) {
+            return invalid("telemetry.sampling.ratio", &t.sampling.ratio.to_string(), "must be between 0 and 1");
+        }
+        if t.service_name.trim().is_empty() {
+            return invalid("telemetry.service_name", "", "must not be empty");
+        }
         Ok(())
     }
 }

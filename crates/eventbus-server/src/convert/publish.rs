@@ -137,7 +137,7 @@ pub(crate) fn publish_input_web(body: &[u8], peer: Arc<str>, scope: &str) -> Res
 }
 
 pub(crate) fn publish_response(p: Published) -> pb::PublishResponse {
-    let Published { event_id, delivered, failed, duration: took, duplicate, captured } = p;
+    let Published { event_id, delivered, failed, duration: took, duplicate, captured, capture: _ } = p;
     pb::PublishResponse {
         event_id: event_id.to_string(),
         delivered_count: delivered,
@@ -161,7 +161,7 @@ pub(crate) struct PublishedJson {
 }
 
 pub(crate) fn publish_response_json(p: Published) -> PublishedJson {
-    let Published { event_id, delivered, failed, duration, duplicate, captured } = p;
+    let Published { event_id, delivered, failed, duration, duplicate, captured, capture: _ } = p;
     PublishedJson {
         event_id: event_id.to_string(),
         delivered_count: delivered,

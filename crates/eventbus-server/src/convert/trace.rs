@@ -40,6 +40,16 @@ impl TraceContext {
         Self::from_headers(|name| metadata.get(name).and_then(|v| v.to_str().ok()))
     }
 
+    /// The `traceparent`.
+    pub(crate) fn parent(&self) -> &str {
+        &self.parent
+    }
+
+    /// The `tracestate`, if one came with it.
+    pub(crate) fn state(&self) -> Option<&str> {
+        self.state.as_deref()
+    }
+
     /// Keeps this context in an event's `metadata`, unless the event has a context of
     /// its own (a `traceparent` key: the publisher's client put it there per event).
     pub(crate) fn keep_in(&self, metadata: &mut HashMap<String, String>) {

@@ -6,6 +6,7 @@ use tonic::{Request, Response, Status};
 
 use super::caller;
 use crate::convert;
+use crate::convert::trace::TraceContext;
 use crate::ops::{HistoryFrom, Ops, Refusal};
 
 /// Implements `eventbus.v1.Admin`.
@@ -119,9 +120,10 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::RedriveRequest>,
     ) -> Result<Response<pb::RedriveResponse>, Status> {
         let caller = caller(&req)?;
+        let trace = TraceContext::from_grpc(req.metadata());
         let req = req.into_inner();
-        let done =
-            self.ops.managed_consumer(&caller, &req.consumer)?.redrive(&req.event_ids, req.limit as usize).await?;
+        let consumer = self.ops.managed_consumer(&caller, &req.consumer)?;
+        let done = consumer.redrive(&req.event_ids, req.limit as usize, trace.as_ref()).await?;
         Ok(Response::new(convert::redriven(done)))
     }
 

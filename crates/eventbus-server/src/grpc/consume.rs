@@ -13,6 +13,7 @@ use tonic::{Status, Streaming};
 use crate::access::Caller;
 use crate::convert::{self, status};
 use crate::ops::{Ops, Refusal};
+use crate::spans::{Delivered, Recipient};
 
 pub(crate) type ConsumeStream = Pin<Box<dyn Stream<Item = Result<pb::ConsumeResponse, Status>> + Send + 'static>>;
 
@@ -75,7 +76,13 @@ pub(crate) async fn consume(
             consumer: Some(convert::consumer_info(&attached.info)),
         })),
     };
-    let deliveries = ReceiverStream::new(attached.deliveries).map(|batch| {
+    let spans = ops.spans().clone();
+    let deliveries = ReceiverStream::new(attached.deliveries).map(move |batch| {
+        if spans.enabled() {
+            let delivered =
+                batch.iter().map(|d| Delivered { event: &d.event, attempt: Some(d.attempt), recovered: false });
+            spans.deliver(Recipient::Consumer(&attach.consumer), delivered);
+        }
         // The engines' empty batch answers a draining release.
         let kind = if batch.is_empty() {
             consume_response::Kind::Drained(pb::Drained {})

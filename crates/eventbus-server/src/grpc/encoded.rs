@@ -680,6 +680,7 @@ mod tests {
             duration,
             duplicate,
             captured,
+            capture: None,
         };
         let cases = [
             published("", 0, 0, Duration::ZERO, false, 0),

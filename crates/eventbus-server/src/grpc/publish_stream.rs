@@ -384,15 +384,20 @@ impl Publishing {
 
     /// Checks a chunk and hands its accepted events to the bus (pipelined).
     async fn start(&mut self, chunk: Vec<Result<pb::PublishRequest, Status>>) {
-        let (checked, inputs) = self.check_lenient(chunk);
+        let (checked, mut inputs) = self.check_lenient(chunk);
         if checked.broken.is_some() {
             self.input_done = true;
         }
         let bus = self.svc.ops.bus().clone();
+        let spans = self.svc.ops.spans().publish_all(&mut inputs);
         let mut published: Publishes = if inputs.is_empty() {
             Box::pin(std::future::ready(Vec::new()))
         } else {
-            Box::pin(async move { bus.publish_each(inputs).await })
+            Box::pin(async move {
+                let published = bus.publish_each(inputs).await;
+                spans.end_all(&published);
+                published
+            })
         };
         // Polled once now: the embedded store queues a chunk's captures on the first
         // poll, so a later chunk's captures queue after these (the order per key holds).
@@ -430,7 +435,10 @@ impl Publishing {
         }
         let mut answers = Vec::with_capacity(inputs.len() + 1);
         let metrics = svc.ops.metrics();
-        for published in svc.ops.bus().publish_many(inputs).await {
+        let spans = svc.ops.spans().publish_all(&mut inputs);
+        let published = svc.ops.bus().publish_many(inputs).await;
+        spans.end_all(&published);
+        for published in published {
             answers.push(match published {
                 Ok(p) => {
                     observe(metrics, &p);
@@ -469,9 +477,11 @@ impl Publishing {
             answers.push(Err(refused));
             return (answers, false);
         }
-        let (checked, inputs) = self.check_lenient(chunk);
+        let (checked, mut inputs) = self.check_lenient(chunk);
         let bus = self.svc.ops.bus().clone();
+        let spans = self.svc.ops.spans().publish_all(&mut inputs);
         let published = if inputs.is_empty() { Vec::new() } else { bus.publish_each(inputs).await };
+        spans.end_all(&published);
         self.answer_lenient(checked, published)
     }
 

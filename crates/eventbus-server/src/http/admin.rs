@@ -15,6 +15,7 @@ use super::{ApiError, HttpState, json_body, publish_body};
 use crate::access::Caller;
 use crate::config::ConsumerSetting;
 use crate::convert;
+use crate::convert::trace::TraceContext;
 use crate::listener::PeerInfo;
 use crate::ops::Refusal;
 
@@ -214,7 +215,8 @@ async fn redrive(
     // No body (a bare POST) needs no content type; a body must be JSON.
     let empty = raw.as_ref().is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace));
     let req: RedriveBody = if empty { RedriveBody::default() } else { json_body(&state, &headers, raw)? };
-    let done = consumer.redrive(&req.event_ids, req.limit).await?;
+    let trace = TraceContext::from_http(&headers);
+    let done = consumer.redrive(&req.event_ids, req.limit, trace.as_ref()).await?;
     Ok(Json(convert::redriven_json(done)))
 }
 

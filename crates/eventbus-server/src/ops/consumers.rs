@@ -11,6 +11,8 @@ use eventbus_core::durable::{
 
 use super::{Ops, Refusal};
 use crate::access::{Caller, StreamGuard, StreamUse};
+use crate::convert::trace::TraceContext;
+use crate::spans::Spans;
 
 impl Ops {
     /// Creates a consumer (or finds the same definition): the right to manage it, to
@@ -51,7 +53,7 @@ impl Ops {
         name: &'a str,
     ) -> Result<ManagedConsumer<'a>, Refusal> {
         self.access.check_manage_consumer(caller, name)?;
-        Ok(ManagedConsumer(Named { durable: self.durable()?, name }))
+        Ok(ManagedConsumer(Named { durable: self.durable()?, name }, &self.spans))
     }
 
     /// The consumer `name`, for a caller that may attach to it.
@@ -100,7 +102,7 @@ impl ReadableConsumer<'_> {
 
 /// A consumer the caller may manage.
 #[derive(Debug)]
-pub(crate) struct ManagedConsumer<'a>(Named<'a>);
+pub(crate) struct ManagedConsumer<'a>(Named<'a>, &'a Spans);
 
 impl ManagedConsumer<'_> {
     pub(crate) async fn delete(&self) -> Result<(), Refusal> {
@@ -108,8 +110,17 @@ impl ManagedConsumer<'_> {
     }
 
     /// Puts dead letters back: the ones named, or with none named the oldest `limit`.
-    pub(crate) async fn redrive(&self, event_ids: &[String], limit: usize) -> Result<Redriven, Refusal> {
-        Ok(self.0.durable.redrive(self.0.name, event_ids, limit).await?)
+    /// A redriven event keeps its own trace context; the `redrive` span is the caller's
+    /// (`trace`).
+    pub(crate) async fn redrive(
+        &self,
+        event_ids: &[String],
+        limit: usize,
+        trace: Option<&TraceContext>,
+    ) -> Result<Redriven, Refusal> {
+        let redriven = self.0.durable.redrive(self.0.name, event_ids, limit).await.map_err(Refusal::from);
+        self.1.redrive(self.0.name, trace, redriven.as_ref().map(|done| done.redriven));
+        redriven
     }
 
     /// Pauses (`true`) or resumes it.

@@ -27,6 +27,7 @@ pub(crate) use subscribe::{Frame, Frames, Started};
 
 use crate::access::{Access, Caller};
 use crate::metrics::Metrics;
+use crate::spans::Spans;
 
 /// What every operation needs: the bus, the access rules and the metrics.
 #[derive(Debug, Clone)]
@@ -34,13 +35,25 @@ pub(crate) struct Ops {
     bus: Bus,
     access: Access,
     metrics: Option<Arc<Metrics>>,
+    spans: Spans,
     /// Most events in one `PublishBatch` (`eventbus.max_publish_batch`).
     max_publish_batch: usize,
 }
 
 impl Ops {
-    pub(crate) fn new(bus: Bus, access: Access, metrics: Option<Arc<Metrics>>, max_publish_batch: usize) -> Self {
-        Self { bus, access, metrics, max_publish_batch }
+    pub(crate) fn new(
+        bus: Bus,
+        access: Access,
+        metrics: Option<Arc<Metrics>>,
+        spans: Spans,
+        max_publish_batch: usize,
+    ) -> Self {
+        Self { bus, access, metrics, spans, max_publish_batch }
+    }
+
+    /// eventbusd's own spans (none unless exported).
+    pub(crate) fn spans(&self) -> &Spans {
+        &self.spans
     }
 
     pub(crate) fn bus(&self) -> &Bus {

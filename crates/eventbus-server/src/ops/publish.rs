@@ -11,7 +11,8 @@ use crate::access::{Caller, StreamGuard, StreamUse};
 impl Ops {
     /// One event: the right to publish on its channel and room in the caller's rate,
     /// then the bus.
-    pub(crate) async fn publish(&self, caller: &Caller, input: PublishInput) -> Result<Published, Refusal> {
+    pub(crate) async fn publish(&self, caller: &Caller, mut input: PublishInput) -> Result<Published, Refusal> {
+        let span = self.spans.publish(&mut input);
         let published = match self.access.check_publish(caller, [&*input.channel]) {
             Ok(()) => self.bus.publish(input).await.map_err(Refusal::from),
             Err(refused) => Err(refused),
@@ -19,6 +20,9 @@ impl Ops {
         match &published {
             Ok(p) => self.observe(p),
             Err(refused) => self.count_refused(refused),
+        }
+        if let Some(span) = span {
+            span.end(published.as_ref());
         }
         published
     }
@@ -50,7 +54,10 @@ impl Ops {
             }
         }
         self.access.take_publish_rate(caller, u32::try_from(accepted.len()).unwrap_or(u32::MAX))?;
-        let mut published = self.bus.publish_each(accepted).await.into_iter();
+        let spans = self.spans.publish_all(&mut accepted);
+        let published = self.bus.publish_each(accepted).await;
+        spans.end_all(&published);
+        let mut published = published.into_iter();
         let answers: Vec<_> = answers
             .into_iter()
             .map(|slot| {

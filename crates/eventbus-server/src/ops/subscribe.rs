@@ -13,6 +13,7 @@ use futures::{Stream, StreamExt, stream};
 use super::{Ops, Refusal};
 use crate::access::{Caller, StreamUse};
 use crate::metrics::Metrics;
+use crate::spans::{Delivered, Recipient, Spans};
 
 /// The first frame of a subscription.
 #[derive(Debug, Clone)]
@@ -72,7 +73,10 @@ impl Ops {
         };
         let started = Started { id: handle.id().to_owned(), recovered, positions, started_at };
         tracing::debug!(subscription = handle.id(), recovered, "subscription started");
-        let batches = stream::unfold(Some(Streamer { handle, metrics: self.metrics.clone() }), next_batch);
+        let batches = stream::unfold(
+            Some(Streamer { handle, metrics: self.metrics.clone(), spans: self.spans.clone() }),
+            next_batch,
+        );
         Ok(Box::pin(guard.guard(stream::once(async { Ok(Frame::Started(started)) }).chain(batches))))
     }
 }
@@ -82,6 +86,7 @@ impl Ops {
 struct Streamer {
     handle: SubscriptionHandle,
     metrics: Option<Arc<Metrics>>,
+    spans: Spans,
 }
 
 /// The next batch, or the refusal that ends the stream.
@@ -95,6 +100,10 @@ async fn next_batch(state: Option<Streamer>) -> Option<(Result<Frame, Refusal>, 
         Ok(()) => {
             if let Some(metrics) = s.metrics.as_ref().filter(|_| !recovered) {
                 metrics.observe_delivery(&events);
+            }
+            if s.spans.enabled() {
+                let delivered = events.iter().map(|event| Delivered { event, attempt: None, recovered });
+                s.spans.deliver(Recipient::Subscription(s.handle.id()), delivered);
             }
             Some((Ok(Frame::Events(events)), Some(s)))
         }

@@ -30,6 +30,7 @@ use tracing::{info, warn};
 use crate::access::Access;
 use crate::config::PushSettings;
 use crate::metrics::PushMetrics;
+use crate::spans::Spans;
 use resolve::{Reach, Resolver};
 use worker::Worker;
 
@@ -123,6 +124,7 @@ struct Inner {
     metrics: PushMetrics,
     /// Judges each consumer's owner.
     access: Access,
+    spans: Spans,
     supervisor: Supervisor,
     /// Cancelled at shutdown: workers stop taking events and finish their requests.
     stop: CancellationToken,
@@ -154,6 +156,7 @@ impl Pusher {
         endpoints: Endpoints,
         metrics: PushMetrics,
         access: Access,
+        spans: Spans,
         supervisor: &Supervisor,
     ) -> Self {
         let inner = Arc::new(Inner {
@@ -161,6 +164,7 @@ impl Pusher {
             endpoints,
             metrics,
             access,
+            spans,
             supervisor: supervisor.clone(),
             stop: CancellationToken::new(),
             workers: Mutex::default(),
@@ -260,6 +264,7 @@ impl Inner {
                 self.endpoints.clone(),
                 self.metrics.clone(),
                 label,
+                self.spans.clone(),
                 self.stop.child_token(),
             ));
             let Definition { owner, channels, .. } = definition.clone();

@@ -20,6 +20,7 @@ use super::Endpoints;
 use super::owner::Owner;
 use super::request::{self, Outcome};
 use crate::metrics::{PUSH_CLASSES, PushMetrics};
+use crate::spans::{PushSpan, Spans};
 
 /// Delays between attempts to attach (the engine unreachable, the consumer not yet
 /// visible here).
@@ -46,6 +47,7 @@ pub(crate) struct Worker {
     /// attempt fails with it, and no endpoint answer is ever read.
     refused: Option<String>,
     timeout: Duration,
+    spans: Spans,
     permits: Arc<Semaphore>,
     stop: CancellationToken,
     /// The endpoint's last request failed (logged once per run of failures).
@@ -62,6 +64,7 @@ impl Worker {
         endpoints: Endpoints,
         metrics: PushMetrics,
         label: String,
+        spans: Spans,
         stop: CancellationToken,
     ) -> Self {
         let mut refused = None;
@@ -95,6 +98,7 @@ impl Worker {
         let requests = PUSH_CLASSES.map(|class| metrics.requests.with_label_values(&[label.as_str(), class]));
         Self {
             timeout: Duration::from_millis(push.timeout_ms),
+            spans,
             permits: Arc::new(Semaphore::new(push.max_concurrency as usize)),
             duration: metrics.duration.with_label_values(&[&label]),
             in_flight: metrics.in_flight.with_label_values(&[&label]),
@@ -248,6 +252,27 @@ impl Worker {
         if let Some(reason) = &self.refused {
             return ("error", Outcome::Retry { reason: reason.clone(), delay: None });
         }
+        // One span per event (each in its own trace), ended with the request's answer.
+        let spans: Vec<PushSpan> = match self.spans.enabled() {
+            true => deliveries
+                .iter()
+                .filter_map(|d| self.spans.push(&self.consumer, &self.url, &d.event, d.attempt))
+                .collect(),
+            false => Vec::new(),
+        };
+        let (class, outcome, status) = self.request(deliveries, now).await;
+        for span in spans {
+            match (status, &outcome) {
+                (Some(code), _) => span.end(Ok(code)),
+                (None, Outcome::Retry { reason, .. }) => span.end(Err(reason)),
+                (None, _) => span.end(Err(class)),
+            }
+        }
+        (class, outcome)
+    }
+
+    /// Sends one request; its answer class, outcome and HTTP status when it had one.
+    async fn request(&self, deliveries: &[Delivery], now: SystemTime) -> (&'static str, Outcome, Option<u16>) {
         let prepared = request::prepare(&self.consumer, &self.push, deliveries, now);
         let mut headers = self.extra.clone();
         headers.extend(prepared.headers);
@@ -266,11 +291,12 @@ impl Worker {
                         Ok(None) | Err(_) => break,
                     }
                 }
-                (request::class(status), request::classify(status, retry_after.as_ref(), &body, SystemTime::now()))
+                let outcome = request::classify(status, retry_after.as_ref(), &body, SystemTime::now());
+                (request::class(status), outcome, Some(status))
             }
             Err(err) if err.is_timeout() => {
                 let reason = format!("no answer within push.timeout_ms ({} ms)", self.push.timeout_ms);
-                ("timeout", Outcome::Retry { reason, delay: None })
+                ("timeout", Outcome::Retry { reason, delay: None }, None)
             }
             Err(err) => (
                 "error",
@@ -279,6 +305,7 @@ impl Worker {
                     reason: format!("cannot reach the endpoint: {}", eventbus_core::error_chain(&err.without_url())),
                     delay: None,
                 },
+                None,
             ),
         }
     }

@@ -33,4 +33,5 @@ mod security_sessions;
 mod security_streams;
 mod security_tenants;
 mod tls;
+mod traces;
 mod web;
