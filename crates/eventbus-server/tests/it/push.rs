@@ -34,7 +34,7 @@ async fn start() -> TestServer {
     common::start_with(loopback_endpoints).await
 }
 
-async fn start_with(tweak: impl FnOnce(&mut Settings)) -> TestServer {
+pub(crate) async fn start_with(tweak: impl FnOnce(&mut Settings)) -> TestServer {
     common::start_with(|s| {
         loopback_endpoints(s);
         tweak(s);
@@ -44,7 +44,7 @@ async fn start_with(tweak: impl FnOnce(&mut Settings)) -> TestServer {
 
 /// One request the endpoint received.
 #[derive(Debug, Clone)]
-struct Received {
+pub(crate) struct Received {
     headers: HeaderMap,
     body: Bytes,
     at: Instant,
@@ -61,7 +61,7 @@ impl Received {
 }
 
 /// What the endpoint answers a request.
-enum Reply {
+pub(crate) enum Reply {
     Status(u16, &'static str),
     RetryAfter(u16, &'static str),
     /// Answers 200 after this long.
@@ -72,8 +72,8 @@ type Script = Arc<dyn Fn(&Received) -> Reply + Send + Sync>;
 
 /// A real HTTP endpoint: records every request; answers by its script once its gate
 /// is open (requests wait at a closed gate).
-struct Endpoint {
-    url: String,
+pub(crate) struct Endpoint {
+    pub(crate) url: String,
     received: Arc<Mutex<Vec<Received>>>,
     gate: watch::Sender<bool>,
     open_now: Arc<AtomicUsize>,
@@ -81,7 +81,7 @@ struct Endpoint {
 }
 
 impl Endpoint {
-    async fn start(script: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> Self {
+    pub(crate) async fn start(script: impl Fn(&Received) -> Reply + Send + Sync + 'static) -> Self {
         let script: Script = Arc::new(script);
         let received = Arc::new(Mutex::new(Vec::new()));
         let (gate, _) = watch::channel(true);
@@ -130,18 +130,18 @@ impl Endpoint {
     }
 
     /// Waits until at least `n` requests have arrived.
-    async fn wait_for(&self, n: usize) -> Vec<Received> {
+    pub(crate) async fn wait_for(&self, n: usize) -> Vec<Received> {
         eventually(&format!("{n} push requests"), || async { self.received.lock().len() >= n }).await;
         self.received()
     }
 }
 
-fn ok(_: &Received) -> Reply {
+pub(crate) fn ok(_: &Received) -> Reply {
     Reply::Status(200, "")
 }
 
 /// A push consumer on `channels` sending to `url`, retrying fast.
-fn push_consumer(name: &str, channels: &[&str], push: pb::PushConfig) -> pb::ConsumerConfig {
+pub(crate) fn push_consumer(name: &str, channels: &[&str], push: pb::PushConfig) -> pb::ConsumerConfig {
     pb::ConsumerConfig {
         backoff: Some(pb::Backoff { initial_ms: 50, multiplier: 1.0, max_ms: 50, ..Default::default() }),
         push: Some(push),
@@ -149,11 +149,11 @@ fn push_consumer(name: &str, channels: &[&str], push: pb::PushConfig) -> pb::Con
     }
 }
 
-fn push_to(url: &str) -> pb::PushConfig {
+pub(crate) fn push_to(url: &str) -> pb::PushConfig {
     pb::PushConfig { url: url.into(), ..Default::default() }
 }
 
-async fn create(server: &TestServer, config: pb::ConsumerConfig) -> pb::ConsumerInfo {
+pub(crate) async fn create(server: &TestServer, config: pb::ConsumerConfig) -> pb::ConsumerInfo {
     let request = pb::CreateConsumerRequest { config: Some(config) };
     server.admin().await.create_consumer(request).await.unwrap().into_inner()
 }

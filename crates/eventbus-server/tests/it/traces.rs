@@ -207,3 +207,106 @@ async fn with_no_endpoint_the_broker_makes_no_spans_and_keeps_contexts() {
     assert_eq!(traced.metadata["traceparent"], PARENT);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_request_and_a_redrive_are_spans_of_their_traces() {
+    use crate::push::{Endpoint, Reply, create, push_consumer, push_to};
+    const PUBLISHER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const OPERATOR: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let collector = Collector::start().await;
+    let endpoint = collector.endpoint();
+    let server = crate::push::start_with(move |s| {
+        s.telemetry.otlp.endpoint = endpoint;
+        s.telemetry.otlp.export_interval_ms = 20;
+    })
+    .await;
+    // Refused for good (404): dead-lettered at once, then redriven and accepted.
+    let refusals = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&refusals);
+    let hook = Endpoint::start(move |_| match counted.fetch_add(1, Ordering::SeqCst) {
+        0 => Reply::Status(404, "no such order"),
+        _ => Reply::Status(204, ""),
+    })
+    .await;
+    create(&server, push_consumer("hooked", &["hooked.>"], push_to(&hook.url))).await;
+    let mut req = tonic::Request::new(pb::PublishRequest {
+        channel: "hooked.order".into(),
+        payload: "1".into(),
+        ..Default::default()
+    });
+    req.metadata_mut().insert("traceparent", PUBLISHER.parse().unwrap());
+    server.client().await.publish(req).await.unwrap();
+    let mut admin = server.admin().await;
+    eventually("the dead letter", || {
+        let mut admin = admin.clone();
+        async move {
+            let req = pb::GetConsumerRequest { name: "hooked".into() };
+            admin.get_consumer(req).await.unwrap().into_inner().redrivable == 1
+        }
+    })
+    .await;
+    let mut redrive = tonic::Request::new(pb::RedriveRequest { consumer: "hooked".into(), ..Default::default() });
+    redrive.metadata_mut().insert("traceparent", OPERATOR.parse().unwrap());
+    admin.redrive_dead_letters(redrive).await.unwrap();
+    hook.wait_for(2).await;
+
+    let publisher_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let spans = collector
+        .wait_for("both push requests", |s| {
+            s.iter().filter(|s| s.name == "push hooked.order" && s.trace_id == publisher_trace).count() == 2
+        })
+        .await;
+    let mut pushes: Vec<_> = broker(&spans, "push hooked.order");
+    pushes.sort_by_key(|p| p.start_unix_nanos);
+    let codes: Vec<_> = pushes.iter().map(|p| (p.attribute("http.response.status_code"), p.error)).collect();
+    assert_eq!(codes, [(Some("404"), true), (Some("204"), false)], "{pushes:#?}");
+    assert!(pushes.iter().all(|p| p.parent_span_id == "00f067aa0ba902b7" && p.kind == 3), "{pushes:#?}");
+    assert_eq!(pushes[0].attribute("messaging.consumer.group.name"), Some("hooked"));
+    let [redriven] = &broker(&spans, "redrive hooked")[..] else { panic!("{spans:#?}") };
+    assert_eq!(
+        (redriven.trace_id.as_str(), redriven.parent_span_id.as_str()),
+        ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
+    );
+    assert_eq!(redriven.attribute("eventbus.redriven"), Some("1"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_redis_the_other_instances_delivery_joins_the_trace() {
+    use crate::common::redis_server::{RedisProc, broker_with};
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let Some(redis) = RedisProc::start().await else { return };
+    let collector = Collector::start().await;
+    let traced = |s: &mut eventbus_server::Settings| {
+        s.telemetry.otlp.endpoint = collector.endpoint();
+        s.telemetry.otlp.export_interval_ms = 20;
+    };
+    let a = broker_with(&redis, traced).await;
+    let b = broker_with(&redis, traced).await;
+    let mut subscriber =
+        b.subscribe(pb::SubscribeRequest { channels: vec!["far.>".into()], ..Default::default() }).await;
+    let mut req = tonic::Request::new(pb::PublishRequest {
+        channel: "far.away".into(),
+        payload: "1".into(),
+        ..Default::default()
+    });
+    req.metadata_mut().insert("traceparent", PARENT.parse().unwrap());
+    a.client().await.publish(req).await.unwrap();
+    let event = subscriber.take(1).await.remove(0);
+    assert_eq!(event.metadata["traceparent"], PARENT);
+    let spans = collector
+        .wait_for("the publish, and the delivery on the other instance", |s| {
+            !broker(s, "deliver far.away").is_empty() && !broker(s, "publish far.away").is_empty()
+        })
+        .await;
+    let [publish] = &broker(&spans, "publish far.away")[..] else { panic!("{spans:#?}") };
+    let [deliver] = &broker(&spans, "deliver far.away")[..] else { panic!("{spans:#?}") };
+    for span in [publish, deliver] {
+        assert_eq!(
+            (span.trace_id.as_str(), span.parent_span_id.as_str()),
+            ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+        );
+    }
+    a.stop().await;
+    b.stop().await;
+}
