@@ -432,7 +432,7 @@ impl Server {
         {
             warn!(%err, "could not flush the durable store");
         }
-        spans.flush();
+        spans.flush().await;
         info!("eventbusd stopped");
         Ok(())
     }

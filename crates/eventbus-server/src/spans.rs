@@ -99,12 +99,15 @@ impl Spans {
         self.inner.is_some()
     }
 
-    /// Sends the spans still buffered; called once at shutdown.
-    pub(crate) fn flush(&self) {
-        if let Some(inner) = &self.inner
-            && let Err(err) = inner.provider.shutdown()
-        {
-            tracing::warn!(%err, "the last spans could not be exported");
+    /// Sends the spans still buffered; called once at shutdown. The exporter's thread
+    /// waits on its gRPC client, which this runtime drives: the wait is not taken on a
+    /// runtime thread.
+    pub(crate) async fn flush(&self) {
+        let Some(inner) = self.inner.clone() else { return };
+        match tokio::task::spawn_blocking(move || inner.provider.shutdown()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(%err, "the last spans could not be exported"),
+            Err(err) => tracing::warn!(%err, "the last spans could not be exported"),
         }
     }
 

@@ -558,3 +558,21 @@ fn the_default_dead_letter_channel_as_shown_reads_back_as_the_default() {
     let configs: Vec<_> = s.durable.consumers.iter().map(|c| c.to_config().dead_letter_channel).collect();
     assert_eq!(configs, [None, Some("dead.b".to_owned())]);
 }
+
+#[test]
+fn telemetry_settings_are_checked_by_name() {
+    let ok = load(&[("EVENTBUS__TELEMETRY__OTLP__ENDPOINT", "http://collector:4317")], Overrides::default()).unwrap();
+    assert_eq!(ok.telemetry.otlp.endpoint, "http://collector:4317");
+    assert_eq!(ok.telemetry.sampling.ratio, 1.0);
+    for (key, value, named) in [
+        ("EVENTBUS__TELEMETRY__OTLP__ENDPOINT", "collector:4317", "telemetry.otlp.endpoint"),
+        ("EVENTBUS__TELEMETRY__OTLP__ENDPOINT", "ftp://collector", "telemetry.otlp.endpoint"),
+        ("EVENTBUS__TELEMETRY__SAMPLING__RATIO", "1.5", "telemetry.sampling.ratio"),
+        ("EVENTBUS__TELEMETRY__SAMPLING__RATIO", "-0.1", "telemetry.sampling.ratio"),
+        ("EVENTBUS__TELEMETRY__OTLP__EXPORT_INTERVAL_MS", "0", "telemetry.otlp.export_interval_ms"),
+        ("EVENTBUS__TELEMETRY__SERVICE_NAME", " ", "telemetry.service_name"),
+    ] {
+        let msg = error(&[(key, value)], Overrides::default());
+        assert!(msg.contains(named), "{key}={value}: {msg}");
+    }
+}

@@ -310,3 +310,32 @@ async fn through_redis_the_other_instances_delivery_joins_the_trace() {
     a.stop().await;
     b.stop().await;
 }
+
+/// The real binary, with spans waiting for a long export interval: SIGTERM sends them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_sends_its_last_spans_when_it_stops() {
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let collector = Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("EVENTBUS__TELEMETRY__OTLP__ENDPOINT", collector.endpoint()),
+        ("EVENTBUS__TELEMETRY__OTLP__EXPORT_INTERVAL_MS", "600000".to_owned()),
+    ];
+    let (mut child, grpc) = crate::common::consume::daemon_with(dir.path(), &env).await;
+    let mut client = within(pb::event_bus_client::EventBusClient::connect(format!("http://{grpc}"))).await.unwrap();
+    let mut req = tonic::Request::new(pb::PublishRequest {
+        channel: "last.one".into(),
+        payload: "1".into(),
+        ..Default::default()
+    });
+    req.metadata_mut().insert("traceparent", PARENT.parse().unwrap());
+    client.publish(req).await.unwrap();
+    assert!(broker(&collector.spans(), "publish last.one").is_empty(), "sent before the interval");
+    let pid = child.id().unwrap().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = within(child.wait()).await.unwrap();
+    assert!(status.success(), "{status:?}");
+    let spans = collector.spans();
+    let [publish] = &broker(&spans, "publish last.one")[..] else { panic!("{spans:#?}") };
+    assert_eq!(publish.parent_span_id, "00f067aa0ba902b7");
+}
