@@ -339,3 +339,41 @@ async fn the_daemon_sends_its_last_spans_when_it_stops() {
     let [publish] = &broker(&spans, "publish last.one")[..] else { panic!("{spans:#?}") };
     assert_eq!(publish.parent_span_id, "00f067aa0ba902b7");
 }
+
+/// A publish stream's context, sent once with the call, is every event's; each event
+/// gets its own `publish` span, in each ack mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_of_a_traced_publish_stream_has_its_publish_span() {
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let collector = Collector::start().await;
+    let server = traced_server(&collector, 1.0).await;
+    let mut subscriber =
+        server.subscribe(pb::SubscribeRequest { channels: vec!["stream.>".into()], ..Default::default() }).await;
+    let modes = [("each", "stream.each"), ("each_in_place", "stream.in_place"), ("none", "stream.none")];
+    for (mode, channel) in modes {
+        let events: Vec<pb::PublishRequest> = (0..3)
+            .map(|i| pb::PublishRequest {
+                channel: channel.into(),
+                payload: format!("{i}").into(),
+                ..Default::default()
+            })
+            .collect();
+        let mut request = tonic::Request::new(tokio_stream::iter(events));
+        request.metadata_mut().insert("traceparent", PARENT.parse().unwrap());
+        request.metadata_mut().insert("eventbus-ack", mode.parse().unwrap());
+        let mut answers = server.client().await.publish_stream(request).await.unwrap().into_inner();
+        while within(answers.message()).await.unwrap().is_some() {}
+    }
+    for event in subscriber.take(9).await {
+        assert_eq!(event.metadata["traceparent"], PARENT, "{event:?}");
+    }
+    let spans = collector
+        .wait_for("nine publish spans", |s| s.iter().filter(|s| s.name.starts_with("publish stream.")).count() == 9)
+        .await;
+    for (_, channel) in modes {
+        let publishes = broker(&spans, &format!("publish {channel}"));
+        assert_eq!(publishes.len(), 3, "{spans:#?}");
+        assert!(publishes.iter().all(|p| p.parent_span_id == "00f067aa0ba902b7" && !p.error), "{publishes:#?}");
+    }
+    server.stop().await;
+}
