@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Python client tests: a fresh virtualenv, `pip install ./clients/python[test]` (which
 # generates the stubs from proto/), then pytest against a real eventbusd.
-# Needs the daemon built first: cargo build -p eventbus-server --bin eventbusd
-# (or EVENTBUS_BIN=/path/to/eventbusd). Extra arguments go to pytest.
+# Needs the daemon and the test OTLP receiver built first:
+#   cargo build -p eventbus-server -p eventbus-testkit --bin eventbusd --bin otlp-receiver
+# (or EVENTBUS_BIN=/path/to/eventbusd, EVENTBUS_OTLP_RECEIVER=/path/to/otlp-receiver).
+# Extra arguments go to pytest.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"

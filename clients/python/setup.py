@@ -106,7 +106,7 @@ def runtime_requirements() -> list[str]:
 
     tools = version("grpcio-tools")
     proto = ".".join(google.protobuf.__version__.split(".")[:2])
-    return [f"grpcio>={tools}", f"protobuf>={proto}", "prometheus_client>=0.17"]
+    return [f"grpcio>={tools}", f"protobuf>={proto}", "prometheus_client>=0.17", "opentelemetry-api>=1.20"]
 
 
 setup(cmdclass={"build_py": BuildPyWithProto, "sdist": SdistWithProto}, install_requires=runtime_requirements())

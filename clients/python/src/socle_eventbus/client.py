@@ -33,6 +33,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from ._pb import eventbus_pb2 as pb
 from ._pb import eventbus_pb2_grpc as pb_grpc
 from .errors import EventBusError, ResourceExhausted, Unavailable, from_rpc_error, from_status, is_transient
+from . import tracing
 from .publisher import SharedPublisher
 
 Payload = Union[bytes, str]
@@ -276,9 +277,17 @@ class Client:
         unary `Publish` call per event instead."""
         req = publish_request(channel, payload, metadata=metadata, content_type=content_type, source=source,
                               ordering_key=ordering_key, idempotency_key=idempotency_key)
-        if self._publisher is None:
-            return await self._unary(self.bus.Publish, req)
-        return await self._publisher.publish(req, self._timeout if timeout is None else timeout)
+        span = tracing.start_send(req)
+        try:
+            if self._publisher is None:
+                answer = await self._unary(self.bus.Publish, req)
+            else:
+                answer = await self._publisher.publish(req, self._timeout if timeout is None else timeout)
+        except BaseException as e:
+            tracing.end_send(span, error=e)
+            raise
+        tracing.end_send(span, answer)
+        return answer
 
     async def publish_batch(
         self, requests: Iterable[pb.PublishRequest]
@@ -296,12 +305,19 @@ class Client:
         read limit or the caller's rate (`ResourceExhausted`), bad credentials, broker
         unavailable."""
         request = pb.PublishBatchRequest(events=list(requests))
-        response = await self._unary(self.bus.PublishBatch, request)
-        if len(response.results) != len(request.events):
-            raise EventBusError(
-                f"PublishBatch of {len(request.events)} events answered with {len(response.results)} results"
-            )
-        return [from_status(r.error.code, r.error.message) if r.HasField("error") else r for r in response.results]
+        spans = [tracing.start_send(event) for event in request.events]
+        try:
+            response = await self._unary(self.bus.PublishBatch, request)
+            if len(response.results) != len(request.events):
+                raise EventBusError(
+                    f"PublishBatch of {len(request.events)} events answered with {len(response.results)} results"
+                )
+        except BaseException as e:
+            tracing.end_sends(spans, [e] * len(spans))
+            raise
+        answers = [from_status(r.error.code, r.error.message) if r.HasField("error") else r for r in response.results]
+        tracing.end_sends(spans, answers)
+        return answers
 
     async def publish_stream(
         self,
@@ -333,17 +349,25 @@ class Client:
             raise ValueError(f"ack must be one of {', '.join(ACK_MODES)}, not {ack!r}")
         room = asyncio.Semaphore(window) if window and ack != "none" else None
 
+        # The caller's context (if any) goes with each event that has none of its own.
+        carrier = tracing.current_carrier()
+
+        def traced(req: pb.PublishRequest) -> pb.PublishRequest:
+            if carrier and tracing.TRACEPARENT not in req.metadata:
+                req.metadata.update(carrier)
+            return req
+
         async def paced() -> AsyncIterator[pb.PublishRequest]:
             if isinstance(requests, AsyncIterable):
                 async for req in requests:
                     if room is not None:
                         await room.acquire()
-                    yield req
+                    yield traced(req)
             else:
                 for req in requests:
                     if room is not None:
                         await room.acquire()
-                    yield req
+                    yield traced(req)
 
         metadata = self._metadata if ack == "each" else self._metadata + (("eventbus-ack", ack),)
         call = self.bus.PublishStream(paced(), metadata=metadata)

@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ._pb import eventbus_pb2 as pb
+from . import tracing
 from .client import Backoff, Client
 from .errors import EventBusError, from_rpc_error, is_transient
 
@@ -67,6 +68,14 @@ class Term:
 
 
 Outcome = Union[Ack, Retry, Term, None]
+
+
+def _outcome(out: object, err: Optional[BaseException]) -> str:
+    """A handler's result as its `process` span names it."""
+    if err is None and (out is None or type(out) is Ack):
+        return "ack"
+    return "term" if err is None and isinstance(out, Term) else "retry"
+
 Handler = Callable[[pb.Delivery], Awaitable[Outcome]]
 Hook = Callable[..., Any]
 
@@ -393,14 +402,16 @@ class Worker:
             self._in_flight += 1
             t0 = clock()
             err: Optional[BaseException] = None
-            try:
-                out = await handler(d)
-            except asyncio.CancelledError:
-                self._in_flight -= 1
-                self._started.discard(d.event.id)
-                raise
-            except Exception as e:  # the handler's failure: retry
-                out, err = None, e
+            with tracing.processing(self.consumer, d) as span:
+                try:
+                    out = await handler(d)
+                except asyncio.CancelledError:
+                    self._in_flight -= 1
+                    self._started.discard(d.event.id)
+                    raise
+                except Exception as e:  # the handler's failure: retry
+                    out, err = None, e
+                tracing.processed(span, _outcome(out, err), err)
             self._in_flight -= 1
             if hist is not None:
                 hist.observe(clock() - t0)
