@@ -2,8 +2,10 @@
 # TypeScript client tests: `npm ci` (from package-lock.json), `npm run build` (which
 # generates the code from proto/ with buf and ts-proto, then compiles ESM and CJS), then
 # `npm test`: Node's test runner against real eventbusd processes.
-# Needs the daemon built first: cargo build -p eventbus-server --bin eventbusd
-# (or EVENTBUS_BIN=/path/to/eventbusd), Node.js 20 or newer with npm, and openssl.
+# Needs the daemon and the test OTLP receiver built first:
+#   cargo build -p eventbus-server -p eventbus-testkit --bin eventbusd --bin otlp-receiver
+# (or EVENTBUS_BIN=/path/to/eventbusd, EVENTBUS_OTLP_RECEIVER=/path/to/otlp-receiver),
+# Node.js 20 or newer with npm, and openssl.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"

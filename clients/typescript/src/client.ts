@@ -41,6 +41,7 @@ import {
 import type { Timestamp } from "./gen/google/protobuf/timestamp.js";
 import { EventBusError, Unavailable, fromServiceError, fromStatus } from "./errors.js";
 import { SharedPublisher } from "./publisher.js";
+import { activeCarrier, endSend, startSend, traced } from "./tracing.js";
 import { Subscription, type SubscribeOptions } from "./subscription.js";
 import { type Payload, Semaphore, dateToTimestamp, toBytes } from "./util.js";
 
@@ -391,8 +392,10 @@ export class Client {
   publish(channel: string, payload?: Payload, options: PublishOptions = {}): Promise<PublishResponse> {
     const { signal, timeoutMs, ...fields } = options;
     const request = publishRequest({ ...fields, channel, payload });
-    if (this.publisher === undefined) return this.unary(this.bus.publish, this.bus, request, signal, timeoutMs);
-    return this.publisher.publish(request, timeoutMs ?? this.timeoutMs, signal);
+    return traced(request, (request) => {
+      if (this.publisher === undefined) return this.unary(this.bus.publish, this.bus, request, signal, timeoutMs);
+      return this.publisher.publish(request, timeoutMs ?? this.timeoutMs, signal);
+    });
   }
 
   /**
@@ -408,11 +411,20 @@ export class Client {
     options: { signal?: AbortSignal } = {},
   ): Promise<Array<PublishResponse | EventBusError>> {
     const requests = Array.from(events, publishRequest);
-    const response = await this.unary(this.bus.publishBatch, this.bus, { events: requests }, options.signal);
-    if (response.results.length !== requests.length) {
-      throw new EventBusError(`PublishBatch of ${requests.length} events answered with ${response.results.length} results`);
+    const spans = requests.map(startSend);
+    let answers: Array<PublishResponse | EventBusError>;
+    try {
+      const response = await this.unary(this.bus.publishBatch, this.bus, { events: requests }, options.signal);
+      if (response.results.length !== requests.length) {
+        throw new EventBusError(`PublishBatch of ${requests.length} events answered with ${response.results.length} results`);
+      }
+      answers = response.results.map((r) => (r.error ? fromStatus(r.error.code, r.error.message) : r));
+    } catch (err) {
+      for (const span of spans) endSend(span, err instanceof Error ? err : new Error(String(err)));
+      throw err;
     }
-    return response.results.map((r) => (r.error ? fromStatus(r.error.code, r.error.message) : r));
+    spans.forEach((span, i) => endSend(span, answers[i]));
+    return answers;
   }
 
   /**
@@ -467,6 +479,8 @@ export class Client {
     const onAbort = (): void => call.cancel();
     signal?.addEventListener("abort", onAbort, { once: true });
 
+    // The caller's context (if any) goes with each event that has none of its own.
+    const carrier = activeCarrier();
     const writer = async (): Promise<void> => {
       let first = true;
       for await (const input of events) {
@@ -474,6 +488,9 @@ export class Client {
         if (room && !(await room.acquire())) return;
         if (finished) return;
         const request = publishRequest(input);
+        if (carrier.traceparent !== undefined && request.metadata.traceparent === undefined) {
+          Object.assign(request.metadata, carrier);
+        }
         if (first) {
           request.ack = ACK_MODES[ack];
           first = false;

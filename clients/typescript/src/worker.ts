@@ -25,6 +25,7 @@ import {
   type Delivery as DeliveryMessage,
   type Event,
 } from "./gen/eventbus/v1/eventbus.js";
+import { processed, processing } from "./tracing.js";
 import { Backoff, type Logger, Signal, sleep } from "./util.js";
 
 /** Nack reason of handlers still running when the shutdown timeout expires. */
@@ -498,15 +499,22 @@ export class Worker {
     this.inFlight += 1;
     this.metrics?.inFlight.inc();
     const t0 = performance.now();
-    let result: Promise<Outcome>;
-    try {
-      result = Promise.resolve(this.handler(delivery, { signal: this.giveUp.signal }));
-    } catch (err) {
-      result = Promise.reject(err);
-    }
+    const { span, result } = processing(this.consumer, delivery, (): Promise<Outcome> => {
+      try {
+        return Promise.resolve(this.handler(delivery, { signal: this.giveUp.signal }));
+      } catch (err) {
+        return Promise.reject(err);
+      }
+    });
     result.then(
-      (outcome) => this.finished(delivery, entry, t0, outcome, undefined),
-      (err: unknown) => this.finished(delivery, entry, t0, undefined, err ?? new Error("handler failed")),
+      (outcome) => {
+        processed(span, outcomeName(outcome, undefined), undefined);
+        this.finished(delivery, entry, t0, outcome, undefined);
+      },
+      (err: unknown) => {
+        processed(span, "retry", err ?? new Error("handler failed"));
+        this.finished(delivery, entry, t0, undefined, err ?? new Error("handler failed"));
+      },
     );
   }
 
@@ -698,4 +706,10 @@ export class Worker {
     if (this.flushTimer !== undefined) clearTimeout(this.flushTimer);
     this.flushTimer = undefined;
   }
+}
+
+/** A handler's result as its `process` span names it. */
+function outcomeName(outcome: Outcome, err: unknown): "ack" | "retry" | "term" {
+  if (err === undefined && (outcome === undefined || outcome instanceof Ack)) return "ack";
+  return err === undefined && outcome instanceof Term ? "term" : "retry";
 }
