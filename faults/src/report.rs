@@ -21,8 +21,10 @@ pub(crate) struct FleetReport {
     pub(crate) kind: Kind,
     pub(crate) durability: Durability,
     pub(crate) windows: Vec<Window>,
-    /// Faults that could not be applied (e.g. a master without a replica just then).
+    /// Faults with no target just then (e.g. a master without a replica): not applied.
     pub(crate) skipped: Vec<String>,
+    /// Faults that could not be applied (a command failed): the run is not valid.
+    pub(crate) unapplied: Vec<String>,
     /// Instances that exited without being killed.
     pub(crate) crashes: Vec<String>,
     /// Instances restarted because `/healthz` failed (what their supervisor would do).
@@ -53,6 +55,9 @@ impl FleetReport {
             ));
         }
         problems.extend(self.crashes.iter().cloned());
+        if let Some(first) = self.unapplied.first() {
+            problems.push(format!("{} faults could not be applied, the first: {first}", self.unapplied.len()));
+        }
         match self.converge_secs {
             Some(secs) if secs <= CONVERGE_WITHIN.as_secs_f64() => {}
             Some(secs) => problems.push(format!("converged in {secs:.1} s, more than {CONVERGE_WITHIN:?}")),
@@ -136,5 +141,35 @@ impl Report {
             let _ = writeln!(table, "verdict: {verdict}");
         }
         table
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fleet(skipped: &[&str], unapplied: &[&str]) -> FleetReport {
+        FleetReport {
+            kind: Kind::Single,
+            durability: Durability { min_replicas_acked: 1, appendfsync: "always" },
+            windows: Vec::new(),
+            skipped: skipped.iter().map(|s| (*s).to_owned()).collect(),
+            unapplied: unapplied.iter().map(|s| (*s).to_owned()).collect(),
+            crashes: Vec::new(),
+            restarts: Vec::new(),
+            converge_secs: Some(1.0),
+            rss_kib_before: Vec::new(),
+            rss_kib_after: Vec::new(),
+            publish_errors: BTreeMap::new(),
+            checked: Checked::default(),
+        }
+    }
+
+    #[test]
+    fn a_fault_that_could_not_be_applied_fails_the_run_and_one_without_a_target_does_not() {
+        assert!(fleet(&["partition master-replica: master r1 has no replica now"], &[]).problems().is_empty());
+        let failed = fleet(&[], &["partition instance-master: exec of \"iptables\" failed"]).problems();
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert!(failed[0].contains("could not be applied") && failed[0].contains("iptables"), "{failed:?}");
     }
 }

@@ -91,6 +91,7 @@ async fn exercise(fleet: &mut Fleet, steps: &[Step], rng: &mut StdRng) -> Result
 
     let mut windows = Vec::new();
     let mut skipped = Vec::new();
+    let mut unapplied = Vec::new();
     let mut crashes = Vec::new();
     let mut restarts = Vec::new();
     for step in steps {
@@ -99,7 +100,13 @@ async fn exercise(fleet: &mut Fleet, steps: &[Step], rng: &mut StdRng) -> Result
         for fault in &step.faults {
             match nemesis::apply(*fault, fleet, rng).await {
                 Ok(done) => applied.push(done),
-                Err(err) => skipped.push(format!("{}: {err:#}", fault.name())),
+                Err(err) if err.downcast_ref::<nemesis::NoTarget>().is_some() => {
+                    skipped.push(format!("{}: {err:#}", fault.name()));
+                }
+                Err(err) => {
+                    println!("faults: {:>7.1} s  cannot apply {}: {err:#}", at, fault.name());
+                    unapplied.push(format!("{}: {err:#}", fault.name()));
+                }
             }
         }
         if applied.is_empty() {
@@ -159,6 +166,7 @@ async fn exercise(fleet: &mut Fleet, steps: &[Step], rng: &mut StdRng) -> Result
         durability: fleet.durability,
         windows,
         skipped,
+        unapplied,
         crashes,
         restarts,
         converge_secs,
