@@ -38,7 +38,7 @@ def start_send(req: pb.PublishRequest) -> Span:
             "messaging.destination.name": req.channel,
             "messaging.message.body.size": len(req.payload),
         })
-    if TRACEPARENT not in req.metadata:
+    if TRACEPARENT not in req.metadata and span.get_span_context().is_valid:
         carrier: dict[str, str] = {}
         _w3c.inject(carrier, context=trace.set_span_in_context(span))
         for key, value in carrier.items():
