@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Awaitable, Callable, Dict, Iterator, Optional
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(os.environ.get("EVENTBUS_BIN", REPO / "target" / "debug" / "eventbusd"))
@@ -135,6 +139,26 @@ def own_daemon(tmp_path: Path) -> Iterator[Daemon]:
 def name() -> str:
     """A fresh name for this test's channels and consumers."""
     return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(scope="session")
+def span_exporter() -> InMemorySpanExporter:
+    """The OpenTelemetry SDK, installed as an application would, keeping finished spans in
+    memory. Installed once for the session (the global tracer provider can be set only
+    once); from then on every test runs with it."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return exporter
+
+
+@pytest.fixture
+def spans(span_exporter: InMemorySpanExporter) -> Iterator[InMemorySpanExporter]:
+    """The session's span exporter, emptied for this test."""
+    span_exporter.clear()
+    yield span_exporter
+    span_exporter.clear()
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 20.0, what: str = "condition") -> None:

@@ -8,11 +8,15 @@
 - `socle_eventbus.inbox.Inbox` (extra `postgres`, psycopg 3): a handler wrapper that
   records each event id in `eventbus_inbox` in the handler's own transaction.
 - Errors: `EventBusError` and one subclass per gRPC status code callers branch on.
+- Tracing (`socle_eventbus.tracing`, the OpenTelemetry API only): each publish runs in a
+  `send <channel>` span whose context the event carries in its metadata, and the
+  `Worker` runs each handler in a `process <channel>` span, its child.
 - `pb`: the message classes generated from `proto/eventbus/v1/eventbus.proto` when the
   package was built (`pb.Event`, `pb.DeadLetter`, ...).
 """
 
 from ._pb import eventbus_pb2 as pb
+from ._version import __version__
 from .client import Backoff, Client, Gap, PublishRefused, Since, Subscription, consumer_config, publish_request
 from .errors import (
     AlreadyExists,
@@ -37,4 +41,3 @@ __all__ = [
     "EventBusError", "Unauthenticated", "PermissionDenied", "NotFound", "AlreadyExists",
     "InvalidArgument", "Unavailable", "ResourceExhausted",
 ]
-__version__ = "0.1.0"

@@ -274,7 +274,11 @@ class Client:
         the broker answers a duplicate with the original id. `timeout` (seconds; default the
         client's): past it the call raises `EventBusError` with code DEADLINE_EXCEEDED, and
         an event not yet sent is never sent. `Client.connect(unary_publish=True)` makes one
-        unary `Publish` call per event instead."""
+        unary `Publish` call per event instead.
+
+        The call runs in an OpenTelemetry `send <channel>` span whose context the event
+        carries in its metadata (unless `metadata` has a `traceparent`: kept); see
+        `socle_eventbus.tracing`."""
         req = publish_request(channel, payload, metadata=metadata, content_type=content_type, source=source,
                               ordering_key=ordering_key, idempotency_key=idempotency_key)
         span = tracing.start_send(req)
@@ -303,7 +307,10 @@ class Client:
         other events are published all the same. Raises only for the whole batch: more
         than the broker's `eventbus.max_publish_batch` events (`InvalidArgument`), over its
         read limit or the caller's rate (`ResourceExhausted`), bad credentials, broker
-        unavailable."""
+        unavailable.
+
+        Each event runs in a `send <channel>` span of its own (ended with its own result),
+        whose context it carries, as with `publish`."""
         request = pb.PublishBatchRequest(events=list(requests))
         spans = [tracing.start_send(event) for event in request.events]
         try:
@@ -344,30 +351,31 @@ class Client:
         The window bounds what a fast producer keeps queued, here and on the broker: past
         the broker's HTTP/2 stream window the sends wait on flow control anyway, and a
         connection whose streams together leave too many small frames unread is cut
-        (docs/limits.md, HTTP/2 framing)."""
+        (docs/limits.md, HTTP/2 framing).
+
+        Each request runs in a `send <channel>` span of its own, a child of the context
+        current when the stream begins, ended when the broker answers for it (its
+        response, its refusal, or the totals that cover it); the request sent is a copy
+        carrying the span's context (unless it has a `traceparent`: sent as it is)."""
         if ack not in ACK_MODES:
             raise ValueError(f"ack must be one of {', '.join(ACK_MODES)}, not {ack!r}")
         room = asyncio.Semaphore(window) if window and ack != "none" else None
 
-        # The caller's context (if any) goes with each event that has none of its own.
-        carrier = tracing.current_carrier()
-
-        def traced(req: pb.PublishRequest) -> pb.PublishRequest:
-            if carrier and tracing.TRACEPARENT not in req.metadata:
-                req.metadata.update(carrier)
-            return req
+        # Each request runs in its own `send` span, a child of the caller's context now,
+        # ended when the broker answers for it.
+        sends = tracing.StreamSends()
 
         async def paced() -> AsyncIterator[pb.PublishRequest]:
             if isinstance(requests, AsyncIterable):
                 async for req in requests:
                     if room is not None:
                         await room.acquire()
-                    yield traced(req)
+                    yield sends.start(req)
             else:
                 for req in requests:
                     if room is not None:
                         await room.acquire()
-                    yield traced(req)
+                    yield sends.start(req)
 
         metadata = self._metadata if ack == "each" else self._metadata + (("eventbus-ack", ack),)
         call = self.bus.PublishStream(paced(), metadata=metadata)
@@ -379,17 +387,26 @@ class Client:
                     for _ in range(answered - covered if room is not None else 0):
                         room.release()
                     covered = max(covered, answered)
+                    sends.covered(answered)
                     yield resp.ack
                 elif resp.HasField("error"):
-                    yield PublishRefused(resp.position, from_status(resp.error.code, resp.error.message))
+                    refused = PublishRefused(resp.position, from_status(resp.error.code, resp.error.message))
+                    sends.refused(refused.position, refused.error)
+                    yield refused
                 else:
                     if room is not None:
                         room.release()
+                    sends.answered(resp)
                     yield resp
         except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
+            err = from_rpc_error(e)
+            sends.failed(err)
+            raise err from None
         finally:
             call.cancel()
+            # Closed by the caller (or cancelled) before the rest were answered.
+            sends.failed(EventBusError("CANCELLED: the publish stream was closed before the broker answered "
+                                       "this request", grpc.StatusCode.CANCELLED))
 
     # --- subscribing ---
 
