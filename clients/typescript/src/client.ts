@@ -14,6 +14,7 @@ import {
   credentials as grpcCredentials,
   status as Status,
 } from "@grpc/grpc-js";
+import { context } from "@opentelemetry/api";
 
 import {
   AckMode,
@@ -39,9 +40,9 @@ import {
   type SubscriptionInfo,
 } from "./gen/eventbus/v1/eventbus.js";
 import type { Timestamp } from "./gen/google/protobuf/timestamp.js";
-import { EventBusError, Unavailable, fromServiceError, fromStatus } from "./errors.js";
+import { Cancelled, EventBusError, Unavailable, fromServiceError, fromStatus } from "./errors.js";
 import { SharedPublisher } from "./publisher.js";
-import { activeCarrier, endSend, startSend, traced } from "./tracing.js";
+import { StreamSends, asError, endSend, startSend, traced } from "./tracing.js";
 import { Subscription, type SubscribeOptions } from "./subscription.js";
 import { type Payload, Semaphore, dateToTimestamp, toBytes } from "./util.js";
 
@@ -411,7 +412,9 @@ export class Client {
     options: { signal?: AbortSignal } = {},
   ): Promise<Array<PublishResponse | EventBusError>> {
     const requests = Array.from(events, publishRequest);
-    const spans = requests.map(startSend);
+    // One `send` span per event, each event carrying its own.
+    const parent = context.active();
+    const spans = requests.map((request) => startSend(request, parent));
     let answers: Array<PublishResponse | EventBusError>;
     try {
       const response = await this.unary(this.bus.publishBatch, this.bus, { events: requests }, options.signal);
@@ -459,7 +462,9 @@ export class Client {
     if (!(ack in ACK_MODES)) {
       throw new TypeError(`ack must be one of ${Object.keys(ACK_MODES).join(", ")}, not ${JSON.stringify(ack)}`);
     }
-    return this.runPublishStream(events, ack, options.window ?? 1024, options.signal);
+    // Each event's `send` span is a child of the context active here, not wherever the
+    // stream is first read.
+    return this.runPublishStream(events, ack, options.window ?? 1024, options.signal, new StreamSends());
   }
 
   private async *runPublishStream(
@@ -467,6 +472,7 @@ export class Client {
     ack: AckModeName,
     window: number,
     signal: AbortSignal | undefined,
+    sends: StreamSends,
   ): AsyncGenerator<PublishResponse | PublishAck | PublishRefused> {
     signal?.throwIfAborted();
     const room = window > 0 && ack !== "none" ? new Semaphore(window) : undefined;
@@ -479,8 +485,6 @@ export class Client {
     const onAbort = (): void => call.cancel();
     signal?.addEventListener("abort", onAbort, { once: true });
 
-    // The caller's context (if any) goes with each event that has none of its own.
-    const carrier = activeCarrier();
     const writer = async (): Promise<void> => {
       let first = true;
       for await (const input of events) {
@@ -488,9 +492,7 @@ export class Client {
         if (room && !(await room.acquire())) return;
         if (finished) return;
         const request = publishRequest(input);
-        if (carrier.traceparent !== undefined && request.metadata.traceparent === undefined) {
-          Object.assign(request.metadata, carrier);
-        }
+        sends.start(request);
         if (first) {
           request.ack = ACK_MODES[ack];
           first = false;
@@ -523,19 +525,29 @@ export class Client {
           const answered = response.ack.count + response.ack.refused;
           if (room && answered > covered) room.release(Number(answered - covered));
           if (answered > covered) covered = answered;
+          sends.covered(Number(answered));
           yield response.ack;
         } else if (response.error) {
-          yield new PublishRefused(Number(response.position), fromStatus(response.error.code, response.error.message));
+          const refused = new PublishRefused(Number(response.position), fromStatus(response.error.code, response.error.message));
+          sends.refused(refused.position, refused.error);
+          yield refused;
         } else {
           room?.release();
+          sends.answered(response);
           yield response;
         }
       }
     } catch (err) {
-      if (writerError !== undefined) throw writerError;
-      if (signal?.aborted) throw signal.reason;
-      throw fromServiceError(err);
+      const failure = writerError ?? (signal?.aborted ? signal.reason : fromServiceError(err));
+      sends.failed(asError(failure));
+      throw failure;
     } finally {
+      if (sends.unanswered) {
+        // The events' source failed, or the caller closed the stream, before the broker
+        // answered the rest.
+        const closed = "CANCELLED: the publish stream was closed before this event's answer was read";
+        sends.failed(writerError !== undefined ? asError(writerError) : new Cancelled(closed, Status.CANCELLED));
+      }
       finished = true;
       room?.close();
       signal?.removeEventListener("abort", onAbort);

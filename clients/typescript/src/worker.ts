@@ -13,6 +13,7 @@
 // not started are dropped (the broker released them), acks of handlers still running are
 // sent late on the next stream (a late ack still completes the event).
 import type { ClientDuplexStream, StatusObject } from "@grpc/grpc-js";
+import type { Span } from "@opentelemetry/api";
 import type { Counter, Gauge, Histogram, Registry } from "prom-client";
 
 import type { Client } from "./client.js";
@@ -25,7 +26,7 @@ import {
   type Delivery as DeliveryMessage,
   type Event,
 } from "./gen/eventbus/v1/eventbus.js";
-import { processed, processing } from "./tracing.js";
+import { asError, processed, processing } from "./tracing.js";
 import { Backoff, type Logger, Signal, sleep } from "./util.js";
 
 /** Nack reason of handlers still running when the shutdown timeout expires. */
@@ -197,6 +198,8 @@ interface Running {
   readonly session: number;
   /** Given up on at the shutdown timeout: its result is ignored (it was nacked). */
   abandoned: boolean;
+  /** Its `process` span (ended with the outcome). */
+  span?: Span;
 }
 
 /**
@@ -506,15 +509,10 @@ export class Worker {
         return Promise.reject(err);
       }
     });
+    entry.span = span;
     result.then(
-      (outcome) => {
-        processed(span, outcomeName(outcome, undefined), undefined);
-        this.finished(delivery, entry, t0, outcome, undefined);
-      },
-      (err: unknown) => {
-        processed(span, "retry", err ?? new Error("handler failed"));
-        this.finished(delivery, entry, t0, undefined, err ?? new Error("handler failed"));
-      },
+      (outcome) => this.finished(delivery, entry, t0, outcome, undefined),
+      (err: unknown) => this.finished(delivery, entry, t0, undefined, err ?? new Error("handler failed")),
     );
   }
 
@@ -529,6 +527,7 @@ export class Worker {
       this.metrics.handleSeconds.observe((performance.now() - t0) / 1000);
     }
     if (err === undefined && (outcome === undefined || outcome instanceof Ack)) {
+      if (entry.span) processed(entry.span, "ack");
       this.processed += 1;
       this.metrics?.processed.inc();
       this.acks.push(id);
@@ -544,18 +543,24 @@ export class Worker {
         let delayMs = 0n;
         if (err !== undefined) {
           reason = err instanceof Error ? `${err.name}: ${err.message}` : `Error: ${String(err)}`;
+          if (entry.span) processed(entry.span, "retry", asError(err));
         } else {
           reason = "retry requested";
           const after = (outcome as Retry).afterMs;
           if (after !== undefined) delayMs = BigInt(Math.max(1, Math.round(after)));
+          if (entry.span) processed(entry.span, "retry", reason);
         }
         this.controlFor(entry.session, { nack: { eventId: id, reason, delayMs } });
       } else if (outcome instanceof Term) {
         this.terminated += 1;
-        this.controlFor(entry.session, { term: { eventId: id, reason: outcome.reason || "terminated" } });
+        const reason = outcome.reason || "terminated";
+        if (entry.span) processed(entry.span, "term", reason);
+        this.controlFor(entry.session, { term: { eventId: id, reason } });
       } else {
         this.retried += 1;
-        reported = new TypeError(`handler returned ${String(outcome)}, expected Ack, Retry, Term or nothing`);
+        const wrong = new TypeError(`handler returned ${String(outcome)}, expected Ack, Retry, Term or nothing`);
+        reported = wrong;
+        if (entry.span) processed(entry.span, "retry", wrong);
         this.controlFor(entry.session, { nack: { eventId: id, reason: String(reported), delayMs: 0n } });
       }
       if (this.options.onError) {
@@ -671,6 +676,7 @@ export class Worker {
         this.giveUp.abort(new Error(SHUTDOWN_REASON));
         for (const [id, entry] of this.running) {
           entry.abandoned = true;
+          if (entry.span) processed(entry.span, "retry", new Error(SHUTDOWN_REASON));
           this.inFlight -= 1;
           this.metrics?.inFlight.dec();
           this.held.delete(id);
@@ -706,10 +712,4 @@ export class Worker {
     if (this.flushTimer !== undefined) clearTimeout(this.flushTimer);
     this.flushTimer = undefined;
   }
-}
-
-/** A handler's result as its `process` span names it. */
-function outcomeName(outcome: Outcome, err: unknown): "ack" | "retry" | "term" {
-  if (err === undefined && (outcome === undefined || outcome instanceof Ack)) return "ack";
-  return err === undefined && outcome instanceof Term ? "term" : "retry";
 }
