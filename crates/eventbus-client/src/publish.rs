@@ -20,12 +20,13 @@ pub struct PublishSender {
 impl PublishSender {
     /// Queues one publish; waits only when the window is full. Fails with
     /// [`Error::Unavailable`] once the stream has ended (the reason is on the answers).
-    /// The event is a [`Message`](crate::Message) or a raw [`pb::PublishRequest`].
+    /// The event is a [`Message`](crate::Message) or a raw [`pb::PublishRequest`]; it
+    /// carries the caller's current trace context (W3C, in its metadata) unless it has
+    /// one of its own.
     pub async fn send(&self, request: impl Into<pb::PublishRequest>) -> Result<(), Error> {
-        self.tx
-            .send(request.into())
-            .await
-            .map_err(|_| Error::from(tonic::Status::unavailable("the publish stream ended")))
+        let mut request = request.into();
+        crate::trace::carry_current(&mut request.metadata);
+        self.tx.send(request).await.map_err(|_| Error::from(tonic::Status::unavailable("the publish stream ended")))
     }
 
     /// Drops this sender: with no clone left, the request side of the stream closes.

@@ -1,6 +1,6 @@
 //! OpenTelemetry through `tracing`: a publish runs in a `send <channel>` span (kind
 //! producer) whose context goes into the event's metadata as W3C `traceparent` and
-//! `tracestate`; the [`Worker`](crate::Worker) runs each handler in a
+//! `tracestate` (the events of a publish stream carry the caller's context); the [`Worker`](crate::Worker) runs each handler in a
 //! `process <channel>` span (kind consumer) whose parent is that context, so that the
 //! handler's own spans and the events it publishes continue the publisher's trace.
 //!
@@ -44,10 +44,22 @@ pub(crate) fn send(request: &mut pb::PublishRequest) -> tracing::Span {
     if !request.metadata.contains_key(TRACEPARENT) {
         // Without a tracing-opentelemetry layer the span has no context of its own: the
         // caller's OpenTelemetry context, if any, is handed on instead.
-        let own = (!span.is_disabled()).then(|| span.context()).filter(|c| c.span().span_context().is_valid());
-        inject(&own.unwrap_or_else(Context::current), &mut request.metadata);
+        let _entered = span.enter();
+        carry_current(&mut request.metadata);
     }
     span
+}
+
+/// Puts the caller's current context (its `tracing` span's, else its OpenTelemetry
+/// one) in `metadata`, unless a `traceparent` is there: for the events of a publish
+/// stream, which answers them in bulk rather than each in a span of its own.
+pub(crate) fn carry_current(metadata: &mut HashMap<String, String>) {
+    if metadata.contains_key(TRACEPARENT) {
+        return;
+    }
+    let span = tracing::Span::current();
+    let own = (!span.is_disabled()).then(|| span.context()).filter(|c| c.span().span_context().is_valid());
+    inject(&own.unwrap_or_else(Context::current), metadata);
 }
 
 /// Ends a `send` span with the broker's answer.

@@ -377,3 +377,43 @@ async fn every_event_of_a_traced_publish_stream_has_its_publish_span() {
     }
     server.stop().await;
 }
+
+/// The Rust client's publish stream hands on the caller's context; a batch gives each
+/// event a `send` span of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_clients_streams_and_batches_carry_their_contexts() {
+    let server = start().await;
+    let app = App::new();
+    let client = Client::connect(ClientOptions::new(format!("http://{}", server.addr))).await.unwrap();
+    let mut subscriber =
+        server.subscribe(pb::SubscribeRequest { channels: vec!["carried.>".into()], ..Default::default() }).await;
+    async {
+        let caller = tracing::info_span!("caller");
+        async {
+            let (sender, mut answers) = client.publish_stream(16).await.unwrap();
+            sender.send(eventbus_client::Message::new("carried.stream", "s")).await.unwrap();
+            within(answers.next()).await.unwrap().unwrap();
+            let batch = (0..2).map(|i| eventbus_client::Message::new("carried.batch", format!("{i}")));
+            client.publish_batch(batch).await.unwrap();
+        }
+        .instrument(caller)
+        .await;
+    }
+    .with_subscriber(app.dispatch.clone())
+    .await;
+    let [caller] = &app.named("caller")[..] else { panic!("{:?}", app.spans()) };
+    let sends = app.named("send carried.batch");
+    let mut expected: Vec<String> = sends.iter().map(|s| s.span_context.span_id().to_string()).collect();
+    expected.sort();
+    let mut batch = Vec::new();
+    for event in subscriber.take(3).await {
+        let parent = event.metadata["traceparent"].split('-').nth(2).unwrap().to_owned();
+        match event.channel.as_str() {
+            "carried.stream" => assert_eq!(parent, caller.span_context.span_id().to_string(), "the caller's context"),
+            _ => batch.push(parent),
+        }
+    }
+    batch.sort();
+    assert_eq!(batch, expected, "each event of a batch under its own send span");
+    server.stop().await;
+}
