@@ -22,6 +22,7 @@
 //! - `convert`: the wire edge: every core ↔ protobuf and core → JSON conversion, and
 //!   the one table from a refusal to its gRPC status and HTTP code.
 //! - [`metrics`]: Prometheus registry; reads the bus's own counters at scrape time.
+//! - `process_metrics`: the `process_*` metrics, read from `/proc/self` at scrape time.
 //! - `request_limit`: publish requests too large to read, refused like any oversized
 //!   payload (the gRPC decode limit and the REST body limit).
 //! - `push`: push consumers: the broker POSTs their events to HTTP endpoints.
@@ -41,6 +42,8 @@ mod grpc;
 mod http;
 mod listener;
 mod ops;
+#[cfg(target_os = "linux")]
+mod process_metrics;
 mod push;
 mod request_limit;
 mod spans;

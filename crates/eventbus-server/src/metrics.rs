@@ -111,7 +111,7 @@ impl Metrics {
         registry.register(Box::new(delivery_latency.clone()))?;
         registry.register(Box::new(BusCollector::new(prefix, limits, bus.clone())?))?;
         #[cfg(target_os = "linux")]
-        registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+        registry.register(Box::new(crate::process_metrics::ProcessCollector::new()?))?;
         Ok(Self {
             registry,
             publish_duration,

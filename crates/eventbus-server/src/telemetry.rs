@@ -3,13 +3,15 @@
 //! A bare level in `log.level` (`info`, `debug`) applies to eventbusd's own crates;
 //! dependencies (the store library, hyper, h2, …) log WARN and above unless the level is
 //! stricter still. Filter directives (`info,fjall=debug`) and `RUST_LOG` are taken as
-//! written, so a dependency's lines are one directive away.
+//! written, so a dependency's lines are one directive away. Directives name a target
+//! (a module path) and a level, the subset of `RUST_LOG` that needs no regular
+//! expressions (span and field filters are refused, saying so).
 
 use std::io::IsTerminal;
 
-use tracing_subscriber::EnvFilter;
-use tracing_subscriber::filter::LevelFilter;
-use tracing_subscriber::filter::ParseError;
+use tracing_subscriber::filter::{LevelFilter, ParseError, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::{LogFormat, LogSettings};
 
@@ -41,18 +43,22 @@ pub enum TelemetryError {
 /// Installs the global subscriber. Logs go to stdout, as containers expect.
 pub fn init(log: &LogSettings) -> Result<(), TelemetryError> {
     let filter = match std::env::var("RUST_LOG") {
-        Ok(value) if !value.is_empty() => {
-            EnvFilter::try_new(&value).map_err(|source| TelemetryError::RustLog { value, source })?
-        }
-        _ => EnvFilter::try_new(directives(&log.level))
+        Ok(value) if !value.is_empty() => filter(&value).map_err(|source| TelemetryError::RustLog { value, source })?,
+        _ => filter(&directives(&log.level))
             .map_err(|source| TelemetryError::Level { value: log.level.clone(), source })?,
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let logs = tracing_subscriber::registry().with(filter);
+    let layer = tracing_subscriber::fmt::layer();
     let result = match log.format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.with_ansi(std::io::stdout().is_terminal()).try_init(),
+        LogFormat::Json => logs.with(layer.json().flatten_event(true)).try_init(),
+        LogFormat::Text => logs.with(layer.with_ansi(std::io::stdout().is_terminal())).try_init(),
     };
-    result.map_err(|source| TelemetryError::Install { source })
+    result.map_err(|source| TelemetryError::Install { source: source.into() })
+}
+
+/// The filter that filter directives (`warn,eventbus_core=debug`) describe.
+pub fn filter(directives: &str) -> Result<Targets, ParseError> {
+    directives.parse()
 }
 
 /// The crates whose INFO lines are eventbusd's own.
@@ -82,6 +88,15 @@ mod tests {
         assert!(directives("error").starts_with("error,"), "a stricter level applies to all");
         assert!(directives("DEBUG").contains("eventbus_core=debug"));
         assert_eq!(directives("info,fjall=debug"), "info,fjall=debug", "directives as written");
-        EnvFilter::try_new(directives("trace")).unwrap();
+        filter(&directives("trace")).unwrap();
+    }
+
+    #[test]
+    fn directives_name_targets_and_levels() {
+        let targets = filter("warn,eventbus_core=debug,h2=off").unwrap();
+        assert_eq!(targets.default_level(), Some(LevelFilter::WARN));
+        assert_eq!(targets.iter().count(), 2);
+        assert!(filter("info,fjall=loud").is_err(), "an unknown level is refused");
+        assert!(filter("info,[request{id=1}]=debug").is_err(), "span filters are not taken");
     }
 }

@@ -59,14 +59,14 @@ impl Settings {
     /// Loads every layer. `env` is the process environment (a map, for tests).
     pub fn load(overrides: &Overrides, env: &HashMap<String, String>) -> Result<Self, ConfigError> {
         let mut layers = Layers::default();
-        layers.add(&File::from_str(DEFAULT_YAML, FileFormat::Yaml), "the built-in defaults")?;
+        layers.add(&File::from_str(DEFAULT_YAML, YamlFile), "the built-in defaults")?;
         match &overrides.config_file {
             Some(path) if !path.exists() => return Err(ConfigError::MissingFile { path: path.clone() }),
             Some(path) => {
-                layers.add(&File::from(path.as_path()).format(FileFormat::Yaml), &path.display().to_string())?;
+                layers.add(&File::new(&path.to_string_lossy(), YamlFile), &path.display().to_string())?;
             }
             None if Path::new(IMPLICIT_FILE).exists() => {
-                layers.add(&File::new(IMPLICIT_FILE, FileFormat::Yaml), IMPLICIT_FILE)?;
+                layers.add(&File::new(IMPLICIT_FILE, YamlFile), IMPLICIT_FILE)?;
             }
             None => {}
         }

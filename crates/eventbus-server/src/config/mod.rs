@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use config::{Config, Environment, File, FileFormat, Map, Source, Value, ValueKind};
+use config::{Config, Environment, File, Map, Source, Value, ValueKind};
 use eventbus_auth::AuthSettings;
 use eventbus_core::durable::{Backoff, BackoffKind, ConsumerConfig, PushConfig};
 use eventbus_core::history::{HistoryLimits, HistoryRule, HistoryRules};
@@ -27,6 +27,7 @@ use serde::Deserialize;
 use tracing_subscriber::filter::ParseError;
 
 pub use crate::tls::TlsSettings;
+use yaml::YamlFile;
 
 /// The shipped defaults, embedded so the binary runs from any directory.
 pub const DEFAULT_YAML: &str = include_str!("../../config/default.yaml");
@@ -38,6 +39,7 @@ mod error;
 mod load;
 mod sections;
 mod validate;
+mod yaml;
 
 pub use error::ConfigError;
 pub use load::Overrides;
@@ -61,7 +63,7 @@ impl Default for Settings {
     /// The shipped defaults.
     fn default() -> Self {
         let config = Config::builder()
-            .add_source(File::from_str(DEFAULT_YAML, FileFormat::Yaml))
+            .add_source(File::from_str(DEFAULT_YAML, YamlFile))
             .build()
             .and_then(Config::try_deserialize);
         // The embedded file is part of the binary; `shipped_defaults_parse` tests it.

@@ -158,7 +158,7 @@ impl Settings {
                  auth.jwt.public_key_file",
             );
         }
-        if let Err(source) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+        if let Err(source) = crate::telemetry::filter(&self.log.level) {
             return Err(ConfigError::LogLevel { value: self.log.level.clone(), source });
         }
         self.validate_telemetry()
