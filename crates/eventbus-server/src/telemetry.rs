@@ -19,14 +19,14 @@ use crate::config::{LogFormat, LogSettings};
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     /// `RUST_LOG` is set but holds no valid filter directives.
-    #[error("invalid RUST_LOG {value:?}: {source}")]
+    #[error("invalid RUST_LOG {value:?}: {source} ({DIRECTIVES})")]
     RustLog {
         value: String,
         #[source]
         source: ParseError,
     },
     /// `log.level` holds no valid filter directives.
-    #[error("invalid log.level {value:?}: {source}")]
+    #[error("invalid log.level {value:?}: {source} ({DIRECTIVES})")]
     Level {
         value: String,
         #[source]
@@ -39,6 +39,10 @@ pub enum TelemetryError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
+
+/// What a filter is, for the messages that refuse one.
+pub(crate) const DIRECTIVES: &str =
+    "a level, or comma-separated directives `level` and `target=level`, e.g. `info,eventbus_core=debug`";
 
 /// Installs the global subscriber. Logs go to stdout, as containers expect.
 pub fn init(log: &LogSettings) -> Result<(), TelemetryError> {

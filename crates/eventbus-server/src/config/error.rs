@@ -61,7 +61,7 @@ pub enum ConfigError {
     #[error("invalid value for durable.consumers ({name:?}): {reason}")]
     Consumer { name: String, reason: eventbus_core::durable::ConfigError },
     /// `log.level` is neither a level nor filter directives.
-    #[error("invalid value for log.level: {value:?}: {source}")]
+    #[error("invalid value for log.level: {value:?}: {source} ({})", crate::telemetry::DIRECTIVES)]
     LogLevel {
         value: String,
         #[source]
