@@ -12,9 +12,9 @@ COLUMNS = "| fault | durable OK | lost | order | not pushed | false no-gap | dup
 ADDED = ["durable_ok", "durable_lost", "order_violations", "push_lost", "false_no_gap",
          "durable_duplicates", "push_duplicates", "group_lost", "group_duplicates"]
 CONFIG = {
-    "Embedded": lambda d: "`fsync: always`",
-    "Single": lambda d: f"`appendfsync {d['appendfsync']}`",
-    "Cluster": lambda d: f"`appendfsync {d['appendfsync']}`, `min_replicas_acked: {d['min_replicas_acked']}`",
+    "embedded": lambda d: "`fsync: always`",
+    "single": lambda d: f"`appendfsync {d['appendfsync']}`",
+    "cluster": lambda d: f"`appendfsync {d['appendfsync']}`, `min_replicas_acked: {d['min_replicas_acked']}`",
 }
 
 
@@ -36,7 +36,7 @@ def fleet_table(fleet):
         for key in ADDED:
             merged[key] += counts[key]
     before = rows.pop("none", None)
-    lines = [f"**{fleet['kind'].lower()}** ({CONFIG[fleet['kind']](fleet['durability'])}):", "", COLUMNS,
+    lines = [f"**{fleet['kind'].lower()}** ({CONFIG[fleet['kind'].lower()](fleet['durability'])}):", "", COLUMNS,
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     order = sorted(name for name in rows if name != "two faults at once")
     order += [name for name in ["two faults at once"] if name in rows]
