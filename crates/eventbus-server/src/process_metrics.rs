@@ -15,7 +15,6 @@ pub(crate) struct ProcessCollector {
     resident_memory: IntGauge,
     start_time: IntGauge,
     threads: IntGauge,
-    descs: Vec<Desc>,
     ticks_per_second: f64,
     page_size: i64,
 }
@@ -43,12 +42,6 @@ impl ProcessCollector {
         let start_time =
             IntGauge::new("process_start_time_seconds", "Start time of the process since unix epoch in seconds.")?;
         let threads = IntGauge::new("process_threads", "Number of OS threads in the process.")?;
-        let mut descs = Vec::new();
-        for collector in [&cpu_seconds as &dyn Collector, &open_fds, &max_fds, &virtual_memory, &resident_memory] {
-            descs.extend(collector.desc().into_iter().cloned());
-        }
-        descs.extend(start_time.desc().into_iter().cloned());
-        descs.extend(threads.desc().into_iter().cloned());
         Ok(Self {
             cpu_seconds,
             open_fds,
@@ -57,10 +50,21 @@ impl ProcessCollector {
             resident_memory,
             start_time,
             threads,
-            descs,
             ticks_per_second: rustix::param::clock_ticks_per_second() as f64,
             page_size: rustix::param::page_size() as i64,
         })
+    }
+
+    fn parts(&self) -> [&dyn Collector; 7] {
+        [
+            &self.cpu_seconds,
+            &self.open_fds,
+            &self.max_fds,
+            &self.virtual_memory,
+            &self.resident_memory,
+            &self.start_time,
+            &self.threads,
+        ]
     }
 
     /// Reads `/proc/self`; a file that cannot be read leaves its metrics as they were.
@@ -89,17 +93,12 @@ impl ProcessCollector {
 
 impl Collector for ProcessCollector {
     fn desc(&self) -> Vec<&Desc> {
-        self.descs.iter().collect()
+        self.parts().into_iter().flat_map(|part| part.desc()).collect()
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
         self.update();
-        let gauges = [&self.open_fds, &self.max_fds, &self.virtual_memory, &self.resident_memory, &self.start_time];
-        let mut families = self.cpu_seconds.collect();
-        for gauge in gauges.into_iter().chain([&self.threads]) {
-            families.extend(gauge.collect());
-        }
-        families
+        self.parts().into_iter().flat_map(|part| part.collect()).collect()
     }
 }
 
